@@ -1,0 +1,201 @@
+//! [`LockClient`]: the user-facing entry point over any [`LockBackend`].
+
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use tracing::Instrument;
+
+use crate::{
+    AcquireRequest, Capabilities, Holder, Lease, LockBackend, LockError, LockGuard, LockInfo,
+    LockName, LockOptions, hold::Hold, watchdog::Watchdog,
+};
+
+static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A lock client over one backend: acquires guards for holders, counts reentrancy, runs the
+/// watchdog, and signals loss. Cheap to clone (clones share everything).
+///
+/// Needs a Tokio runtime with timers enabled (the watchdog and the lost signal use them).
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{Holder, LockClient, LockName, LockOptions, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let client = LockClient::new(MemoryBackend::new());
+/// let name = LockName::new("reports/daily")?;
+/// let options = LockOptions::new().ttl(Duration::from_secs(10));
+///
+/// let job = Holder::new();
+/// let guard = client.acquire(&job, &name, &options).await?;
+/// // Another holder is excluded until the guard is released.
+/// assert!(client.try_acquire(&Holder::new(), &name, &options).await?.is_none());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    shared: Arc<ClientShared>,
+}
+
+pub(crate) struct ClientShared {
+    pub(crate) id: u64,
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) watchdog: Watchdog,
+}
+
+impl LockClient {
+    /// A client over `backend`.
+    pub fn new(backend: impl LockBackend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A client over a shared backend (a store chosen at run time).
+    pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
+        Self {
+            shared: Arc::new(ClientShared {
+                id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+                backend,
+                watchdog: Watchdog::default(),
+            }),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.shared.backend
+    }
+
+    /// What the backend guarantees.
+    pub fn capabilities(&self) -> Capabilities {
+        self.shared.backend.capabilities()
+    }
+
+    /// Acquires `name` for `holder`, waiting up to `options.wait` (zero: one try).
+    ///
+    /// If `holder` already holds `name` through this client, this re-enters: it returns
+    /// another guard on the same store lease at once (`options` of the first acquisition stay
+    /// in force), and the lease is released when every guard is.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] (nothing sent to the store), [`LockError::Timeout`] when
+    /// the budget ran out, and the backend's errors ([`LockError::Unavailable`],
+    /// [`LockError::Foreign`], ...).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing held beyond the TTL; session stores clean up in the
+    /// background.
+    pub async fn acquire(
+        &self,
+        holder: &Holder,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let request = AcquireRequest::new(name.clone(), options)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LockError::Unsupported {
+                what: "acquiring outside a Tokio runtime (lock-core's watchdog needs one)".into(),
+            });
+        }
+        let span = tracing::debug_span!("lock.acquire", lock = %name, holder = %holder.id());
+        self.acquire_inner(holder, request, options)
+            .instrument(span)
+            .await
+    }
+
+    async fn acquire_inner(
+        &self,
+        holder: &Holder,
+        request: AcquireRequest,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let slot = holder.slot(self.shared.id, request.name());
+        let mut slot_guard =
+            match tokio::time::timeout_at(request.deadline().into(), slot.lock()).await {
+                Ok(guard) => guard,
+                Err(_) => return Err(request.timeout_error()),
+            };
+        if let Some(hold) = slot_guard.upgrade() {
+            if hold.enter() {
+                tracing::debug!(depth = hold.depth(), "lock re-entered");
+                return Ok(LockGuard::new(hold));
+            }
+        }
+        let grant = match self.shared.backend.acquire(&request).await {
+            Ok(grant) => grant,
+            Err(error) => {
+                tracing::debug!(%error, "lock not acquired");
+                return Err(error);
+            }
+        };
+        tracing::debug!(fence = %grant.lease.fence(), "lock acquired");
+        let hold = Hold::new(self.shared.clone(), holder.clone(), grant, options);
+        *slot_guard = Arc::downgrade(&hold);
+        self.shared.watchdog.register(&self.shared, &hold);
+        Ok(LockGuard::new(hold))
+    }
+
+    /// One try: the guard, or `None` when another holder has the lock.
+    ///
+    /// # Errors
+    /// As [`LockClient::acquire`], except that a busy lock is `Ok(None)`.
+    ///
+    /// # Cancel safety
+    /// As [`LockClient::acquire`].
+    pub async fn try_acquire(
+        &self,
+        holder: &Holder,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let options = options.clone().wait(Duration::ZERO);
+        match self.acquire(holder, name, &options).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Who holds `name`, its fence and remaining time; `None` when free.
+    ///
+    /// # Errors
+    /// The backend's errors.
+    pub async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        self.shared.backend.inspect(name).await
+    }
+
+    /// Renews a lease obtained elsewhere (for example deserialized from another process, on a
+    /// backend with [`portable_lease`](Capabilities::portable_lease)).
+    ///
+    /// # Errors
+    /// [`LockError::NotHeld`] when the lease is not current (nothing changes),
+    /// [`LockError::InvalidOptions`] for a TTL out of range.
+    pub async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LockError> {
+        crate::validate_ttl(ttl)?;
+        Ok(self.shared.backend.renew(lease, ttl).await?.lease)
+    }
+
+    /// Releases a lease obtained elsewhere (see [`LockClient::renew_lease`]).
+    ///
+    /// # Errors
+    /// [`LockError::NotHeld`] when the lease is not current (nothing changes).
+    pub async fn release_lease(&self, lease: &Lease) -> Result<(), LockError> {
+        self.shared.backend.release(lease).await
+    }
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("backend", &self.shared.backend)
+            .finish()
+    }
+}

@@ -1,0 +1,297 @@
+//! The shared state of one store lease: what every reentrant guard of it sees, what the
+//! watchdog renews, and what the lost signal watches.
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::watch;
+
+use crate::{Grant, Holder, Lease, LockError, LockOptions, LossReason, client::ClientShared};
+
+/// Where a hold stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    Held,
+    Lost(LossReason),
+    Released,
+}
+
+/// The margin kept between the store's expiry and the local deadline: TTL/100 + 2 ms (the
+/// clock-drift allowance of Redlock), so the client gives the lock up before the store does.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+pub(crate) struct Hold {
+    pub(crate) client: Arc<ClientShared>,
+    pub(crate) holder: Holder,
+    state: Mutex<HoldState>,
+    status: watch::Sender<Status>,
+}
+
+struct HoldState {
+    lease: Lease,
+    /// Guards alive for this hold (reentrancy depth).
+    depth: usize,
+    valid_from: Instant,
+    deadline: Instant,
+    next_renew: Instant,
+    renew_every: Option<Duration>,
+    watchdog: bool,
+    hard_end: Option<Instant>,
+    /// The last renewal was shortened to end at `max_hold`.
+    capped: bool,
+}
+
+impl HoldState {
+    fn interval(&self) -> Duration {
+        match self.renew_every {
+            Some(every) if every < self.lease.ttl() => every,
+            _ => self.lease.ttl() / 3,
+        }
+    }
+}
+
+/// What the watchdog should do with a hold now.
+pub(crate) enum Plan {
+    /// Nothing before this instant.
+    Sleep(Instant),
+    /// Renew this lease for this TTL.
+    Renew(Lease, Duration),
+    /// The hold ended (lost or at max_hold); release what the store may still have.
+    End(Lease),
+}
+
+impl Hold {
+    pub(crate) fn new(
+        client: Arc<ClientShared>,
+        holder: Holder,
+        grant: Grant,
+        options: &LockOptions,
+    ) -> Arc<Self> {
+        let ttl = grant.lease.ttl();
+        let valid_from = grant.valid_from;
+        let mut state = HoldState {
+            lease: grant.lease,
+            depth: 1,
+            valid_from,
+            deadline: valid_from + ttl.saturating_sub(drift(ttl)),
+            next_renew: valid_from,
+            renew_every: options.renew_every,
+            watchdog: options.watchdog,
+            hard_end: options.max_hold.map(|m| valid_from + m),
+            capped: false,
+        };
+        state.next_renew = valid_from + state.interval();
+        Arc::new(Self {
+            client,
+            holder,
+            state: Mutex::new(state),
+            status: watch::channel(Status::Held).0,
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, HoldState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn status(&self) -> Status {
+        *self.status.borrow()
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        self.state().lease.clone()
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.state().deadline
+    }
+
+    pub(crate) fn depth(&self) -> usize {
+        self.state().depth
+    }
+
+    /// Held and inside the local deadline. Marks the hold lost when the deadline has passed.
+    pub(crate) fn is_held(&self) -> bool {
+        if self.status() != Status::Held {
+            return false;
+        }
+        if Instant::now() >= self.deadline() {
+            self.expire();
+            return false;
+        }
+        true
+    }
+
+    /// Marks the hold lost because its local deadline passed.
+    pub(crate) fn expire(&self) {
+        let capped = self.state().capped;
+        self.mark_lost(if capped {
+            LossReason::MaxHold
+        } else {
+            LossReason::Expired
+        });
+    }
+
+    /// Joins the hold as one more reentrant guard, if it is still held by someone.
+    pub(crate) fn enter(&self) -> bool {
+        let mut state = self.state();
+        if state.depth == 0 || self.status() != Status::Held || Instant::now() >= state.deadline {
+            return false;
+        }
+        state.depth += 1;
+        true
+    }
+
+    /// Leaves the hold; true when this was the last guard.
+    pub(crate) fn leave(&self) -> bool {
+        let mut state = self.state();
+        state.depth = state.depth.saturating_sub(1);
+        state.depth == 0
+    }
+
+    /// Records a renewal confirmed by the store (ignoring one older than what we know).
+    pub(crate) fn confirm(&self, grant: Grant, capped: bool) {
+        if self.status() != Status::Held {
+            return;
+        }
+        let mut state = self.state();
+        if grant.lease.token() != state.lease.token() || grant.valid_from < state.valid_from {
+            return;
+        }
+        let ttl = grant.lease.ttl();
+        state.valid_from = grant.valid_from;
+        state.deadline = grant.valid_from + ttl.saturating_sub(drift(ttl));
+        state.lease = grant.lease;
+        state.capped = capped;
+        state.next_renew = state.valid_from + state.interval();
+        tracing::debug!(lock = %state.lease.name(), fence = %state.lease.fence(), ?ttl, "lock renewed");
+    }
+
+    /// A renewal failed for a reason that may pass: try again soon, before the deadline.
+    pub(crate) fn retry_soon(&self, now: Instant) {
+        let mut state = self.state();
+        let step = (state.interval() / 4).max(Duration::from_millis(1));
+        state.next_renew = (now + step).min(state.deadline);
+    }
+
+    /// Marks the hold lost; true when this call changed it.
+    pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
+        let changed = self.status.send_if_modified(|s| {
+            if *s == Status::Held {
+                *s = Status::Lost(reason);
+                true
+            } else {
+                false
+            }
+        });
+        if changed {
+            let lease = self.lease();
+            tracing::warn!(lock = %lease.name(), fence = %lease.fence(), %reason, "lock lost");
+        }
+        changed
+    }
+
+    pub(crate) fn mark_released(&self) {
+        self.status.send_if_modified(|s| {
+            if *s == Status::Released {
+                false
+            } else {
+                *s = Status::Released;
+                true
+            }
+        });
+    }
+
+    /// What the watchdog should do now.
+    pub(crate) fn plan(&self, now: Instant) -> Plan {
+        let mut state = self.state();
+        let far = now + Duration::from_secs(3600);
+        if self.status() != Status::Held {
+            return Plan::Sleep(far);
+        }
+        if let Some(end) = state.hard_end {
+            if now + drift(state.lease.ttl()) >= end {
+                drop(state);
+                self.mark_lost(LossReason::MaxHold);
+                return Plan::End(self.lease());
+            }
+        }
+        if now >= state.deadline {
+            let lease = state.lease.clone();
+            drop(state);
+            self.expire();
+            return Plan::End(lease);
+        }
+        let interval = state.interval();
+        // Renew a little early so that locks taken at about the same time share one batch.
+        if state.watchdog && now + interval / 4 >= state.next_renew {
+            let mut ttl = state.lease.ttl();
+            if let Some(end) = state.hard_end {
+                ttl = ttl.min(end.saturating_duration_since(now));
+            }
+            if ttl >= crate::MIN_TTL {
+                // Until the result arrives, do not plan another renewal of this hold.
+                state.next_renew = state.deadline;
+                return Plan::Renew(state.lease.clone(), ttl);
+            }
+        }
+        let mut wake = state.deadline;
+        if state.watchdog {
+            wake = wake.min(state.next_renew);
+        }
+        if let Some(end) = state.hard_end {
+            wake = wake.min(end.checked_sub(drift(state.lease.ttl())).unwrap_or(end));
+        }
+        Plan::Sleep(wake)
+    }
+
+    /// Applies the store's answer to a renewal sent at `sent`.
+    pub(crate) fn apply_renewal(
+        &self,
+        result: Result<Grant, LockError>,
+        capped: bool,
+        sent: Instant,
+    ) {
+        match result {
+            Ok(grant) => self.confirm(grant, capped),
+            Err(LockError::NotHeld { .. } | LockError::Foreign { .. }) => {
+                self.mark_lost(LossReason::NotHeld);
+            }
+            Err(LockError::Lost { reason, .. }) => {
+                self.mark_lost(reason);
+            }
+            Err(error) => {
+                tracing::debug!(lock = %self.lease().name(), %error, "renewal failed; retrying");
+                self.retry_soon(sent);
+            }
+        }
+    }
+
+    /// A future that resolves when the hold can no longer be trusted.
+    pub(crate) async fn lost(self: Arc<Self>) -> LossReason {
+        let mut rx = self.status.subscribe();
+        loop {
+            match *rx.borrow_and_update() {
+                Status::Lost(reason) => return reason,
+                Status::Released => return LossReason::Released,
+                Status::Held => {}
+            }
+            let deadline = self.deadline();
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return LossReason::Released;
+                    }
+                }
+                () = tokio::time::sleep_until(deadline.into()) => {
+                    if Instant::now() >= self.deadline() {
+                        self.expire();
+                    }
+                }
+            }
+        }
+    }
+}

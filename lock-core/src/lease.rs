@@ -1,0 +1,209 @@
+//! [`Lease`], [`LeaseToken`], [`Grant`] and [`LockInfo`]: what the store says about a hold.
+
+use std::{
+    fmt,
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Fence, LockName};
+
+/// The owner token of a lease: at least 128 random bits, unique per acquisition.
+///
+/// It is the proof of ownership a store checks before renewing or releasing, so it is never
+/// logged and its `Debug` output is redacted.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LeaseToken(String);
+
+impl LeaseToken {
+    /// A fresh token of 128 random bits, as 32 lowercase hex digits.
+    pub fn random() -> Self {
+        Self(format!("{:032x}", rand::random::<u128>()))
+    }
+
+    /// Wraps a token a backend read from its store or built in its own format.
+    pub fn from_store(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether the token has the shape of [`LeaseToken::random`] (32 lowercase hex digits).
+    /// Backends use this to recognise values they did not write.
+    pub fn is_random_format(text: &str) -> bool {
+        text.len() == 32 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LeaseToken(<redacted>)")
+    }
+}
+
+/// What a successful acquisition returns: the store's record of one hold.
+///
+/// A lease is `Serialize + Deserialize`: where the backend declares
+/// [`portable_lease`](crate::Capabilities::portable_lease), a lease written by one process can
+/// be renewed or released by another (see [`LockClient::release_lease`](crate::LockClient::release_lease)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Lease {
+    name: LockName,
+    token: LeaseToken,
+    fence: Fence,
+    #[serde(with = "millis")]
+    ttl: Duration,
+    expires_at: Option<SystemTime>,
+}
+
+impl Lease {
+    /// A lease for `name` with its owner token, fence and TTL (no expiry instant known).
+    pub fn new(name: LockName, token: LeaseToken, fence: Fence, ttl: Duration) -> Self {
+        Self {
+            name,
+            token,
+            fence,
+            ttl,
+            expires_at: None,
+        }
+    }
+
+    /// Sets when the lease expires by the store's clock, where the store reports it.
+    pub fn with_expires_at(mut self, expires_at: SystemTime) -> Self {
+        self.expires_at = Some(expires_at);
+        self
+    }
+
+    /// Sets the TTL the lease was last granted or renewed for.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The owner token.
+    pub fn token(&self) -> &LeaseToken {
+        &self.token
+    }
+
+    /// The fencing token issued with this acquisition.
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// The TTL the lease was last granted or renewed for (for session stores: the session
+    /// timeout).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the lease expires by the store's clock, if the store reports it.
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        self.expires_at
+    }
+}
+
+/// A lease just granted or renewed, with the local instant it is valid from.
+///
+/// `valid_from` is a monotonic instant no later than the moment the store started the lease's
+/// TTL: backends take it just before sending the request that succeeded. The guard's local
+/// deadline is `valid_from + ttl - drift`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Grant {
+    /// The lease.
+    pub lease: Lease,
+    /// When the request that obtained the lease was sent.
+    pub valid_from: Instant,
+}
+
+impl Grant {
+    /// A grant of `lease`, valid from `valid_from`.
+    pub fn new(lease: Lease, valid_from: Instant) -> Self {
+        Self { lease, valid_from }
+    }
+}
+
+/// What [`LockBackend::inspect`](crate::LockBackend::inspect) reports about a held lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock's name.
+    pub name: LockName,
+    /// The current owner token (compare with [`Lease::token`] to know whether it is yours).
+    pub token: LeaseToken,
+    /// The current holder's fence.
+    pub fence: Fence,
+    /// Time left before the lease expires, for TTL stores.
+    pub expires_in: Option<Duration>,
+}
+
+impl LockInfo {
+    /// Information about a current hold.
+    pub fn new(
+        name: LockName,
+        token: LeaseToken,
+        fence: Fence,
+        expires_in: Option<Duration>,
+    ) -> Self {
+        Self {
+            name,
+            token,
+            fence,
+            expires_in,
+        }
+    }
+}
+
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_128_bit_hex_and_redacted() {
+        let a = LeaseToken::random();
+        let b = LeaseToken::random();
+        assert_ne!(a, b);
+        assert!(LeaseToken::is_random_format(a.as_str()));
+        assert!(!LeaseToken::is_random_format("not-a-token"));
+        assert!(!format!("{a:?}").contains(a.as_str()));
+    }
+
+    #[test]
+    fn lease_round_trips_through_serde() {
+        let lease = Lease::new(
+            LockName::new("a").unwrap(),
+            LeaseToken::random(),
+            Fence::new(7),
+            Duration::from_millis(1500),
+        )
+        .with_expires_at(SystemTime::UNIX_EPOCH + Duration::from_secs(10));
+        let json = serde_json::to_string(&lease).unwrap();
+        let back: Lease = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, lease);
+    }
+}

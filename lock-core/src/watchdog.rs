@@ -1,0 +1,144 @@
+//! The watchdog: one background task per client that renews every held lease of that client,
+//! batching renewals that fall due together into one `renew_many` call, and ends holds at their
+//! local deadline or `max_hold`.
+
+use std::{
+    sync::{Arc, Mutex, PoisonError, Weak},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::Notify;
+
+use crate::{
+    client::ClientShared,
+    hold::{Hold, Plan, Status},
+};
+
+#[derive(Default)]
+pub(crate) struct Watchdog {
+    list: Mutex<List>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct List {
+    holds: Vec<Weak<Hold>>,
+    running: bool,
+}
+
+impl Watchdog {
+    /// Starts watching `hold`, starting the task if it is not running.
+    pub(crate) fn register(&self, client: &Arc<ClientShared>, hold: &Arc<Hold>) {
+        let start = {
+            let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+            list.holds.push(Arc::downgrade(hold));
+            !std::mem::replace(&mut list.running, true)
+        };
+        if start {
+            let client = client.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(run(client));
+                }
+                Err(_) => {
+                    // Unreachable in practice (acquire runs on a runtime); without one the
+                    // local deadline still ends the hold through `is_held` and `lost`.
+                    self.list
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .running = false;
+                }
+            }
+        } else {
+            self.wake();
+        }
+    }
+
+    /// Re-plans at once (a hold was added or extended).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The live holds, or `None` (and the task marked stopped) when there are none.
+    fn live(&self) -> Option<Vec<Arc<Hold>>> {
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut live = Vec::with_capacity(list.holds.len());
+        list.holds.retain(|weak| match weak.upgrade() {
+            Some(hold) if hold.status() == Status::Held => {
+                live.push(hold);
+                true
+            }
+            _ => false,
+        });
+        if live.is_empty() {
+            list.running = false;
+            return None;
+        }
+        Some(live)
+    }
+}
+
+async fn run(client: Arc<ClientShared>) {
+    let watchdog = &client.watchdog;
+    while let Some(holds) = watchdog.live() {
+        let now = Instant::now();
+        let mut wake_at = now + Duration::from_secs(3600);
+        let mut batch = Vec::new();
+        let mut single = Vec::new();
+        let mut ended = Vec::new();
+        for hold in holds {
+            match hold.plan(now) {
+                Plan::Sleep(at) => wake_at = wake_at.min(at),
+                Plan::Renew(lease, ttl) if ttl == lease.ttl() => batch.push((hold, lease)),
+                Plan::Renew(lease, ttl) => single.push((hold, lease, ttl)),
+                Plan::End(lease) => ended.push(lease),
+            }
+        }
+        if batch.is_empty() && single.is_empty() && ended.is_empty() {
+            let notified = watchdog.wake.notified();
+            tokio::select! {
+                () = tokio::time::sleep_until(wake_at.into()) => {}
+                () = notified => {}
+            }
+            continue;
+        }
+        for lease in ended {
+            // The hold is over on our side; free the store so waiters need not wait the TTL.
+            let _ = client.backend.release(&lease).await;
+        }
+        if !batch.is_empty() {
+            let sent = Instant::now();
+            let leases: Vec<_> = batch.iter().map(|(_, lease)| lease.clone()).collect();
+            let limit = batch
+                .iter()
+                .map(|(hold, _)| hold.deadline().saturating_duration_since(sent))
+                .min()
+                .unwrap_or_default()
+                .max(Duration::from_millis(1));
+            match tokio::time::timeout(limit, client.backend.renew_many(&leases)).await {
+                Ok(results) if results.len() == batch.len() => {
+                    for ((hold, _), result) in batch.iter().zip(results) {
+                        hold.apply_renewal(result, false, sent);
+                    }
+                }
+                _ => {
+                    for (hold, _) in &batch {
+                        hold.retry_soon(sent);
+                    }
+                }
+            }
+            tracing::trace!(locks = batch.len(), "watchdog renewed a batch");
+        }
+        for (hold, lease, ttl) in single {
+            let sent = Instant::now();
+            let limit = hold
+                .deadline()
+                .saturating_duration_since(sent)
+                .max(Duration::from_millis(1));
+            match tokio::time::timeout(limit, client.backend.renew(&lease, ttl)).await {
+                Ok(result) => hold.apply_renewal(result, true, sent),
+                Err(_) => hold.retry_soon(sent),
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! The conformance suite: the scenarios every lock backend must pass against a real store,
+//! as a library.
+//!
+//! A backend's test registers its stores with a [`Runner`] (one call); the runner picks the
+//! scenarios that apply from the backend's declared [`Capabilities`](lock_core::Capabilities),
+//! runs them one after another with random lock names, prints a line per scenario and the
+//! closing `N passed, N failed` line, and writes a JSON [`SuiteReport`] for
+//! `cargo xtask compare` when [`REPORT_DIR_VAR`] is set. A store that cannot be reached
+//! fails; nothing is skipped silently. Scenarios that do not apply are listed as such, with
+//! the reason.
+//!
+//! The suite proves it can fail: `tests/suite_catches_broken_backends` runs it against
+//! deliberately broken wrappers of [`lock_core::MemoryBackend`] and checks each is caught.
+
+mod counting;
+mod report;
+mod runner;
+mod scenario;
+mod scenarios;
+mod store;
+
+pub use counting::{CountingBackend, Counts};
+pub use report::{ScenarioResult, SuiteReport, Verdict};
+pub use runner::{
+    HOLDER_NAME_VAR, HOLDER_STORE_VAR, HOLDER_TTL_VAR, REPORT_DIR_VAR, Runner, run_suite,
+};
+pub use scenario::{Applies, Ctx, Failure, HolderProcess, Outcome, Scenario, ScenarioFuture};
+pub use scenarios::all as all_scenarios;
+pub use store::{MemoryStore, TestStore};
+
+/// The workspace README's example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,80 @@
+//! Contract 9, cancellation: a dropped `acquire` leaves nothing held beyond the TTL (session
+//! stores: nothing at all).
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use lock_core::{Expiry, Holder, LockOptions};
+
+use crate::{Ctx, Failure, Outcome, ensure};
+
+/// A waiter whose `acquire` is dropped while it waits leaves no trace: once the holder
+/// releases, a third client gets the lock at once.
+pub(crate) async fn dropped_waiter_leaves_nothing(ctx: Ctx) -> Outcome {
+    let name = ctx.name("cancel-waiter");
+    let (a, b, c) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = a.acquire(&Holder::new(), &name, &long).await?;
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(200),
+        b.acquire(
+            &Holder::new(),
+            &name,
+            &long.clone().wait(Duration::from_secs(10)),
+        ),
+    )
+    .await;
+    ensure!(cancelled.is_err(), "a waiter got a held lock");
+    held.release().await?;
+    let start = Instant::now();
+    let next = c
+        .acquire(&Holder::new(), &name, &long.clone().wait(ctx.margin() * 2))
+        .await
+        .map_err(|e| Failure(format!("after a dropped waiter the lock stayed taken: {e}")))?;
+    let took = start.elapsed();
+    ensure!(
+        took <= ctx.margin(),
+        "the lock was free only {took:?} after release"
+    );
+    next.release().await?;
+    Ok(())
+}
+
+/// `acquire` futures dropped at arbitrary points leave nothing held past the TTL (session
+/// stores: past the background clean-up).
+pub(crate) async fn dropped_acquire_leaves_nothing_beyond_ttl(ctx: Ctx) -> Outcome {
+    let rtt = ctx.round_trip().await?;
+    let (b, c) = (ctx.client().await?, ctx.client().await?);
+    let names: Vec<_> = (0..10).map(|_| ctx.name("cancel-any")).collect();
+    let options = ctx.options(Duration::from_secs(5));
+    for (i, name) in names.iter().enumerate() {
+        // Cut each attempt at a different point of its round trip.
+        let cut = rtt.mul_f64(i as f64 / 8.0);
+        let _ = tokio::time::timeout(cut, b.acquire(&Holder::new(), name, &options)).await;
+    }
+    let wait = match ctx.caps().expiry {
+        Expiry::Ttl => ctx.ttl() + ctx.margin(),
+        _ => ctx.margin() * 2,
+    };
+    let start = Instant::now();
+    let (c, options) = (&c, &ctx.options(wait));
+    let results = join_all(names.iter().map(|name| async move {
+        let holder = Holder::new();
+        c.acquire(&holder, name, options).await
+    }))
+    .await;
+    for (name, result) in names.iter().zip(results) {
+        let guard = result.map_err(|e| {
+            Failure(format!(
+                "`{name}` stayed taken {:?} after a dropped acquire: {e}",
+                start.elapsed()
+            ))
+        })?;
+        guard.release().await?;
+    }
+    Ok(())
+}

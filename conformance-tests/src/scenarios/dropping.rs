@@ -1,0 +1,27 @@
+//! Contract 10, drop: dropping a guard releases in the background.
+
+use std::time::{Duration, Instant};
+
+use lock_core::{Holder, LockOptions};
+
+use crate::{Ctx, Outcome, ensure};
+
+/// A dropped guard frees the lock long before its TTL.
+pub(crate) async fn dropping_guard_releases(ctx: Ctx) -> Outcome {
+    let name = ctx.name("drop");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = a.acquire(&Holder::new(), &name, &long).await?;
+    drop(guard);
+    let start = Instant::now();
+    let next = b
+        .acquire(&Holder::new(), &name, &long.clone().wait(ctx.margin() * 4))
+        .await?;
+    let took = start.elapsed();
+    ensure!(
+        took <= ctx.margin(),
+        "the lock was free only {took:?} after the guard was dropped"
+    );
+    next.release().await?;
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! Contract 4, expiry: a lease that is not renewed ends by itself within its TTL.
+
+use std::time::{Duration, Instant};
+
+use lock_core::Holder;
+
+use crate::{Ctx, Outcome, ensure};
+
+/// A holder that stops renewing loses the lock at its TTL; a waiter gets it with no clean-up,
+/// and not before the TTL.
+pub(crate) async fn expiry_frees_lock(ctx: Ctx) -> Outcome {
+    let name = ctx.name("expiry");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let ttl = ctx.ttl();
+    let start = Instant::now();
+    let old = a
+        .acquire(
+            &Holder::new(),
+            &name,
+            &ctx.options(Duration::ZERO).watchdog(false),
+        )
+        .await?;
+    let new = b
+        .acquire(&Holder::new(), &name, &ctx.options(ttl * 3 + ctx.margin()))
+        .await?;
+    let took = start.elapsed();
+    ensure!(
+        took >= ttl.mul_f64(0.95),
+        "a waiter got the lock {took:?} after it was taken with a {ttl:?} TTL: before expiry"
+    );
+    ensure!(
+        took <= ttl + ctx.margin(),
+        "the lock was free only {took:?} after it was taken with a {ttl:?} TTL"
+    );
+    new.release().await?;
+    drop(old);
+    Ok(())
+}
+
+/// `extend` prolongs a lease beyond its first TTL (watchdog off).
+pub(crate) async fn extend_prolongs_lease(ctx: Ctx) -> Outcome {
+    let name = ctx.name("extend");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let ttl = ctx.ttl();
+    let guard = a
+        .acquire(
+            &Holder::new(),
+            &name,
+            &ctx.options(Duration::ZERO).watchdog(false),
+        )
+        .await?;
+    guard.extend(ttl * 4).await?;
+    tokio::time::sleep(ttl + ctx.margin() / 2).await;
+    ensure!(
+        guard.is_held(),
+        "the guard is not held after extend, one TTL later"
+    );
+    let other = b
+        .try_acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .await?;
+    ensure!(
+        other.is_none(),
+        "another client got the lock past the first TTL despite extend"
+    );
+    guard.release().await?;
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! Contract 11, errors: bad input gets a clear typed error and changes nothing; a foreign value
+//! in the store is an error, never a grant.
+
+use std::time::Duration;
+
+use lock_core::{Backoff, Holder, LockError, LockName, LockOptions};
+
+use crate::{Ctx, Outcome, ensure};
+
+/// Every kind of invalid name is rejected with `InvalidName` saying why.
+pub(crate) async fn invalid_names_are_rejected(_ctx: Ctx) -> Outcome {
+    let long = "n".repeat(LockName::MAX_LEN + 1);
+    let cases: [(&str, &str); 5] = [
+        ("", "0 bytes"),
+        (&long, "201 bytes"),
+        ("tab\there", "control character"),
+        ("nul\0", "control character"),
+        ("bell\u{7}", "control character"),
+    ];
+    for (text, why) in cases {
+        match LockName::new(text) {
+            Err(LockError::InvalidName { reason }) => {
+                ensure!(
+                    reason.contains(why),
+                    "the error for {text:?} says {reason:?}, not {why:?}"
+                )
+            }
+            other => return Err(crate::Failure(format!("{text:?} gave {other:?}"))),
+        }
+    }
+    ensure!(
+        matches!(
+            LockName::from_bytes(b"\xff\xfe"),
+            Err(LockError::InvalidName { .. })
+        ),
+        "non-UTF-8 bytes were accepted as a name"
+    );
+    Ok(())
+}
+
+/// Invalid options are rejected with `InvalidOptions` before anything reaches the store, and
+/// a bad `extend` leaves the hold as it was.
+pub(crate) async fn invalid_options_change_nothing(ctx: Ctx) -> Outcome {
+    let name = ctx.name("bad-options");
+    let client = ctx.client().await?;
+    let ttl = ctx.ttl();
+    let bad = [
+        LockOptions::new().ttl(Duration::ZERO),
+        LockOptions::new().ttl(Duration::from_secs(10 * 24 * 3600)),
+        LockOptions::new().ttl(ttl).renew_every(ttl),
+        LockOptions::new().ttl(ttl).max_hold(ttl / 2),
+        LockOptions::new()
+            .ttl(ttl)
+            .wait(Duration::from_secs(400 * 24 * 3600)),
+        LockOptions::new()
+            .ttl(ttl)
+            .backoff(Backoff::new(Duration::ZERO, Duration::ZERO)),
+    ];
+    for options in &bad {
+        let result = client.acquire(&Holder::new(), &name, options).await;
+        ensure!(
+            matches!(result, Err(LockError::InvalidOptions { .. })),
+            "options {options:?} gave {result:?}, expected InvalidOptions"
+        );
+    }
+    let leftovers = ctx.store().leftovers(&name).await?;
+    ensure!(
+        leftovers.is_empty(),
+        "rejected options left {leftovers:?} in the store"
+    );
+    ensure!(
+        client.inspect(&name).await?.is_none(),
+        "rejected options left a lock held"
+    );
+    let guard = client
+        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .await?;
+    let before = guard.lease();
+    let extended = guard.extend(Duration::ZERO).await;
+    ensure!(
+        matches!(extended, Err(LockError::InvalidOptions { .. })),
+        "extend(0) returned {extended:?}, expected InvalidOptions"
+    );
+    ensure!(guard.is_held(), "a rejected extend ended the hold");
+    ensure!(
+        guard.lease().token() == before.token(),
+        "a rejected extend changed the lease"
+    );
+    guard.release().await?;
+    Ok(())
+}
+
+/// A value this library did not write under the lock's place is reported as `Foreign` by
+/// acquire and inspect, never granted, and left untouched.
+pub(crate) async fn foreign_value_is_an_error(ctx: Ctx) -> Outcome {
+    let name = ctx.name("foreign");
+    let client = ctx.client().await?;
+    ctx.store().plant_foreign(&name).await?;
+    let tried = client
+        .acquire(
+            &Holder::new(),
+            &name,
+            &ctx.options(Duration::from_millis(200)),
+        )
+        .await;
+    let inspected = client.inspect(&name).await;
+    let leftovers = ctx.store().leftovers(&name).await?;
+    ctx.store().revoke(&name).await?;
+    ensure!(
+        matches!(tried, Err(LockError::Foreign { .. })),
+        "acquire over a foreign value returned {tried:?}, expected Foreign"
+    );
+    ensure!(
+        matches!(inspected, Err(LockError::Foreign { .. })),
+        "inspect of a foreign value returned {inspected:?}, expected Foreign"
+    );
+    ensure!(
+        !leftovers.is_empty(),
+        "the foreign value was removed or overwritten"
+    );
+    Ok(())
+}

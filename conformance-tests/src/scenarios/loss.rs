@@ -1,0 +1,90 @@
+//! Contract 7, the lost signal.
+
+use std::time::{Duration, Instant};
+
+use lock_core::{Holder, LockError, LossReason};
+
+use crate::{Ctx, Failure, Outcome, ensure};
+
+/// A lock taken away behind the holder's back fires `lost()` within one renewal interval;
+/// afterwards `is_held()` is false and `release` reports `Lost`.
+pub(crate) async fn lost_fires_when_lock_is_taken_away(ctx: Ctx) -> Outcome {
+    let name = ctx.name("lost-revoke");
+    let client = ctx.client().await?;
+    let guard = client
+        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .await?;
+    ctx.store().revoke(&name).await?;
+    let bound = ctx.ttl() + ctx.margin();
+    let reason = tokio::time::timeout(bound, guard.lost())
+        .await
+        .map_err(|_| Failure(format!("lost() did not fire within {bound:?} of a revoke")))?;
+    ensure!(
+        matches!(reason, LossReason::NotHeld | LossReason::SessionEnded),
+        "lost() said {reason:?} after a revoke"
+    );
+    ensure!(!guard.is_held(), "is_held() is true after lost() fired");
+    let released = guard.release().await;
+    ensure!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "release of a lost hold returned {released:?}, expected Lost"
+    );
+    Ok(())
+}
+
+/// Without renewals, `lost()` fires at the local deadline (before the store's expiry).
+pub(crate) async fn lost_fires_at_local_deadline(ctx: Ctx) -> Outcome {
+    let name = ctx.name("lost-deadline");
+    let client = ctx.client().await?;
+    let ttl = ctx.ttl();
+    let start = Instant::now();
+    let guard = client
+        .acquire(
+            &Holder::new(),
+            &name,
+            &ctx.options(Duration::ZERO).watchdog(false),
+        )
+        .await?;
+    ensure!(guard.is_held(), "a fresh guard is not held");
+    let reason = tokio::time::timeout(ttl + ctx.margin(), guard.lost())
+        .await
+        .map_err(|_| Failure("lost() did not fire by the TTL without renewals".into()))?;
+    let took = start.elapsed();
+    ensure!(
+        reason == LossReason::Expired,
+        "lost() said {reason:?}, expected Expired"
+    );
+    ensure!(
+        took <= ttl,
+        "lost() fired {took:?} after acquisition, after the {ttl:?} TTL"
+    );
+    ensure!(
+        took >= ttl.mul_f64(0.9),
+        "lost() fired {took:?} after acquisition, too early for a {ttl:?} TTL"
+    );
+    ensure!(
+        !guard.is_held(),
+        "is_held() is true past the local deadline"
+    );
+    drop(guard);
+    Ok(())
+}
+
+/// A `lost()` future that outlives every guard resolves to `Released` at release.
+pub(crate) async fn lost_future_resolves_on_release(ctx: Ctx) -> Outcome {
+    let name = ctx.name("lost-release");
+    let client = ctx.client().await?;
+    let guard = client
+        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .await?;
+    let lost = guard.lost();
+    guard.release().await?;
+    let reason = tokio::time::timeout(ctx.margin(), lost)
+        .await
+        .map_err(|_| Failure("lost() did not resolve after release".into()))?;
+    ensure!(
+        reason == LossReason::Released,
+        "lost() said {reason:?} after release"
+    );
+    Ok(())
+}

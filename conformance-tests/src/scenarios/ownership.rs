@@ -1,0 +1,147 @@
+//! Contract 2, owner-only: a lease that is not current changes nothing.
+
+use std::time::Duration;
+
+use lock_core::{Holder, Lease, LeaseToken, LockError, LockOptions};
+
+use crate::{Ctx, Outcome, ensure};
+
+fn forged(lease: &Lease) -> Lease {
+    Lease::new(
+        lease.name().clone(),
+        LeaseToken::random(),
+        lease.fence(),
+        lease.ttl(),
+    )
+}
+
+/// Releasing with a lease of another token returns `NotHeld` and leaves the holder intact.
+pub(crate) async fn forged_release_changes_nothing(ctx: Ctx) -> Outcome {
+    let name = ctx.name("forged-release");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let guard = a
+        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .await?;
+    let lease = guard.lease();
+    let result = b.release_lease(&forged(&lease)).await;
+    ensure!(
+        matches!(result, Err(LockError::NotHeld { .. })),
+        "release with a forged lease returned {result:?}, expected NotHeld"
+    );
+    let info = a.inspect(&name).await?;
+    ensure!(
+        info.as_ref().is_some_and(|i| i.token == *lease.token()),
+        "after a forged release the store shows {info:?} instead of the holder's lease"
+    );
+    ensure!(
+        guard.is_held(),
+        "the guard stopped being held after a forged release"
+    );
+    guard.release().await?;
+    Ok(())
+}
+
+/// Renewing with a lease of another token returns `NotHeld` and changes nothing.
+pub(crate) async fn forged_renew_changes_nothing(ctx: Ctx) -> Outcome {
+    let name = ctx.name("forged-renew");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let guard = a
+        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .await?;
+    let lease = guard.lease();
+    let result = b
+        .renew_lease(&forged(&lease), Duration::from_secs(60))
+        .await;
+    ensure!(
+        matches!(result, Err(LockError::NotHeld { .. })),
+        "renew with a forged lease returned {result:?}, expected NotHeld"
+    );
+    let info = a.inspect(&name).await?;
+    ensure!(
+        info.as_ref().is_some_and(|i| i.token == *lease.token()),
+        "after a forged renew the store shows {info:?}"
+    );
+    if ctx.caps().expiry == lock_core::Expiry::Ttl {
+        let left = info.and_then(|i| i.expires_in);
+        ensure!(
+            left.is_some_and(|l| l <= ctx.ttl()),
+            "a forged renew extended the lease: {left:?} left of a {:?} TTL",
+            ctx.ttl()
+        );
+    }
+    guard.release().await?;
+    Ok(())
+}
+
+/// A release arriving after the lease expired and another holder took over fails with `Lost`
+/// and leaves the new holder intact.
+pub(crate) async fn late_release_keeps_new_holder(ctx: Ctx) -> Outcome {
+    let name = ctx.name("late-release");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let old = a
+        .acquire(
+            &Holder::new(),
+            &name,
+            &ctx.options(Duration::ZERO).watchdog(false),
+        )
+        .await?;
+    let _ = old.lost().await;
+    let wait = ctx.ttl() + ctx.margin() * 2;
+    let new = b.acquire(&Holder::new(), &name, &ctx.options(wait)).await?;
+    let late = old.release().await;
+    ensure!(
+        matches!(late, Err(LockError::Lost { .. })),
+        "a late release returned {late:?}, expected Lost"
+    );
+    let info = b.inspect(&name).await?;
+    ensure!(
+        info.is_some_and(|i| i.token == *new.lease().token()),
+        "a late release removed the new holder's lease"
+    );
+    ensure!(
+        new.is_held(),
+        "the new holder lost the lock after a late release"
+    );
+    new.release().await?;
+    Ok(())
+}
+
+/// An extend or renew arriving after another holder took over fails and changes nothing.
+pub(crate) async fn late_renew_keeps_new_holder(ctx: Ctx) -> Outcome {
+    let name = ctx.name("late-renew");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let old = a
+        .acquire(
+            &Holder::new(),
+            &name,
+            &ctx.options(Duration::ZERO).watchdog(false),
+        )
+        .await?;
+    let old_lease = old.lease();
+    let _ = old.lost().await;
+    let wait = ctx.ttl() + ctx.margin() * 2;
+    let new = b
+        .acquire(
+            &Holder::new(),
+            &name,
+            &LockOptions::new().ttl(ctx.ttl()).wait(wait),
+        )
+        .await?;
+    let extended = old.extend(Duration::from_secs(60)).await;
+    ensure!(
+        matches!(extended, Err(LockError::Lost { .. })),
+        "a late extend returned {extended:?}, expected Lost"
+    );
+    let renewed = a.renew_lease(&old_lease, Duration::from_secs(60)).await;
+    ensure!(
+        matches!(renewed, Err(LockError::NotHeld { .. })),
+        "a late renew of the old lease returned {renewed:?}, expected NotHeld"
+    );
+    let info = b.inspect(&name).await?;
+    ensure!(
+        info.is_some_and(|i| i.token == *new.lease().token()),
+        "a late renew changed the new holder's lease"
+    );
+    new.release().await?;
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! Deliberately broken wrappers of `MemoryBackend`, one contract violation each.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use conformance_tests::TestStore;
+use lock_core::{
+    AcquireRequest, Capabilities, Fence, Grant, Lease, LockBackend, LockClient, LockError,
+    LockInfo, LockName, LockOptions, MAX_TTL, MemoryBackend,
+};
+
+/// The violation a wrapper commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Release deletes whatever lease the name has, whoever owns it.
+    IgnoresOwnerOnRelease,
+    /// Leases never expire (the store keeps them for 24 h).
+    NeverExpires,
+    /// Every acquisition gets fence 1.
+    ReusesFences,
+    /// A waiter is never woken by a release; it tries again only at the end of its budget.
+    LosesWakeups,
+    /// Renew always answers "renewed", even for a lease the store no longer has.
+    ReportsLostAsHeld,
+    /// Acquire takes the lock from its holder instead of waiting.
+    GrantsEveryone,
+}
+
+impl Fault {
+    pub(crate) const ALL: [Fault; 6] = [
+        Fault::IgnoresOwnerOnRelease,
+        Fault::NeverExpires,
+        Fault::ReusesFences,
+        Fault::LosesWakeups,
+        Fault::ReportsLostAsHeld,
+        Fault::GrantsEveryone,
+    ];
+
+    /// Scenarios that must fail for the fault to count as caught (each one must).
+    pub(crate) fn caught_by(self) -> &'static [&'static str] {
+        match self {
+            Fault::IgnoresOwnerOnRelease => &[
+                "ownership/forged_release_changes_nothing",
+                "ownership/late_release_keeps_new_holder",
+            ],
+            Fault::NeverExpires => &[
+                "expiry/frees_lock_without_cleanup",
+                "fencing/increase_across_expiry",
+            ],
+            Fault::ReusesFences => &[
+                "fencing/increase_across_holders",
+                "fencing/increase_across_expiry",
+                "fencing/increase_after_revoke",
+            ],
+            Fault::LosesWakeups => &["waiting/release_wakes_waiter_promptly"],
+            Fault::ReportsLostAsHeld => &["lost/fires_when_taken_away"],
+            Fault::GrantsEveryone => &[
+                "exclusion/try_acquire_excludes",
+                "exclusion/contention_loses_no_update",
+            ],
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Broken {
+    inner: MemoryBackend,
+    fault: Fault,
+}
+
+impl Broken {
+    fn with_fence(grant: Grant, fence: u64) -> Grant {
+        let lease = &grant.lease;
+        let mut forged = Lease::new(
+            lease.name().clone(),
+            lease.token().clone(),
+            Fence::new(fence),
+            lease.ttl(),
+        );
+        if let Some(at) = lease.expires_at() {
+            forged = forged.with_expires_at(at);
+        }
+        Grant::new(forged, grant.valid_from)
+    }
+
+    fn one_try(request: &AcquireRequest, ttl: Duration) -> Result<AcquireRequest, LockError> {
+        let options = LockOptions::new()
+            .ttl(ttl)
+            .wait(Duration::ZERO)
+            .backoff(request.backoff().clone());
+        AcquireRequest::new(request.name().clone(), &options)
+    }
+}
+
+#[async_trait]
+impl LockBackend for Broken {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        match self.fault {
+            Fault::NeverExpires => {
+                let options = LockOptions::new().ttl(MAX_TTL).wait(request.wait());
+                let long = AcquireRequest::new(request.name().clone(), &options)?;
+                let grant = self.inner.acquire(&long).await?;
+                Ok(Grant::new(
+                    grant.lease.with_ttl(request.ttl()),
+                    grant.valid_from,
+                ))
+            }
+            Fault::ReusesFences => Ok(Self::with_fence(self.inner.acquire(request).await?, 1)),
+            Fault::LosesWakeups => {
+                let once = Self::one_try(request, request.ttl())?;
+                match self.inner.acquire(&once).await {
+                    Err(LockError::Timeout { .. }) if !request.wait().is_zero() => {
+                        tokio::time::sleep_until(request.deadline().into()).await;
+                        self.inner
+                            .acquire(&once)
+                            .await
+                            .map_err(|_| request.timeout_error())
+                    }
+                    other => other,
+                }
+            }
+            Fault::GrantsEveryone => {
+                self.inner.force_release(request.name());
+                self.inner.acquire(request).await
+            }
+            Fault::IgnoresOwnerOnRelease | Fault::ReportsLostAsHeld => {
+                self.inner.acquire(request).await
+            }
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        match self.fault {
+            Fault::NeverExpires => {
+                let grant = self.inner.renew(lease, MAX_TTL).await?;
+                Ok(Grant::new(grant.lease.with_ttl(ttl), grant.valid_from))
+            }
+            Fault::ReportsLostAsHeld => Ok(Grant::new(lease.clone().with_ttl(ttl), Instant::now())),
+            _ => self.inner.renew(lease, ttl).await,
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        match self.fault {
+            Fault::IgnoresOwnerOnRelease => {
+                self.inner.force_release(lease.name());
+                Ok(())
+            }
+            _ => self.inner.release(lease).await,
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// A [`TestStore`] over one broken wrapper.
+#[derive(Debug, Clone)]
+pub(crate) struct BrokenStore {
+    broken: Broken,
+}
+
+impl BrokenStore {
+    pub(crate) fn new(fault: Fault) -> Self {
+        Self {
+            broken: Broken {
+                inner: MemoryBackend::new(),
+                fault,
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl TestStore for BrokenStore {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        Ok(LockClient::new(self.broken.clone()))
+    }
+
+    async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
+        self.broken.inner.force_release(name);
+        Ok(())
+    }
+
+    async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
+        Ok(self
+            .broken
+            .inner
+            .inspect(name)
+            .await?
+            .map(|info| vec![format!("a live lease with fence {}", info.fence)])
+            .unwrap_or_default())
+    }
+
+    fn cross_process(&self) -> bool {
+        false
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(300)
+    }
+}

@@ -60,7 +60,7 @@ pub(crate) enum Plan {
     Sleep(Instant),
     /// Renew this lease for this TTL.
     Renew(Lease, Duration),
-    /// The hold ended (lost or at max_hold); release what the store may still have.
+    /// The hold reached `max_hold`; release it in the store so waiters need not wait.
     End(Lease),
 }
 
@@ -220,10 +220,11 @@ impl Hold {
             }
         }
         if now >= state.deadline {
-            let lease = state.lease.clone();
+            // The store expires the lease by itself a drift margin later; releasing it here
+            // would gain nothing and would hide a store that fails to expire leases.
             drop(state);
             self.expire();
-            return Plan::End(lease);
+            return Plan::Sleep(far);
         }
         let interval = state.interval();
         // Renew a little early so that locks taken at about the same time share one batch.

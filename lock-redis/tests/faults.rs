@@ -424,10 +424,189 @@ async fn batched_renewal_survives_a_flushed_script_cache() -> Outcome {
     Ok(())
 }
 
+/// A release whose message is lost (here: the key deleted without a publish) strands no
+/// waiter past the holder's TTL: the waiter retries when the TTL it saw runs out.
+async fn lost_release_message_strands_no_waiter() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let config = RedisConfig::single(&url).with_key_prefix("faults");
+    let a = LockClient::new(
+        RedisBackend::connect(config.clone())
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let b = LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let lock = name("lost-message")?;
+    let ttl = Duration::from_secs(1);
+    let start = Instant::now();
+    let _held = a
+        .acquire(
+            &Holder::new(),
+            &lock,
+            &LockOptions::new().ttl(ttl).watchdog(false),
+        )
+        .await
+        .map_err(fail("acquire"))?;
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move {
+            let options = LockOptions::new().ttl(ttl).wait(Duration::from_secs(5));
+            b.acquire(&Holder::new(), &lock, &options)
+                .await
+                .map(|g| (Instant::now(), g))
+        }
+    });
+    // The stimulus: while the waiter waits, the key goes without a release message.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
+    let mut conn = raw
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail("raw"))?;
+    let _: () = conn
+        .del(RedisKeys::new("faults", &lock).lock)
+        .await
+        .map_err(fail("DEL"))?;
+    let (acquired, guard) = waiter
+        .await
+        .map_err(fail("waiter task"))?
+        .map_err(fail("the waiter did not get the lock"))?;
+    let took = acquired - start;
+    ensure!(
+        took <= ttl + Duration::from_millis(300),
+        "the waiter got the lock {took:?} in, past the holder's {ttl:?} TTL"
+    );
+    guard.release().await.map_err(fail("release"))
+}
+
+/// Every waiting lock of one client shares one pub/sub connection.
+async fn waiters_share_one_pubsub_connection() -> Outcome {
+    const LOCKS: usize = 10;
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let config = RedisConfig::single(&url).with_key_prefix("faults");
+    let holder = LockClient::new(
+        RedisBackend::connect(config.clone())
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let waiter = LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
+    let mut conn = raw
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail("raw"))?;
+    let pubsub_clients = |list: String| list.lines().filter(|l| !l.trim().is_empty()).count();
+    let before: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .map_err(fail("CLIENT LIST"))?;
+    let mut held = Vec::new();
+    let mut waiting = Vec::new();
+    let mut channels = Vec::new();
+    for i in 0..LOCKS {
+        let lock = name(&format!("shared-pubsub-{i}"))?;
+        channels.push(RedisKeys::new("faults", &lock).channel);
+        held.push(
+            holder
+                .acquire(&Holder::new(), &lock, &LockOptions::new())
+                .await
+                .map_err(fail("acquire"))?,
+        );
+        let waiter = waiter.clone();
+        waiting.push(tokio::spawn(async move {
+            let options = LockOptions::new().wait(Duration::from_secs(10));
+            waiter.acquire(&Holder::new(), &lock, &options).await
+        }));
+    }
+    // Wait until every waiter is subscribed (condition with a deadline, not a fixed sleep).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channels)
+            .query_async(&mut conn)
+            .await
+            .map_err(fail("PUBSUB NUMSUB"))?;
+        let subscribed = counts
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .filter(|v| **v == redis::Value::Int(1))
+            .count();
+        if subscribed == LOCKS {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "only {subscribed} of {LOCKS} waiters subscribed within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let during: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .map_err(fail("CLIENT LIST"))?;
+    let added = pubsub_clients(during).saturating_sub(pubsub_clients(before));
+    ensure!(
+        added == 1,
+        "{LOCKS} waiting locks of one client opened {added} pub/sub connections"
+    );
+    for guard in held {
+        guard.release().await.map_err(fail("release"))?;
+    }
+    for task in waiting {
+        let guard = task
+            .await
+            .map_err(fail("waiter task"))?
+            .map_err(fail("waiter"))?;
+        guard.release().await.map_err(fail("release"))?;
+    }
+    Ok(())
+}
+
+/// A server that does not answer is `Unavailable` (retryable), at once.
+async fn unreachable_server_is_unavailable() -> Outcome {
+    let start = Instant::now();
+    let result = RedisBackend::connect(RedisConfig::single("redis://127.0.0.1:1")).await;
+    ensure!(
+        matches!(&result, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+        "connecting to a closed port gave {:?}",
+        result.map(|_| ())
+    );
+    ensure!(
+        start.elapsed() < Duration::from_secs(5),
+        "connecting to a closed port took {:?}",
+        start.elapsed()
+    );
+    Ok(())
+}
+
 type Case = (&'static str, fn() -> Pin<Box<dyn Future<Output = Outcome>>>);
 
 fn main() -> ExitCode {
-    let cases: [Case; 6] = [
+    let cases: [Case; 9] = [
+        ("lost_release_message_strands_no_waiter", || {
+            Box::pin(lost_release_message_strands_no_waiter())
+        }),
+        ("waiters_share_one_pubsub_connection", || {
+            Box::pin(waiters_share_one_pubsub_connection())
+        }),
+        ("unreachable_server_is_unavailable", || {
+            Box::pin(unreachable_server_is_unavailable())
+        }),
         ("batched_renewal_survives_a_flushed_script_cache", || {
             Box::pin(batched_renewal_survives_a_flushed_script_cache())
         }),

@@ -1,0 +1,3 @@
+//! MySQL benchmark (to come).
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! MySQL fault tests (to come).
+
+fn main() {}

@@ -12,6 +12,7 @@
 //! The suite proves it can fail: `tests/suite_catches_broken_backends` runs it against
 //! deliberately broken wrappers of [`lock_core::MemoryBackend`] and checks each is caught.
 
+pub mod bench;
 mod counting;
 mod report;
 mod runner;

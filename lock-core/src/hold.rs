@@ -170,11 +170,14 @@ impl Hold {
         tracing::debug!(lock = %state.lease.name(), fence = %state.lease.fence(), ?ttl, "lock renewed");
     }
 
-    /// A renewal failed for a reason that may pass: try again soon, before the deadline.
+    /// A renewal failed for a reason that may pass: try again a quarter interval later (the
+    /// deadline, not this schedule, decides when to give up).
     pub(crate) fn retry_soon(&self, now: Instant) {
         let mut state = self.state();
         let step = (state.interval() / 4).max(Duration::from_millis(1));
-        state.next_renew = (now + step).min(state.deadline);
+        // `plan` renews up to a quarter interval early (batching); add that back so the retry
+        // really waits `step`.
+        state.next_renew = now + step + state.interval() / 4;
     }
 
     /// Marks the hold lost; true when this call changed it.
@@ -212,12 +215,12 @@ impl Hold {
         if self.status() != Status::Held {
             return Plan::Sleep(far);
         }
-        if let Some(end) = state.hard_end {
-            if now + drift(state.lease.ttl()) >= end {
-                drop(state);
-                self.mark_lost(LossReason::MaxHold);
-                return Plan::End(self.lease());
-            }
+        if let Some(end) = state.hard_end
+            && now + drift(state.lease.ttl()) >= end
+        {
+            drop(state);
+            self.mark_lost(LossReason::MaxHold);
+            return Plan::End(self.lease());
         }
         if now >= state.deadline {
             // The store expires the lease by itself a drift margin later; releasing it here

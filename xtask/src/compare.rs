@@ -16,7 +16,11 @@ use lock_core::Capabilities;
 use crate::services;
 
 /// The conformance test binaries, as (package, test target), in column order.
-const SUITES: &[(&str, &str)] = &[("conformance-tests", "memory")];
+const SUITES: &[(&str, &str)] = &[
+    ("conformance-tests", "memory"),
+    ("lock-redis", "conformance"),
+    ("lock-mysql", "conformance"),
+];
 
 /// Runs the comparison.
 pub(crate) fn run() -> Result<()> {

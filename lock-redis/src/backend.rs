@@ -1,0 +1,301 @@
+//! [`RedisBackend`]: the lock contract on one Redis server or a Redis Cluster.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use lock_core::{
+    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
+    LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
+};
+use redis::Value;
+
+use crate::{
+    RedisConfig,
+    connection::Conn,
+    error::classify,
+    keys::RedisKeys as Keys,
+    ops::{self, Try},
+    waiters::Waiters,
+};
+
+/// Locks on one Redis server (optionally waiting for replica acknowledgements) or on a Redis
+/// Cluster.
+///
+/// - Acquire is one Lua script: `SET key token PX ttl` if the key is free, with the fence
+///   counter bumped in the same atomic step; release is a compare-and-delete that also
+///   publishes the release; renew is a compare-and-`PEXPIRE`. Scripts run by `EVALSHA` and are
+///   reloaded on `NOSCRIPT`.
+/// - Waiters are woken by the release message on one pub/sub connection shared by all waiting
+///   locks of this backend, and retry when the holder's TTL runs out in case a message is lost.
+/// - The watchdog's renewals of many locks go out as one pipeline (on a cluster, which refuses
+///   pipelines across slots, as concurrent requests on the multiplexed connection).
+/// - Keys are `<prefix>:{<name>}:lock`, `...:fence` and the channel `...:released`: one hash
+///   tag, one cluster slot.
+///
+/// Clones share the connections.
+#[derive(Debug, Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: Conn,
+    waiters: Arc<Waiters>,
+    config: RedisConfig,
+}
+
+impl RedisBackend {
+    /// Connects as `config` says (one server, or a cluster when `config.cluster`).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] for a bad configuration or URL;
+    /// [`LockError::Unavailable`] when the server does not answer.
+    pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let first = config.urls.first().cloned().unwrap_or_default();
+        let mut conn = if config.cluster {
+            Conn::cluster(&config.urls, config.response_timeout).await?
+        } else {
+            Conn::single(&first, config.response_timeout).await?
+        };
+        let _: Value = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| classify("ping", e))?;
+        // Release messages of a cluster reach every node, so one node serves all waiters.
+        let pubsub =
+            redis::Client::open(first.as_str()).map_err(|e| LockError::InvalidOptions {
+                reason: format!("bad redis URL: {e}"),
+            })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                waiters: Waiters::new(pubsub),
+                config,
+            }),
+        })
+    }
+
+    fn keys(&self, name: &LockName) -> Keys {
+        Keys::new(&self.inner.config.key_prefix, name)
+    }
+
+    /// Waits for the configured replicas to acknowledge; releases and fails when they do not.
+    async fn replicate(&self, conn: &mut Conn, lease: &Lease) -> Result<(), LockError> {
+        let config = &self.inner.config;
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(config.replica_acks)
+            .arg(ops::millis(config.replica_timeout))
+            .query_async(conn)
+            .await
+            .map_err(|e| classify("wait for replicas", e))?;
+        if acked >= i64::from(config.replica_acks) {
+            return Ok(());
+        }
+        let _ = ops::release(conn, &self.keys(lease.name()), lease.token()).await;
+        Err(LockError::Unavailable {
+            message: format!(
+                "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
+                config.replica_acks,
+                lease.name(),
+                config.replica_timeout
+            ),
+            source: None,
+        })
+    }
+
+    async fn try_once(
+        &self,
+        conn: &mut Conn,
+        request: &AcquireRequest,
+        keys: &Keys,
+        token: &LeaseToken,
+    ) -> Result<Result<Grant, Option<Duration>>, LockError> {
+        let sent = Instant::now();
+        match ops::try_acquire(conn, request.name(), keys, token, request.ttl()).await? {
+            Try::Granted { fence, server_ms } => {
+                let lease = ops::lease(request.name(), token, fence, request.ttl(), server_ms);
+                if self.inner.config.replica_acks > 0 {
+                    self.replicate(conn, &lease).await?;
+                }
+                Ok(Ok(Grant::new(lease, sent)))
+            }
+            Try::Busy { pttl } => Ok(Err(pttl)),
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        let config = &self.inner.config;
+        let (fencing, failover) = if config.cluster {
+            // A failover to an asynchronously replicated replica can lose the last INCR.
+            (Fencing::BestEffort, Failover::AsyncReplica)
+        } else if config.replica_acks > 0 {
+            (Fencing::Strict, Failover::AsyncReplica)
+        } else {
+            (Fencing::Strict, Failover::SingleServer)
+        };
+        Capabilities::new(
+            fencing,
+            Expiry::Ttl,
+            Wakeup::Push,
+            WaitOrder::None,
+            Clock::Server,
+        )
+        .with_portable_lease(true)
+        .with_failover(failover)
+        .with_replica_acks(config.replica_acks)
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        lock_core::validate_ttl(request.ttl())?;
+        let keys = self.keys(request.name());
+        let token = LeaseToken::random();
+        let mut conn = self.inner.conn.clone();
+        // The uncontended path: one round trip, no subscription.
+        let mut holder_left = match self.try_once(&mut conn, request, &keys, &token).await? {
+            Ok(grant) => return Ok(grant),
+            Err(pttl) => pttl,
+        };
+        if Instant::now() >= request.deadline() {
+            return Err(request.timeout_error());
+        }
+        let registration = self.inner.waiters.register(&keys.channel);
+        let mut fallback = request.backoff().delays();
+        loop {
+            let push = registration.ensure().await;
+            let notified = registration.notify().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Try again now that we are subscribed: a release may have come in between.
+            match self.try_once(&mut conn, request, &keys, &token).await? {
+                Ok(grant) => return Ok(grant),
+                Err(pttl) => holder_left = pttl.or(holder_left),
+            }
+            let now = Instant::now();
+            let deadline = request.deadline();
+            if now >= deadline {
+                return Err(request.timeout_error());
+            }
+            let step = fallback.next().unwrap_or(request.backoff().max);
+            let mut until = now + holder_left.unwrap_or(step) + Duration::from_millis(1);
+            if !push {
+                until = until.min(now + step);
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(until.min(deadline).into()) => {}
+            }
+            holder_left = None;
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        lock_core::validate_ttl(ttl)?;
+        let mut conn = self.inner.conn.clone();
+        let sent = Instant::now();
+        match ops::renew(&mut conn, &self.keys(lease.name()), lease.token(), ttl).await? {
+            Some(server_ms) => Ok(Grant::new(
+                ops::lease(
+                    lease.name(),
+                    lease.token(),
+                    lease.fence().get(),
+                    ttl,
+                    server_ms,
+                ),
+                sent,
+            )),
+            None => Err(LockError::not_held(lease.name())),
+        }
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+        if self.inner.config.cluster {
+            // A cluster refuses pipelines that span slots; concurrent requests on the
+            // multiplexed connection still go out back to back, one round-trip wait in all.
+            return futures::future::join_all(
+                leases.iter().map(|lease| self.renew(lease, lease.ttl())),
+            )
+            .await;
+        }
+        let mut pipe = redis::pipe();
+        for lease in leases {
+            ops::renew_into(
+                &mut pipe,
+                &self.keys(lease.name()),
+                lease.token(),
+                lease.ttl(),
+            );
+        }
+        let mut conn = self.inner.conn.clone();
+        let sent = Instant::now();
+        let replies: Result<Vec<Value>, _> = pipe.query_async(&mut conn).await;
+        match replies {
+            Ok(replies) if replies.len() == leases.len() => leases
+                .iter()
+                .zip(replies)
+                .map(|(lease, reply)| match ops::renewed_at(&reply) {
+                    Some(server_ms) => Ok(Grant::new(
+                        ops::lease(
+                            lease.name(),
+                            lease.token(),
+                            lease.fence().get(),
+                            lease.ttl(),
+                            server_ms,
+                        ),
+                        sent,
+                    )),
+                    None => Err(LockError::not_held(lease.name())),
+                })
+                .collect(),
+            Ok(replies) => leases
+                .iter()
+                .map(|_| {
+                    Err(LockError::Backend {
+                        message: format!("{} replies to {} renewals", replies.len(), leases.len()),
+                        source: None,
+                    })
+                })
+                .collect(),
+            Err(error) => {
+                let error = classify("batched renew", error);
+                let retryable = error.is_retryable();
+                leases
+                    .iter()
+                    .map(|_| {
+                        Err(if retryable {
+                            LockError::Unavailable {
+                                message: error.to_string(),
+                                source: None,
+                            }
+                        } else {
+                            LockError::Backend {
+                                message: error.to_string(),
+                                source: None,
+                            }
+                        })
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let mut conn = self.inner.conn.clone();
+        if ops::release(&mut conn, &self.keys(lease.name()), lease.token()).await? {
+            Ok(())
+        } else {
+            Err(LockError::not_held(lease.name()))
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        let mut conn = self.inner.conn.clone();
+        ops::inspect(&mut conn, name, &self.keys(name)).await
+    }
+}

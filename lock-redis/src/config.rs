@@ -1,0 +1,266 @@
+//! [`RedisConfig`] and [`RedlockConfig`]: how to reach the servers and name the keys.
+
+use std::{fmt, time::Duration};
+
+use lock_core::LockError;
+use serde::{Deserialize, Serialize};
+
+/// Configuration of a [`RedisBackend`](crate::RedisBackend) (one server, or a cluster).
+///
+/// ```
+/// use lock_core::LockError;
+/// use lock_redis::RedisConfig;
+///
+/// let config = RedisConfig::single("redis://:secret@127.0.0.1:6379").with_key_prefix("app:locks");
+/// assert!(!format!("{config:?}").contains("secret"));
+/// assert!(matches!(config.with_key_prefix("bad{prefix").validate(), Err(LockError::InvalidOptions { .. })));
+/// ```
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Server URLs: one for a single server, the seed nodes for a cluster.
+    pub urls: Vec<String>,
+    /// Whether `urls` are Redis Cluster nodes.
+    pub cluster: bool,
+    /// Prefix of every key this backend writes (no `{`, `}` or control characters).
+    pub key_prefix: String,
+    /// Replicas that must acknowledge an acquisition (`WAIT`) before it is granted; single
+    /// server only. 0 = none.
+    pub replica_acks: u32,
+    /// How long to wait for those acknowledgements.
+    pub replica_timeout: Duration,
+    /// Time-out of one request to the server.
+    pub response_timeout: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            urls: vec!["redis://127.0.0.1:6379".into()],
+            cluster: false,
+            key_prefix: "lock".into(),
+            replica_acks: 0,
+            replica_timeout: Duration::from_millis(500),
+            response_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RedisConfig {
+    /// One server at `url` (`redis://[user:password@]host:port[/db]`).
+    pub fn single(url: impl Into<String>) -> Self {
+        Self {
+            urls: vec![url.into()],
+            ..Self::default()
+        }
+    }
+
+    /// A Redis Cluster reached through these seed nodes.
+    pub fn cluster<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            urls: urls.into_iter().map(Into::into).collect(),
+            cluster: true,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the key prefix.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Requires `replicas` replicas to acknowledge each acquisition.
+    pub fn with_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_acks = replicas;
+        self.replica_timeout = timeout;
+        self
+    }
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] naming the bad field.
+    pub fn validate(&self) -> Result<(), LockError> {
+        validate_prefix(&self.key_prefix)?;
+        if self.urls.is_empty() {
+            return Err(invalid("no server URL given".into()));
+        }
+        if self.cluster && self.replica_acks > 0 {
+            return Err(invalid(
+                "replica_acks is supported on a single server, not on a cluster".into(),
+            ));
+        }
+        if self.response_timeout.is_zero() {
+            return Err(invalid("response_timeout must be above zero".into()));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("urls", &redacted(&self.urls))
+            .field("cluster", &self.cluster)
+            .field("key_prefix", &self.key_prefix)
+            .field("replica_acks", &self.replica_acks)
+            .field("replica_timeout", &self.replica_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+/// Configuration of a [`RedlockBackend`](crate::RedlockBackend): N independent servers.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct RedlockConfig {
+    /// One URL per independent server (use an odd number, 3 or 5).
+    pub urls: Vec<String>,
+    /// Prefix of every key (no `{`, `}` or control characters).
+    pub key_prefix: String,
+    /// Time-out of one request to one server; a slow server counts as a failed vote.
+    pub node_timeout: Duration,
+}
+
+impl Default for RedlockConfig {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            key_prefix: "lock".into(),
+            node_timeout: Duration::from_millis(50),
+        }
+    }
+}
+
+impl RedlockConfig {
+    /// Redlock over these servers.
+    pub fn new<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            urls: urls.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the key prefix.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Sets the per-server time-out.
+    pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// The number of servers that must agree: N/2 + 1.
+    pub fn quorum(&self) -> usize {
+        self.urls.len() / 2 + 1
+    }
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] naming the bad field.
+    pub fn validate(&self) -> Result<(), LockError> {
+        validate_prefix(&self.key_prefix)?;
+        if self.urls.is_empty() {
+            return Err(invalid(
+                "Redlock needs at least one server URL (3 or 5 recommended)".into(),
+            ));
+        }
+        if self.node_timeout.is_zero() {
+            return Err(invalid("node_timeout must be above zero".into()));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for RedlockConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockConfig")
+            .field("urls", &redacted(&self.urls))
+            .field("key_prefix", &self.key_prefix)
+            .field("node_timeout", &self.node_timeout)
+            .finish()
+    }
+}
+
+fn invalid(reason: String) -> LockError {
+    LockError::InvalidOptions { reason }
+}
+
+fn validate_prefix(prefix: &str) -> Result<(), LockError> {
+    if prefix.contains(['{', '}']) || prefix.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "key prefix {prefix:?} may not contain braces or control characters (braces would break the hash tag)"
+        )));
+    }
+    Ok(())
+}
+
+/// URLs with any password replaced by `***`.
+pub(crate) fn redacted(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|u| redact(u)).collect()
+}
+
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let Some(at) = rest.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split(':').next().unwrap_or_default();
+    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_hidden() {
+        assert_eq!(redact("redis://u:p4ss@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://:p4ss@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        let config = RedlockConfig::new(["redis://:hunter2@a:1"]);
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = RedisConfig::single("redis://h")
+            .with_key_prefix("a}b")
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("key prefix"));
+        let err = RedisConfig::cluster(["redis://h"])
+            .with_replica_acks(1, Duration::from_secs(1))
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("replica_acks"));
+        assert!(RedlockConfig::new(Vec::<String>::new()).validate().is_err());
+        assert_eq!(RedlockConfig::new(["a", "b", "c", "d", "e"]).quorum(), 3);
+    }
+
+    #[test]
+    fn config_round_trips_with_defaults() {
+        let config: RedisConfig = serde_json::from_str(r#"{"urls":["redis://h:1"]}"#).unwrap();
+        assert_eq!(config.key_prefix, "lock");
+        assert!(!config.cluster);
+    }
+}

@@ -1,0 +1,109 @@
+//! [`Conn`]: one auto-reconnecting connection to a single server or to a cluster, behind the
+//! client crate's `ConnectionLike` so every operation is written once.
+
+use std::time::Duration;
+
+use lock_core::LockError;
+use redis::{
+    Cmd, Pipeline, RedisFuture, Value,
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    cluster::ClusterClientBuilder,
+    cluster_async::ClusterConnection,
+};
+
+use crate::error::classify;
+
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Single(_) => "Conn::Single",
+            Self::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl Conn {
+    /// Connects to one server; fails when it does not answer.
+    pub(crate) async fn single(url: &str, timeout: Duration) -> Result<Self, LockError> {
+        let client = redis::Client::open(url).map_err(|e| invalid_url(url, e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(2);
+        let manager = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| classify("connect", e))?;
+        Ok(Self::Single(manager))
+    }
+
+    /// A connection to one server that connects on first use (a Redlock node may be down
+    /// when the backend starts).
+    pub(crate) fn lazy_single(url: &str, timeout: Duration) -> Result<Self, LockError> {
+        let client = redis::Client::open(url).map_err(|e| invalid_url(url, e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(1);
+        let manager = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| classify("connect", e))?;
+        Ok(Self::Single(manager))
+    }
+
+    /// Connects to a cluster through its seed nodes; fails when none answers.
+    pub(crate) async fn cluster(urls: &[String], timeout: Duration) -> Result<Self, LockError> {
+        let client = ClusterClientBuilder::new(urls.to_vec())
+            .response_timeout(timeout)
+            .connection_timeout(timeout)
+            .build()
+            .map_err(|e| invalid_url(&urls.join(","), e))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| classify("cluster connect", e))?;
+        Ok(Self::Cluster(conn))
+    }
+}
+
+fn invalid_url(url: &str, error: redis::RedisError) -> LockError {
+    LockError::InvalidOptions {
+        reason: format!(
+            "bad redis URL {:?}: {error}",
+            crate::config::redacted(&[url.to_owned()]).join("")
+        ),
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}

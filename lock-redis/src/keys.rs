@@ -1,0 +1,79 @@
+//! Where a lock lives in Redis: its key, its fence counter and its release channel.
+//!
+//! All three share one hash tag, `{<encoded name>}`, so they live in one cluster slot. The
+//! encoding escapes `%`, `{` and `}` as `%25`, `%7B`, `%7D`: injective (every valid name maps
+//! to one tag and back) and brace-free, so the tag is exactly the encoded name.
+
+use lock_core::LockName;
+
+/// The Redis names of one lock (for operators and tests: what to look at, what to delete).
+///
+/// ```
+/// use lock_core::LockName;
+/// use lock_redis::RedisKeys;
+///
+/// let keys = RedisKeys::new("lock", &LockName::new("jobs/{7}")?);
+/// assert_eq!(keys.lock, "lock:{jobs/%7B7%7D}:lock");
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisKeys {
+    /// Holds the owner token, with the lease TTL.
+    pub lock: String,
+    /// The fence counter; it outlives releases so fences never go back.
+    pub fence: String,
+    /// Receives a message on every release.
+    pub channel: String,
+}
+
+impl RedisKeys {
+    /// The keys of `name` under `prefix`.
+    pub fn new(prefix: &str, name: &LockName) -> Self {
+        let tag = encode(name.as_str());
+        Self {
+            lock: format!("{prefix}:{{{tag}}}:lock"),
+            fence: format!("{prefix}:{{{tag}}}:fence"),
+            channel: format!("{prefix}:{{{tag}}}:released"),
+        }
+    }
+}
+
+fn encode(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(name: &str) -> RedisKeys {
+        RedisKeys::new("lock", &LockName::new(name).unwrap())
+    }
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let k = keys("a{b}c");
+        assert_eq!(k.lock, "lock:{a%7Bb%7Dc}:lock");
+        assert_eq!(k.fence, "lock:{a%7Bb%7Dc}:fence");
+        assert_eq!(k.channel, "lock:{a%7Bb%7Dc}:released");
+    }
+
+    #[test]
+    fn encoding_is_injective_on_tricky_names() {
+        let names = ["a%7Bb", "a{b", "%", "%25", "}", "%7D", "a", "A"];
+        let mut seen = std::collections::HashSet::new();
+        for n in names {
+            assert!(seen.insert(keys(n).lock), "collision for {n}");
+        }
+    }
+}

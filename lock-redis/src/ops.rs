@@ -1,0 +1,260 @@
+//! The lock operations on one Redis node (or cluster), shared by the single-server, cluster
+//! and Redlock backends: each is one script, one round trip.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_core::{Fence, Lease, LeaseToken, LockError, LockInfo, LockName};
+use redis::{Value, aio::ConnectionLike};
+
+use crate::{error::classify, keys::RedisKeys as Keys, scripts};
+
+/// The outcome of one acquisition try.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Try {
+    /// Granted with this fence, at this server time (ms since the epoch).
+    Granted { fence: u64, server_ms: u64 },
+    /// Held by someone else for this long (when the server said).
+    Busy { pttl: Option<Duration> },
+}
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The lease granted by a try, with the expiry the server reported.
+pub(crate) fn lease(
+    name: &LockName,
+    token: &LeaseToken,
+    fence: u64,
+    ttl: Duration,
+    server_ms: u64,
+) -> Lease {
+    Lease::new(name.clone(), token.clone(), Fence::new(fence), ttl)
+        .with_expires_at(UNIX_EPOCH + Duration::from_millis(server_ms) + ttl)
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        Value::Okay => Some("OK".into()),
+        _ => None,
+    }
+}
+
+fn shorten(mut s: String) -> String {
+    if s.len() > 64 {
+        let mut end = 64;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+fn foreign(name: &LockName, found: String) -> LockError {
+    LockError::Foreign {
+        name: name.to_string(),
+        found,
+    }
+}
+
+fn unexpected(what: &str, reply: &[Value]) -> LockError {
+    LockError::Backend {
+        message: format!("unexpected reply to {what}: {reply:?}"),
+        source: None,
+    }
+}
+
+/// Checks that a value found under a lock key is one of ours.
+fn check_ours(name: &LockName, keys: &Keys, value: &str, pttl: i64) -> Result<(), LockError> {
+    if !LeaseToken::is_random_format(value) {
+        return Err(foreign(
+            name,
+            format!(
+                "key `{}` holds {:?}, not an owner token",
+                keys.lock,
+                shorten(value.to_owned())
+            ),
+        ));
+    }
+    if pttl == -1 {
+        return Err(foreign(name, format!("key `{}` has no expiry", keys.lock)));
+    }
+    Ok(())
+}
+
+/// One acquisition try.
+pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
+    conn: &mut C,
+    name: &LockName,
+    keys: &Keys,
+    token: &LeaseToken,
+    ttl: Duration,
+) -> Result<Try, LockError> {
+    let reply: Vec<Value> = scripts::ACQUIRE
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .arg(token.as_str())
+        .arg(millis(ttl))
+        .invoke_async(conn)
+        .await
+        .map_err(|e| classify("acquire", e))?;
+    match reply.first().and_then(int) {
+        Some(1) => {
+            let fence = reply
+                .get(1)
+                .and_then(int)
+                .and_then(|f| u64::try_from(f).ok());
+            let server_ms = reply
+                .get(2)
+                .and_then(int)
+                .and_then(|t| u64::try_from(t).ok());
+            match (fence, server_ms) {
+                (Some(fence), Some(server_ms)) => Ok(Try::Granted { fence, server_ms }),
+                _ => Err(unexpected("acquire", &reply)),
+            }
+        }
+        Some(0) => {
+            let pttl = reply.get(1).and_then(int).unwrap_or(-2);
+            let value = reply.get(2).and_then(text).unwrap_or_default();
+            check_ours(name, keys, &value, pttl)?;
+            let pttl = u64::try_from(pttl).ok().map(Duration::from_millis);
+            Ok(Try::Busy { pttl })
+        }
+        Some(2) => {
+            let which = reply.get(1).and_then(text).unwrap_or_default();
+            let what = reply.get(2).and_then(text).unwrap_or_default();
+            let key = if which == "fence" {
+                &keys.fence
+            } else {
+                &keys.lock
+            };
+            Err(foreign(
+                name,
+                format!("key `{key}` holds {:?}", shorten(what)),
+            ))
+        }
+        _ => Err(unexpected("acquire", &reply)),
+    }
+}
+
+/// Renews if the key holds `token`: the server time in ms, or `None` when it is not ours.
+pub(crate) async fn renew<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    token: &LeaseToken,
+    ttl: Duration,
+) -> Result<Option<u64>, LockError> {
+    let server_ms: i64 = scripts::RENEW
+        .key(&keys.lock)
+        .arg(token.as_str())
+        .arg(millis(ttl))
+        .invoke_async(conn)
+        .await
+        .map_err(|e| classify("renew", e))?;
+    Ok(u64::try_from(server_ms).ok().filter(|ms| *ms > 0))
+}
+
+/// Adds a renewal to a pipeline (batched renewals).
+pub(crate) fn renew_into(
+    pipe: &mut redis::Pipeline,
+    keys: &Keys,
+    token: &LeaseToken,
+    ttl: Duration,
+) {
+    pipe.invoke_script(
+        scripts::RENEW
+            .key(&keys.lock)
+            .arg(token.as_str())
+            .arg(millis(ttl)),
+    );
+}
+
+/// Releases if the key holds `token`; true when it did.
+pub(crate) async fn release<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    token: &LeaseToken,
+) -> Result<bool, LockError> {
+    let released: i64 = scripts::RELEASE
+        .key(&keys.lock)
+        .arg(token.as_str())
+        .arg(&keys.channel)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| classify("release", e))?;
+    Ok(released == 1)
+}
+
+/// Who holds the lock on this node.
+pub(crate) async fn inspect<C: ConnectionLike + Send>(
+    conn: &mut C,
+    name: &LockName,
+    keys: &Keys,
+) -> Result<Option<LockInfo>, LockError> {
+    let reply: Vec<Value> = scripts::INSPECT
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| classify("inspect", e))?;
+    let kind = reply.first().and_then(text).unwrap_or_default();
+    match kind.as_str() {
+        "none" => return Ok(None),
+        "string" => {}
+        other => return Err(foreign(name, format!("key `{}` is a {other}", keys.lock))),
+    }
+    let value = reply.get(1).and_then(text).unwrap_or_default();
+    let pttl = reply.get(2).and_then(int).unwrap_or(-2);
+    if pttl == -2 {
+        return Ok(None);
+    }
+    check_ours(name, keys, &value, pttl)?;
+    let fence = reply
+        .get(3)
+        .and_then(int)
+        .and_then(|f| u64::try_from(f).ok())
+        .ok_or_else(|| {
+            foreign(
+                name,
+                format!(
+                    "key `{}` is held but its fence counter is not a number",
+                    keys.fence
+                ),
+            )
+        })?;
+    Ok(Some(LockInfo::new(
+        name.clone(),
+        LeaseToken::from_store(value),
+        Fence::new(fence),
+        u64::try_from(pttl).ok().map(Duration::from_millis),
+    )))
+}
+
+/// The parse of one pipelined renewal reply.
+pub(crate) fn renewed_at(reply: &Value) -> Option<u64> {
+    int(reply)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .filter(|ms| *ms > 0)
+}
+
+/// Now, as a fallback server time when none was returned.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(millis)
+        .unwrap_or_default()
+}

@@ -1,0 +1,331 @@
+//! [`RedlockBackend`]: Redlock over N independent Redis servers.
+
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::future::join_all;
+use lock_core::{
+    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
+    LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
+};
+use redis::Value;
+
+use crate::{
+    RedlockConfig,
+    connection::Conn,
+    error::{classify, timed_out},
+    keys::RedisKeys as Keys,
+    ops::{self, Try},
+};
+
+/// Redlock: a lock is held when a majority (N/2 + 1) of N independent servers granted it
+/// within its validity.
+///
+/// - Requests go to every server in parallel, each bounded by a per-server time-out; the lock
+///   is valid for `ttl - elapsed - drift` with `drift = ttl * 0.01 + 2 ms`, and the lease's
+///   local deadline is computed the same way.
+/// - A failed attempt releases on every server (a timed-out server may have granted), then
+///   retries after a random delay (jittered back-off bounded by the holder's TTL).
+/// - Renewal must reach a majority within the validity.
+/// - **Fences are best effort**: the fence is the maximum of the per-server counters of the
+///   granting majority. Two majorities share a server, so it grows while servers keep their
+///   data; but a server restarted without persistence restarts its counter at zero, and once
+///   enough servers have done so a fence can repeat. Use persistence (`appendonly yes`,
+///   `appendfsync always`) where fencing must be strict, or a backend whose capabilities say
+///   `Strict`.
+/// - Waiting is by randomized retries (capabilities say `Poll`).
+#[derive(Debug, Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    nodes: Vec<Conn>,
+    config: RedlockConfig,
+}
+
+/// The answer of one server to one request.
+type Vote<T> = Result<T, LockError>;
+
+impl RedlockBackend {
+    /// Sets up connections to every server (made on first use, so a minority may be down).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] for a bad configuration or URL.
+    pub async fn connect(config: RedlockConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let nodes = config
+            .urls
+            .iter()
+            .map(|url| Conn::lazy_single(url, config.node_timeout.max(Duration::from_millis(200))))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner { nodes, config }),
+        })
+    }
+
+    fn keys(&self, name: &LockName) -> Keys {
+        Keys::new(&self.inner.config.key_prefix, name)
+    }
+
+    fn quorum(&self) -> usize {
+        self.inner.config.quorum()
+    }
+
+    /// Runs `op` on every server in parallel, each within the per-server time-out.
+    async fn everywhere<T, F, Fut>(&self, what: &'static str, op: F) -> Vec<Vote<T>>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, LockError>>,
+    {
+        let timeout = self.inner.config.node_timeout;
+        join_all(self.inner.nodes.iter().map(|conn| {
+            let call = op(conn.clone());
+            async move {
+                tokio::time::timeout(timeout, call)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out(what)))
+            }
+        }))
+        .await
+    }
+
+    async fn release_everywhere(&self, keys: &Keys, token: &LeaseToken) -> Vec<Vote<bool>> {
+        self.everywhere("release", |mut conn| async move {
+            ops::release(&mut conn, keys, token).await
+        })
+        .await
+    }
+
+    /// The validity left of a majority vote started at `start`, if any.
+    fn validity(ttl: Duration, start: Instant) -> Option<Duration> {
+        let drift = ttl / 100 + Duration::from_millis(2);
+        ttl.checked_sub(start.elapsed() + drift)
+            .filter(|v| !v.is_zero())
+    }
+
+    /// Judges a renewal vote: granted by a majority in time, else not held or unavailable.
+    fn judge_renewal(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        start: Instant,
+        votes: Vec<Vote<Option<u64>>>,
+    ) -> Result<Grant, LockError> {
+        let renewed: Vec<u64> = votes
+            .iter()
+            .filter_map(|v| v.as_ref().ok().copied().flatten())
+            .collect();
+        let refused = votes.iter().filter(|v| matches!(v, Ok(None))).count();
+        if renewed.len() >= self.quorum() && Self::validity(ttl, start).is_some() {
+            let server_ms = renewed.iter().copied().max().unwrap_or_else(ops::now_ms);
+            return Ok(Grant::new(
+                ops::lease(
+                    lease.name(),
+                    lease.token(),
+                    lease.fence().get(),
+                    ttl,
+                    server_ms,
+                ),
+                start,
+            ));
+        }
+        if refused > self.inner.nodes.len() - self.quorum() {
+            return Err(LockError::not_held(lease.name()));
+        }
+        Err(LockError::Unavailable {
+            message: format!(
+                "renewal of `{}` reached {} of {} servers; {} needed",
+                lease.name(),
+                renewed.len(),
+                self.inner.nodes.len(),
+                self.quorum()
+            ),
+            source: None,
+        })
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            Fencing::BestEffort,
+            Expiry::Ttl,
+            Wakeup::Poll,
+            WaitOrder::None,
+            Clock::Client,
+        )
+        .with_portable_lease(true)
+        .with_failover(Failover::Quorum)
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        lock_core::validate_ttl(request.ttl())?;
+        let (name, ttl) = (request.name(), request.ttl());
+        let keys = self.keys(name);
+        let token = LeaseToken::random();
+        let mut delays = request.backoff().delays();
+        loop {
+            let start = Instant::now();
+            let votes = self
+                .everywhere("acquire", |mut conn| {
+                    let (keys, token) = (&keys, &token);
+                    async move { ops::try_acquire(&mut conn, name, keys, token, ttl).await }
+                })
+                .await;
+            let mut granted = Vec::new();
+            let mut holder_left: Option<Duration> = None;
+            let mut foreign = None;
+            let mut failed = 0;
+            for vote in votes {
+                match vote {
+                    Ok(Try::Granted { fence, server_ms }) => granted.push((fence, server_ms)),
+                    Ok(Try::Busy { pttl }) => {
+                        holder_left = match (holder_left, pttl) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                    }
+                    Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
+                    Err(_) => failed += 1,
+                }
+            }
+            if foreign.is_none()
+                && granted.len() >= self.quorum()
+                && Self::validity(ttl, start).is_some()
+            {
+                let fence = granted.iter().map(|(f, _)| *f).max().unwrap_or_default();
+                let server_ms = granted.iter().map(|(_, t)| *t).max().unwrap_or_default();
+                return Ok(Grant::new(
+                    ops::lease(name, &token, fence, ttl, server_ms),
+                    start,
+                ));
+            }
+            if !granted.is_empty() || failed > 0 {
+                self.release_everywhere(&keys, &token).await;
+            }
+            if let Some(error) = foreign {
+                return Err(error);
+            }
+            let now = Instant::now();
+            let deadline = request.deadline();
+            if now >= deadline {
+                if failed > self.inner.nodes.len() - self.quorum() {
+                    return Err(LockError::Unavailable {
+                        message: format!(
+                            "lock `{name}`: {failed} of {} servers failed to answer; a majority of {} is needed",
+                            self.inner.nodes.len(),
+                            self.quorum()
+                        ),
+                        source: None,
+                    });
+                }
+                return Err(request.timeout_error());
+            }
+            let mut delay = delays.next().unwrap_or(request.backoff().max);
+            if let Some(left) = holder_left {
+                delay = delay.min(left + Duration::from_millis(1));
+            }
+            tokio::time::sleep_until((now + delay).min(deadline).into()).await;
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        lock_core::validate_ttl(ttl)?;
+        let keys = self.keys(lease.name());
+        let start = Instant::now();
+        let votes = self
+            .everywhere("renew", |mut conn| {
+                let keys = &keys;
+                async move { ops::renew(&mut conn, keys, lease.token(), ttl).await }
+            })
+            .await;
+        self.judge_renewal(lease, ttl, start, votes)
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+        let mut pipe = redis::pipe();
+        for lease in leases {
+            ops::renew_into(
+                &mut pipe,
+                &self.keys(lease.name()),
+                lease.token(),
+                lease.ttl(),
+            );
+        }
+        let start = Instant::now();
+        let pipe = &pipe;
+        let per_node: Vec<Vote<Vec<Value>>> = self
+            .everywhere("batched renew", |mut conn| async move {
+                pipe.query_async::<Vec<Value>>(&mut conn)
+                    .await
+                    .map_err(|e| classify("batched renew", e))
+            })
+            .await;
+        leases
+            .iter()
+            .enumerate()
+            .map(|(i, lease)| {
+                let votes = per_node
+                    .iter()
+                    .map(|node| match node {
+                        Ok(replies) => Ok(replies.get(i).and_then(ops::renewed_at)),
+                        Err(e) => Err(LockError::Unavailable {
+                            message: e.to_string(),
+                            source: None,
+                        }),
+                    })
+                    .collect();
+                self.judge_renewal(lease, lease.ttl(), start, votes)
+            })
+            .collect()
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let votes = self
+            .release_everywhere(&self.keys(lease.name()), lease.token())
+            .await;
+        if votes.iter().any(|v| matches!(v, Ok(true))) {
+            return Ok(());
+        }
+        if votes.iter().all(Result::is_ok) {
+            return Err(LockError::not_held(lease.name()));
+        }
+        Err(LockError::Unavailable {
+            message: format!("release of `{}` could not reach every server", lease.name()),
+            source: None,
+        })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        let keys = self.keys(name);
+        let votes = self
+            .everywhere("inspect", |mut conn| {
+                let keys = &keys;
+                async move { ops::inspect(&mut conn, name, keys).await }
+            })
+            .await;
+        let mut infos: Vec<LockInfo> = Vec::new();
+        for vote in votes {
+            match vote {
+                Ok(Some(info)) => infos.push(info),
+                Err(error @ LockError::Foreign { .. }) => return Err(error),
+                _ => {}
+            }
+        }
+        let majority = infos.iter().find(|candidate| {
+            infos.iter().filter(|i| i.token == candidate.token).count() >= self.quorum()
+        });
+        Ok(majority.map(|m| {
+            let same: Vec<_> = infos.iter().filter(|i| i.token == m.token).collect();
+            let fence = same.iter().map(|i| i.fence).max().unwrap_or(m.fence);
+            let left = same.iter().filter_map(|i| i.expires_in).min();
+            LockInfo::new(name.clone(), m.token.clone(), fence, left)
+        }))
+    }
+}

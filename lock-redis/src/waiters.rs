@@ -1,0 +1,215 @@
+//! Push wake-ups: one pub/sub connection per client, shared by every waiting lock.
+//!
+//! A waiter registers for its lock's release channel (subscribing on the shared connection if
+//! no other waiter of this client already did), then retries when a release message arrives.
+//! Subscribes and unsubscribes go through one queue so that a late unsubscribe can never undo
+//! a newer subscribe. If the pub/sub connection drops, waiters fall back to retrying when the
+//! holder's TTL runs out, and re-subscribe on a new connection at their next turn.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+};
+
+use futures::StreamExt;
+use redis::aio::PubSubSink;
+use tokio::sync::Notify;
+
+#[derive(Debug)]
+pub(crate) struct Waiters {
+    client: redis::Client,
+    state: Mutex<State>,
+    /// Serialises subscribe, unsubscribe and connect.
+    ops: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    channels: HashMap<String, Channel>,
+    sink: Option<PubSubSink>,
+    subscribed: HashSet<String>,
+    generation: u64,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("channels", &self.channels.len())
+            .field("connected", &self.sink.is_some())
+            .finish()
+    }
+}
+
+struct Channel {
+    notify: Arc<Notify>,
+    users: usize,
+}
+
+impl Waiters {
+    pub(crate) fn new(client: redis::Client) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            state: Mutex::new(State::default()),
+            ops: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers interest in `channel`; the registration subscribes on the shared connection.
+    pub(crate) fn register(self: &Arc<Self>, channel: &str) -> Registration {
+        let notify = {
+            let mut state = self.state();
+            let entry = state
+                .channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    notify: Arc::new(Notify::new()),
+                    users: 0,
+                });
+            entry.users += 1;
+            entry.notify.clone()
+        };
+        Registration {
+            waiters: self.clone(),
+            channel: channel.to_owned(),
+            notify,
+        }
+    }
+
+    /// Makes sure `channel` is subscribed on a live connection. An error means waiters must
+    /// rely on the holder's TTL for now.
+    async fn ensure(self: &Arc<Self>, channel: &str) -> Result<(), redis::RedisError> {
+        {
+            let state = self.state();
+            if state.sink.is_some() && state.subscribed.contains(channel) {
+                return Ok(());
+            }
+        }
+        let _ops = self.ops.lock().await;
+        let existing = self.state().sink.clone();
+        let sink = match existing {
+            Some(sink) => sink,
+            None => self.connect().await?,
+        };
+        if self.state().subscribed.contains(channel) {
+            return Ok(());
+        }
+        let mut sink = sink;
+        sink.subscribe(channel).await?;
+        self.state().subscribed.insert(channel.to_owned());
+        Ok(())
+    }
+
+    /// Opens the pub/sub connection and starts its reader. Called under `ops`.
+    async fn connect(self: &Arc<Self>) -> Result<PubSubSink, redis::RedisError> {
+        let (sink, mut stream) = self.client.get_async_pubsub().await?.split();
+        let generation = {
+            let mut state = self.state();
+            state.generation += 1;
+            state.sink = Some(sink.clone());
+            state.subscribed.clear();
+            state.generation
+        };
+        let waiters = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(message) = stream.next().await {
+                let Some(waiters) = waiters.upgrade() else {
+                    return;
+                };
+                let notify = waiters
+                    .state()
+                    .channels
+                    .get(message.get_channel_name())
+                    .map(|c| c.notify.clone());
+                if let Some(notify) = notify {
+                    notify.notify_waiters();
+                }
+            }
+            // The connection ended: forget it and wake everyone to re-subscribe.
+            if let Some(waiters) = waiters.upgrade() {
+                let notifies: Vec<_> = {
+                    let mut state = waiters.state();
+                    if state.generation == generation {
+                        state.sink = None;
+                        state.subscribed.clear();
+                    }
+                    state.channels.values().map(|c| c.notify.clone()).collect()
+                };
+                tracing::debug!("redis pub/sub connection ended; waiters fall back to TTL retries");
+                for notify in notifies {
+                    notify.notify_waiters();
+                }
+            }
+        });
+        Ok(sink)
+    }
+
+    fn leave(self: &Arc<Self>, channel: &str) {
+        let last = {
+            let mut state = self.state();
+            let last = state.channels.get_mut(channel).is_some_and(|c| {
+                c.users -= 1;
+                c.users == 0
+            });
+            if last {
+                state.channels.remove(channel);
+            }
+            last
+        };
+        if !last {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (waiters, channel) = (self.clone(), channel.to_owned());
+        runtime.spawn(async move {
+            let _ops = waiters.ops.lock().await;
+            let sink = {
+                let mut state = waiters.state();
+                if state.channels.contains_key(&channel) || !state.subscribed.remove(&channel) {
+                    return;
+                }
+                state.sink.clone()
+            };
+            if let Some(mut sink) = sink {
+                let _ = sink.unsubscribe(&channel).await;
+            }
+        });
+    }
+}
+
+/// A waiter's interest in one channel; dropping it unsubscribes when it was the last.
+#[derive(Debug)]
+pub(crate) struct Registration {
+    waiters: Arc<Waiters>,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl Registration {
+    /// Subscribes if needed; false when push wake-ups are unavailable right now.
+    pub(crate) async fn ensure(&self) -> bool {
+        match self.waiters.ensure(&self.channel).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::debug!(%error, "redis pub/sub unavailable; waiting on the holder's TTL");
+                false
+            }
+        }
+    }
+
+    /// The notifier woken on every release message of the channel.
+    pub(crate) fn notify(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.waiters.leave(&self.channel);
+    }
+}

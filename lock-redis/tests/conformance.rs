@@ -1,0 +1,189 @@
+//! The conformance suite against a single Redis, Redlock over five servers, and Redis Cluster.
+
+use std::time::Duration;
+
+use conformance_tests::{Runner, TestStore};
+use lock_core::{LockClient, LockError, LockName, async_trait};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
+use redis::{AsyncCommands, aio::MultiplexedConnection, cluster_async::ClusterConnection};
+
+/// Stable across processes, so the killed-holder child locks the same keys.
+const PREFIX: &str = "conformance";
+
+fn var(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set; run `cargo xtask test`"))
+}
+
+fn urls(name: &str) -> Result<Vec<String>, String> {
+    Ok(var(name)?.split(',').map(str::to_owned).collect())
+}
+
+/// Raw access to the servers, for the fault tools.
+enum Raw {
+    Servers(Vec<MultiplexedConnection>),
+    Cluster(ClusterConnection),
+}
+
+enum Kind {
+    Single(RedisConfig),
+    Cluster(RedisConfig),
+    Redlock(RedlockConfig),
+}
+
+struct RedisStore {
+    kind: Kind,
+    raw: Raw,
+}
+
+fn redis_err(e: redis::RedisError) -> LockError {
+    LockError::unavailable("test tool", e)
+}
+
+impl RedisStore {
+    async fn servers(urls: &[String]) -> Result<Raw, String> {
+        let mut conns = Vec::new();
+        for url in urls {
+            let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| format!("{url} does not answer: {e}"))?;
+            conns.push(conn);
+        }
+        Ok(Raw::Servers(conns))
+    }
+
+    async fn single() -> Result<Self, String> {
+        let url = var("LOCK_TEST_REDIS_URL")?;
+        let config = RedisConfig::single(&url).with_key_prefix(PREFIX);
+        RedisBackend::connect(config.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            raw: Self::servers(&[url]).await?,
+            kind: Kind::Single(config),
+        })
+    }
+
+    async fn cluster() -> Result<Self, String> {
+        let urls = urls("LOCK_TEST_REDIS_CLUSTER_URLS")?;
+        let config = RedisConfig::cluster(urls.clone()).with_key_prefix(PREFIX);
+        RedisBackend::connect(config.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let client = redis::cluster::ClusterClient::new(urls).map_err(|e| e.to_string())?;
+        let raw = client
+            .get_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            raw: Raw::Cluster(raw),
+            kind: Kind::Cluster(config),
+        })
+    }
+
+    async fn redlock() -> Result<Self, String> {
+        let urls = urls("LOCK_TEST_REDLOCK_URLS")?;
+        let config = RedlockConfig::new(urls.clone()).with_key_prefix(PREFIX);
+        Ok(Self {
+            raw: Self::servers(&urls).await?,
+            kind: Kind::Redlock(config),
+        })
+    }
+
+    fn keys(name: &LockName) -> RedisKeys {
+        RedisKeys::new(PREFIX, name)
+    }
+
+    /// Runs `cmd` on every server (Redlock) or on the one server or cluster.
+    async fn each(&self, cmd: &redis::Cmd) -> Result<Vec<redis::Value>, LockError> {
+        let mut out = Vec::new();
+        match &self.raw {
+            Raw::Servers(conns) => {
+                for conn in conns {
+                    out.push(
+                        cmd.query_async(&mut conn.clone())
+                            .await
+                            .map_err(redis_err)?,
+                    );
+                }
+            }
+            Raw::Cluster(conn) => out.push(
+                cmd.query_async(&mut conn.clone())
+                    .await
+                    .map_err(redis_err)?,
+            ),
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl TestStore for RedisStore {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        Ok(match &self.kind {
+            Kind::Single(config) | Kind::Cluster(config) => {
+                LockClient::new(RedisBackend::connect(config.clone()).await?)
+            }
+            Kind::Redlock(config) => {
+                LockClient::new(RedlockBackend::connect(config.clone()).await?)
+            }
+        })
+    }
+
+    async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
+        self.each(redis::cmd("DEL").arg(Self::keys(name).lock))
+            .await?;
+        Ok(())
+    }
+
+    async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
+        let key = Self::keys(name).lock;
+        let found = self.each(redis::cmd("EXISTS").arg(&key)).await?;
+        Ok(found
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v == redis::Value::Int(1))
+            .map(|(i, _)| format!("key `{key}` on server {i}"))
+            .collect())
+    }
+
+    async fn plant_foreign(&self, name: &LockName) -> Result<(), LockError> {
+        let key = Self::keys(name).lock;
+        match &self.raw {
+            Raw::Servers(conns) => {
+                for conn in conns {
+                    let _: () = conn
+                        .clone()
+                        .set(&key, "written-by-someone-else")
+                        .await
+                        .map_err(redis_err)?;
+                }
+            }
+            Raw::Cluster(conn) => {
+                let _: () = conn
+                    .clone()
+                    .set(&key, "written-by-someone-else")
+                    .await
+                    .map_err(redis_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn can_plant_foreign(&self) -> bool {
+        true
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    Runner::new()
+        .store("redis", RedisStore::single)
+        .store("redlock(5)", RedisStore::redlock)
+        .store("redis-cluster", RedisStore::cluster)
+        .main()
+}

@@ -44,8 +44,13 @@ impl fmt::Display for Stats {
     }
 }
 
+/// The largest sample tracked, in nanoseconds (one hour); longer ones are recorded as this.
+const HIGHEST_NANOS: u64 = 3_600_000_000_000;
+
 fn histogram() -> Result<Histogram<u64>, String> {
-    Histogram::new(3).map_err(|e| e.to_string())
+    // Explicit bounds: `Histogram::new` starts with a highest value of 2 and grows only on
+    // `record`, so `saturating_record` clamped every sample to 2 ns.
+    Histogram::new_with_bounds(1, HIGHEST_NANOS, 3).map_err(|e| e.to_string())
 }
 
 fn record(h: &mut Histogram<u64>, d: Duration) {
@@ -273,6 +278,18 @@ pub fn render_line(line: &Line) -> String {
 mod tests {
     use super::*;
     use lock_core::MemoryBackend;
+
+    #[tokio::test]
+    async fn records_real_durations() {
+        let slept = time_op(5, || async {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert!(slept.p50 >= Duration::from_millis(2), "{slept}");
+        assert!(slept.mean >= Duration::from_millis(2), "{slept}");
+    }
 
     #[tokio::test]
     async fn measures_memory_backend() {

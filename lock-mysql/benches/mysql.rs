@@ -59,7 +59,9 @@ async fn run() -> Result<(), String> {
         (Strategy::RowLock, "mysql-rowlock", 2000),
     ] {
         let config = support::config(strategy)?.pool_size(8);
-        let backend = MySqlBackend::connect(&config).await.map_err(|e| e.to_string())?;
+        let backend = MySqlBackend::connect(&config)
+            .await
+            .map_err(|e| e.to_string())?;
         let client = LockClient::new(backend.clone());
         let mut report = Report::new(label);
 
@@ -79,11 +81,16 @@ async fn run() -> Result<(), String> {
         let mut clients = Vec::with_capacity(CLIENTS);
         for _ in 0..CLIENTS {
             clients.push(LockClient::new(
-                MySqlBackend::connect(&config).await.map_err(|e| e.to_string())?,
+                MySqlBackend::connect(&config)
+                    .await
+                    .map_err(|e| e.to_string())?,
             ));
         }
         let contended = bench::contended(&clients, &options, TASKS, handoffs).await?;
-        report.stats(&format!("hand-off, {TASKS} tasks on one lock"), &contended.handoff);
+        report.stats(
+            &format!("hand-off, {TASKS} tasks on one lock"),
+            &contended.handoff,
+        );
         report.rate("acquisitions", contended.per_second);
         let rowlock_target = (strategy == Strategy::RowLock).then_some(3.0);
         report.ratio(

@@ -1,27 +1,34 @@
 //! The lease strategy: one row per lock with the holder's token, fence and expiry.
 //!
-//! Every operation is one transaction sent as one batch (see [`script`](crate::script)):
-//! it locks the row with `SELECT ... FOR UPDATE`, changes it only under a condition evaluated
-//! by the server against `NOW(6)`, and reads the row back; the client judges the outcome from
-//! what it reads, never from `rows_affected` (sqlx sets `CLIENT_FOUND_ROWS`) and never from its
-//! own clock. Released rows stay, with token and expiry NULL, so the fence never goes back.
+//! - **Acquire** is one statement: `INSERT ... ON DUPLICATE KEY UPDATE` inserts the row, or
+//!   locks the existing one exclusively (the X lock a `SELECT ... FOR UPDATE` takes) for the
+//!   statement's transaction and takes it over only if the server finds it released or
+//!   expired by `NOW(6)`, bumping its fence.
+//! - **Outcome**: when it takes a row over, the statement also evaluates
+//!   `LAST_INSERT_ID(fence + 1)` on that row, so the server's reply carries the fence it now
+//!   holds; a statement that took nothing carries 0 (the value is per statement, set only when
+//!   the expression runs). This is a value read from the row inside the locked statement, not
+//!   the `rows_affected` count that `CLIENT_FOUND_ROWS` makes ambiguous for upserts. Every
+//!   other outcome (a new row, a busy or foreign one) is judged by reading the row back.
+//!   Release works the same way with `LAST_INSERT_ID(fence)`. Renewals are batched in one
+//!   transaction and judged by reading the rows back in it.
+//! - **Clock**: every time comparison and expiry is computed by the server from `NOW(6)`;
+//!   the client sends only the TTL as a number of microseconds.
+//! - Released rows stay, with token and expiry NULL, so the fence never goes back.
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant, SystemTime},
-};
+use std::{collections::HashMap, sync::Arc, time::Duration, time::Instant};
 
 use lock_core::{
-    AcquireRequest, Attempt, Grant, Lease, LeaseToken, LockError, LockInfo, LockName,
+    AcquireRequest, Attempt, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName,
     poll_until_acquired, validate_ttl,
 };
-use sqlx::{MySqlPool, Row, mysql::MySqlRow};
+use sqlx::{AssertSqlSafe, MySqlPool, Row, mysql::MySqlRow};
 
 use crate::{
     TableName,
     error::{Class, classify, lock_error},
     lock_row::{LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState},
-    script::{hex, run_pooled, tagged},
+    script::{hex, retry_deadlocks, run_pooled, tagged},
 };
 
 /// Leases renewed by one batch at most (a longer list is split).
@@ -32,15 +39,56 @@ const RENEW_BATCH: usize = 100;
 pub(crate) struct LeaseStrategy {
     pool: MySqlPool,
     table: TableName,
+    sql: Arc<Statements>,
+}
+
+/// The statements of one table, built once (and prepared once per connection by sqlx).
+#[derive(Debug)]
+struct Statements {
+    acquire: Arc<str>,
+    read: Arc<str>,
+    release: Arc<str>,
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Self {
+        let t = table.quoted();
+        // The first assignment decides on the row as it was; the others follow it whichever
+        // order the server evaluates assignments in (MariaDB's SIMULTANEOUS_ASSIGNMENT mode
+        // included): `token = ?` is true afterwards only if the row was taken.
+        let taken = format!("({LEASE_TAKEABLE}) OR token = ?");
+        Self {
+            acquire: format!(
+                "INSERT INTO {t} (name, token, fence, expires_at, acquired_at) \
+                 VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, NOW(6)) \
+                 ON DUPLICATE KEY UPDATE \
+                 token = IF({LEASE_TAKEABLE}, ?, token), \
+                 fence = IF({taken}, LAST_INSERT_ID(fence + 1), fence), \
+                 expires_at = IF({taken}, NOW(6) + INTERVAL ? MICROSECOND, expires_at), \
+                 acquired_at = IF({taken}, NOW(6), acquired_at)"
+            )
+            .into(),
+            read: format!("SELECT {LEASE_COLUMNS} FROM {t} WHERE name = ?").into(),
+            release: format!(
+                "UPDATE {t} SET token = NULL, expires_at = NULL, fence = LAST_INSERT_ID(fence) \
+                 WHERE name = ? AND token = ? AND fence = ? AND expires_at > NOW(6)"
+            )
+            .into(),
+        }
+    }
 }
 
 impl LeaseStrategy {
     pub(crate) fn new(pool: MySqlPool, table: TableName) -> Self {
-        Self { pool, table }
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table,
+        }
     }
 
-    /// Acquires by polling: one batch per try, jittered back-off between tries bounded by the
-    /// holder's remaining TTL as the server reports it.
+    /// Acquires by polling: one statement per try, jittered back-off between tries bounded by
+    /// the holder's remaining TTL as the server reports it.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         validate_ttl(request.ttl())?;
         poll_until_acquired(request, || self.try_once(request)).await
@@ -50,71 +98,70 @@ impl LeaseStrategy {
     async fn try_once(&self, request: &AcquireRequest) -> Result<Attempt, LockError> {
         let name = request.name();
         let token = LeaseToken::random();
-        let t = self.table.quoted();
-        let n = hex(name.as_str().as_bytes());
-        let k = hex(token.as_str().as_bytes());
         let ttl = micros(request.ttl());
-        let sql = format!(
-            "ROLLBACK; START TRANSACTION; \
-             SELECT 'before', {LEASE_COLUMNS} FROM {t} WHERE name = {n} FOR UPDATE; \
-             INSERT INTO {t} (name, token, fence, expires_at, acquired_at) \
-               VALUES ({n}, {k}, 1, NOW(6) + INTERVAL {ttl} MICROSECOND, NOW(6)) \
-               ON DUPLICATE KEY UPDATE name = name; \
-             UPDATE {t} SET fence = fence + 1, token = {k}, \
-               expires_at = NOW(6) + INTERVAL {ttl} MICROSECOND, acquired_at = NOW(6) \
-               WHERE name = {n} AND {LEASE_TAKEABLE}; \
-             SELECT 'after', {LEASE_COLUMNS} FROM {t} WHERE name = {n}; \
-             COMMIT"
-        );
         let sent = Instant::now();
-        let rows = match run_pooled(&self.pool, sql).await {
-            Ok(rows) => rows,
+        let done = retry_deadlocks(|| {
+            let k = token.as_str().as_bytes();
+            sqlx::query(AssertSqlSafe(self.sql.acquire.clone()))
+                .bind(name.as_str().as_bytes())
+                .bind(k)
+                .bind(ttl)
+                .bind(k)
+                .bind(k)
+                .bind(k)
+                .bind(ttl)
+                .bind(k)
+                .execute(&self.pool)
+        })
+        .await;
+        let taken = match done {
+            Ok(done) => done.last_insert_id(),
             // Someone kept the row locked past innodb_lock_wait_timeout: busy, try again later.
             Err(error) if classify(&error) == Class::LockWait => {
                 return Ok(Attempt::Busy { expires_in: None });
             }
             Err(error) => return Err(lock_error(&format!("acquiring `{name}`"), error)),
         };
-        let before = self.state(&rows, "before", name)?;
-        let after = self.state(&rows, "after", name)?;
-        if let Some(LeaseState::Held {
-            token: held,
-            fence,
-            remaining_us,
-            expires_epoch_us,
-        }) = &after
-            && *held == token
-            && *remaining_us > 0
-        {
-            let lease = lease(name, token, *fence, request.ttl(), *expires_epoch_us);
+        if taken > 0 {
+            let lease = Lease::new(name.clone(), token, Fence::new(taken), request.ttl());
             return Ok(Attempt::Acquired(Grant::new(lease, sent)));
         }
-        // Not ours: say how long the holder has left (from the row as it was when locked,
-        // else as it is now, when another client created it meanwhile).
-        let expires_in = match before.or(after) {
-            Some(LeaseState::Held { remaining_us, .. }) => Some(Duration::from_micros(
-                u64::try_from(remaining_us).unwrap_or(0),
-            )),
-            _ => None,
-        };
-        Ok(Attempt::Busy { expires_in })
+        // Nothing taken over: either the row was new (and is ours), or it is someone else's.
+        match self.read(name).await? {
+            Some(LeaseState::Held {
+                token: held,
+                fence,
+                remaining_us,
+            }) if held == token && remaining_us > 0 => {
+                let lease = Lease::new(name.clone(), token, fence, request.ttl());
+                Ok(Attempt::Acquired(Grant::new(lease, sent)))
+            }
+            Some(LeaseState::Held { remaining_us, .. }) => Ok(Attempt::Busy {
+                expires_in: Some(Duration::from_micros(
+                    u64::try_from(remaining_us).unwrap_or(0),
+                )),
+            }),
+            // Released or removed in between: try again at once.
+            _ => Ok(Attempt::Busy {
+                expires_in: Some(Duration::ZERO),
+            }),
+        }
     }
 
-    /// The judged state of the row tagged `tag` in `rows`, `None` when there is none.
-    fn state(
-        &self,
-        rows: &[MySqlRow],
-        tag: &str,
-        name: &LockName,
-    ) -> Result<Option<LeaseState>, LockError> {
-        tagged(rows, tag)
-            .next()
-            .map(|row| {
-                LeaseRow::read(row, 1)
-                    .map_err(|e| lock_error(&format!("reading the row of `{name}`"), e))?
-                    .judge(&self.table, name)
-            })
-            .transpose()
+    /// The judged row of `name`, `None` when there is none.
+    async fn read(&self, name: &LockName) -> Result<Option<LeaseState>, LockError> {
+        let what = || format!("reading the row of `{name}`");
+        let row = sqlx::query(AssertSqlSafe(self.sql.read.clone()))
+            .bind(name.as_str().as_bytes())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| lock_error(&what(), e))?;
+        row.map(|row| {
+            LeaseRow::read(&row, 0)
+                .map_err(|e| lock_error(&what(), e))?
+                .judge(&self.table, name)
+        })
+        .transpose()
     }
 
     pub(crate) async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
@@ -169,7 +216,7 @@ impl LeaseStrategy {
     }
 
     /// One transaction extending each lease that is still current, then reading the rows
-    /// back: a lease is renewed if its row shows its token with time left.
+    /// back: a lease is renewed if its row shows its token and fence with time left.
     async fn renew_batch(
         &self,
         leases: &[(&Lease, Duration)],
@@ -181,7 +228,7 @@ impl LeaseStrategy {
         // Lock rows in one order (by name) so concurrent batches cannot deadlock.
         let mut order: Vec<_> = leases.iter().collect();
         order.sort_by(|a, b| a.0.name().as_str().cmp(b.0.name().as_str()));
-        let mut sql = String::from("ROLLBACK; START TRANSACTION; ");
+        let mut sql = String::from("START TRANSACTION; ");
         let mut names = Vec::with_capacity(leases.len());
         for (lease, ttl) in order {
             let n = hex(lease.name().as_str().as_bytes());
@@ -223,11 +270,8 @@ impl LeaseStrategy {
                         token,
                         fence,
                         remaining_us,
-                        expires_epoch_us,
                     } if token == *lease.token() && fence == lease.fence() && remaining_us > 0 => {
-                        let renewed =
-                            self::lease(lease.name(), token, fence, *ttl, expires_epoch_us);
-                        Ok(Grant::new(renewed, sent))
+                        Ok(Grant::new(Lease::clone(lease).with_ttl(*ttl), sent))
                     }
                     _ => Err(LockError::not_held(lease.name())),
                 }
@@ -235,33 +279,19 @@ impl LeaseStrategy {
             .collect())
     }
 
-    /// Releases `lease` if it is current: the row before the change must show its token with
-    /// time left, and after it no token.
+    /// Releases `lease` if it is current; the server's reply carries the released fence.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let name = lease.name();
-        let t = self.table.quoted();
-        let n = hex(name.as_str().as_bytes());
-        let k = hex(lease.token().as_str().as_bytes());
-        let sql = format!(
-            "ROLLBACK; START TRANSACTION; \
-             SELECT 'before', {LEASE_COLUMNS} FROM {t} WHERE name = {n} FOR UPDATE; \
-             UPDATE {t} SET token = NULL, expires_at = NULL \
-               WHERE name = {n} AND token = {k} AND fence = {f} AND expires_at > NOW(6); \
-             SELECT 'after', {LEASE_COLUMNS} FROM {t} WHERE name = {n}; \
-             COMMIT",
-            f = lease.fence().get(),
-        );
-        let rows = run_pooled(&self.pool, sql)
-            .await
-            .map_err(|e| lock_error(&format!("releasing `{name}`"), e))?;
-        let before = self.state(&rows, "before", name)?;
-        let after = self.state(&rows, "after", name)?;
-        let was_current = matches!(
-            &before,
-            Some(LeaseState::Held { token, fence, remaining_us, .. })
-                if token == lease.token() && *fence == lease.fence() && *remaining_us > 0
-        );
-        if was_current && after == Some(LeaseState::Free) {
+        let done = retry_deadlocks(|| {
+            sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+                .bind(name.as_str().as_bytes())
+                .bind(lease.token().as_str().as_bytes())
+                .bind(lease.fence().get())
+                .execute(&self.pool)
+        })
+        .await
+        .map_err(|e| lock_error(&format!("releasing `{name}`"), e))?;
+        if done.last_insert_id() == lease.fence().get() && done.last_insert_id() > 0 {
             Ok(())
         } else {
             Err(LockError::not_held(name))
@@ -269,20 +299,11 @@ impl LeaseStrategy {
     }
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        let sql = format!(
-            "SELECT 'row', {LEASE_COLUMNS} FROM {} WHERE name = {}",
-            self.table.quoted(),
-            hex(name.as_str().as_bytes())
-        );
-        let rows = run_pooled(&self.pool, sql)
-            .await
-            .map_err(|e| lock_error(&format!("inspecting `{name}`"), e))?;
-        Ok(match self.state(&rows, "row", name)? {
+        Ok(match self.read(name).await? {
             Some(LeaseState::Held {
                 token,
                 fence,
                 remaining_us,
-                ..
             }) if remaining_us > 0 => Some(LockInfo::new(
                 name.clone(),
                 token,
@@ -291,21 +312,6 @@ impl LeaseStrategy {
             )),
             _ => None,
         })
-    }
-}
-
-/// A lease as the server granted it: the expiry instant is the server's.
-fn lease(
-    name: &LockName,
-    token: LeaseToken,
-    fence: lock_core::Fence,
-    ttl: Duration,
-    expires_epoch_us: Option<i64>,
-) -> Lease {
-    let lease = Lease::new(name.clone(), token, fence, ttl);
-    match expires_epoch_us.and_then(|us| u64::try_from(us).ok()) {
-        Some(us) => lease.with_expires_at(SystemTime::UNIX_EPOCH + Duration::from_micros(us)),
-        None => lease,
     }
 }
 

@@ -15,10 +15,9 @@ pub(crate) const LEASE_TAKEABLE: &str = "((token IS NULL AND expires_at IS NULL)
          AND LENGTH(token) = 32 AND LOWER(HEX(UNHEX(token))) = token)) \
      AND fence < 18446744073709551615";
 
-/// The columns [`LeaseRow::read`] expects, after the tag column.
+/// The columns [`LeaseRow::read`] expects.
 pub(crate) const LEASE_COLUMNS: &str = "token, fence, expires_at IS NULL, acquired_at IS NULL, \
-     TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), \
-     CAST(UNIX_TIMESTAMP(expires_at) * 1000000 AS SIGNED)";
+     TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)";
 
 /// A lease-table row as read, before judging.
 #[derive(Debug, Clone)]
@@ -29,8 +28,6 @@ pub(crate) struct LeaseRow {
     acquired_null: bool,
     /// Microseconds until expiry by the server clock (negative: expired).
     remaining_us: Option<i64>,
-    /// The expiry as microseconds since the Unix epoch, by the server clock.
-    expires_epoch_us: Option<i64>,
 }
 
 /// What a lease row means.
@@ -43,12 +40,11 @@ pub(crate) enum LeaseState {
         token: LeaseToken,
         fence: Fence,
         remaining_us: i64,
-        expires_epoch_us: Option<i64>,
     },
 }
 
 impl LeaseRow {
-    /// Reads [`LEASE_COLUMNS`] starting at column `at`.
+    /// Reads [`LEASE_COLUMNS`] starting at column `at` (after a tag column, if any).
     pub(crate) fn read(row: &MySqlRow, at: usize) -> Result<Self, sqlx::Error> {
         Ok(Self {
             token: row.try_get(at)?,
@@ -56,7 +52,6 @@ impl LeaseRow {
             expires_null: row.try_get::<i64, _>(at + 2)? != 0,
             acquired_null: row.try_get::<i64, _>(at + 3)? != 0,
             remaining_us: row.try_get(at + 4)?,
-            expires_epoch_us: row.try_get(at + 5)?,
         })
     }
 
@@ -99,14 +94,13 @@ impl LeaseRow {
                     token,
                     fence: Fence::new(self.fence),
                     remaining_us,
-                    expires_epoch_us: self.expires_epoch_us,
                 })
             }
         }
     }
 }
 
-/// The columns [`HoldRow::read`] expects, after the tag column.
+/// The columns [`HoldRow::read`] expects.
 pub(crate) const HOLD_COLUMNS: &str = "token, fence, acquired_at IS NULL, connection_id";
 
 /// A row-lock row as read (committed or, with `READ UNCOMMITTED`, as the holder wrote it).
@@ -240,7 +234,6 @@ mod tests {
             expires_null: expires.is_none(),
             acquired_null: !acquired,
             remaining_us: expires,
-            expires_epoch_us: expires,
         }
     }
 

@@ -46,7 +46,7 @@ use crate::{
     config::ceil_secs,
     error::{Class, classify, lock_error, server_code},
     lock_row::{HOLD_COLUMNS, HoldRow, HoldState},
-    script::{hex, run, run_pooled, tagged},
+    script::{hex, retry_deadlocks, run, run_pooled, tagged},
 };
 
 /// How long creating a name's row may take even when the wait budget is spent.
@@ -73,7 +73,8 @@ struct Shared {
     connect: MySqlConnectOptions,
     connect_timeout: Duration,
     table: TableName,
-    fences: TableName,
+    /// The fence bump, prepared once per pooled connection.
+    bump: Arc<str>,
     /// Live holds of this client, by owner token.
     holds: Mutex<HashMap<LeaseToken, Arc<Held>>>,
     /// Dedicated connections kept open for the next hold.
@@ -88,6 +89,22 @@ struct Dedicated {
     id: u64,
     /// Its `innodb_lock_wait_timeout`, in seconds.
     lock_wait: u64,
+    /// Its `wait_timeout` (seconds of silence after which the server closes it), once set
+    /// for a hold; kept afterwards, so an idle connection may be closed by the server and is
+    /// then replaced on its next use.
+    wait_timeout: Option<u64>,
+}
+
+impl Dedicated {
+    /// `SET SESSION wait_timeout = <ttl>; ` if the session does not have it yet.
+    fn wait_timeout_for(&mut self, ttl: Duration) -> String {
+        let seconds = ceil_secs(ttl).max(1);
+        if self.wait_timeout == Some(seconds) {
+            return String::new();
+        }
+        self.wait_timeout = Some(seconds);
+        format!("SET SESSION wait_timeout = {seconds}; ")
+    }
 }
 
 /// One hold: its lock, fence and the connection whose open transaction is the hold.
@@ -127,7 +144,12 @@ impl RowLockStrategy {
                 pool,
                 connect,
                 connect_timeout,
-                fences: table.fences(),
+                bump: format!(
+                    "INSERT INTO {} (name, fence) VALUES (?, LAST_INSERT_ID(1)) \
+                     ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+                    table.fences().quoted()
+                )
+                .into(),
                 table,
                 holds: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
@@ -174,8 +196,8 @@ impl RowLockStrategy {
             return Err(LockError::not_held(name));
         };
         let sql = format!(
-            "SET SESSION wait_timeout = {}; SELECT 'held', token FROM {} WHERE name = {}",
-            ceil_secs(ttl).max(1),
+            "{}SELECT 'held', token FROM {} WHERE name = {}",
+            dedicated.wait_timeout_for(ttl),
             self.shared.table.quoted(),
             hex(name.as_str().as_bytes()),
         );
@@ -214,7 +236,11 @@ impl RowLockStrategy {
                     reason: LossReason::SessionEnded,
                 })
             }
-            Err(error) => Err(lock_error(&format!("renewing `{name}`"), error)),
+            Err(error) => {
+                // The session may not have taken the new idle limit: set it again next time.
+                dedicated.wait_timeout = None;
+                Err(lock_error(&format!("renewing `{name}`"), error))
+            }
         }
     }
 
@@ -235,12 +261,7 @@ impl RowLockStrategy {
         let Some(mut dedicated) = held.conn.lock().await.take() else {
             return Err(LockError::not_held(name));
         };
-        match run(
-            &mut dedicated.conn,
-            "ROLLBACK; SET SESSION wait_timeout = @@GLOBAL.wait_timeout".to_owned(),
-        )
-        .await
-        {
+        match run(&mut dedicated.conn, "ROLLBACK".to_owned()).await {
             Ok(_) => {
                 self.shared.keep(dedicated);
                 Ok(())
@@ -379,6 +400,7 @@ impl Shared {
             conn,
             id,
             lock_wait,
+            wait_timeout: None,
         })
     }
 
@@ -527,10 +549,9 @@ impl Shared {
         };
         let token = LeaseToken::random();
         let record = format!(
-            "SET SESSION wait_timeout = {}; \
-             UPDATE {t} SET token = {}, fence = {}, acquired_at = NOW(6), connection_id = CONNECTION_ID() \
+            "{}UPDATE {t} SET token = {}, fence = {}, acquired_at = NOW(6), connection_id = CONNECTION_ID() \
              WHERE name = {n}",
-            ceil_secs(request.ttl()).max(1),
+            dedicated.wait_timeout_for(request.ttl()),
             hex(token.as_str().as_bytes()),
             fence.get(),
         );
@@ -595,29 +616,24 @@ impl Shared {
         }
     }
 
-    /// Issues the next fence for `name`: an autocommitted bump of its counter row, read back
-    /// with `LAST_INSERT_ID()` on the same connection.
+    /// Issues the next fence for `name`: an autocommitted bump of its counter row, whose new
+    /// value the server returns with the statement (`LAST_INSERT_ID(expr)`).
     async fn bump_fence(&self, name: &LockName) -> Result<Fence, LockError> {
-        let sql = format!(
-            "ROLLBACK; INSERT INTO {f} (name, fence) VALUES ({n}, LAST_INSERT_ID(1)) \
-             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1); \
-             SELECT 'fence', CAST(LAST_INSERT_ID() AS UNSIGNED)",
-            f = self.fences.quoted(),
-            n = hex(name.as_str().as_bytes()),
-        );
         let what = format!("issuing a fence for `{name}`");
-        let rows = run_pooled(&self.pool, sql)
-            .await
-            .map_err(|e| lock_error(&what, e))?;
-        let fence: u64 = tagged(&rows, "fence")
-            .next()
-            .ok_or_else(|| LockError::Backend {
-                message: format!("{what}: LAST_INSERT_ID() returned nothing"),
+        let done = retry_deadlocks(|| {
+            sqlx::query(AssertSqlSafe(self.bump.clone()))
+                .bind(name.as_str().as_bytes())
+                .execute(&self.pool)
+        })
+        .await
+        .map_err(|e| lock_error(&what, e))?;
+        match done.last_insert_id() {
+            0 => Err(LockError::Backend {
+                message: format!("{what}: the server returned no fence"),
                 source: None,
-            })?
-            .try_get(1)
-            .map_err(|e| lock_error(&what, e))?;
-        Ok(Fence::new(fence))
+            }),
+            fence => Ok(Fence::new(fence)),
+        }
     }
 
     /// Ends a hold whose grant nobody received, in the background when a runtime is present.

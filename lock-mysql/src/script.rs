@@ -8,7 +8,7 @@
 //! byte strings written as `X'<hex digits>'`, and integers, so nothing from a caller can change
 //! the statement's meaning.
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, future::Future};
 
 use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, mysql::MySqlRow};
 
@@ -38,12 +38,32 @@ pub(crate) async fn run(
 /// How many times a batch rolled back by a deadlock is run again.
 const DEADLOCK_RETRIES: usize = 3;
 
+/// Runs `op` again (up to [`DEADLOCK_RETRIES`] times) when InnoDB rolled its statement back
+/// as a deadlock victim (1213): nothing of it remains, so running it again is safe.
+pub(crate) async fn retry_deadlocks<T, F, Fut>(mut op: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Err(error) if classify(&error) == Class::Deadlock && attempt < DEADLOCK_RETRIES => {
+                attempt += 1;
+                tracing::debug!(%error, attempt, "deadlock victim; running the statement again");
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Runs `sql` on a pooled connection, again when InnoDB rolled it back as a deadlock victim.
 ///
 /// A failing statement stops the batch and can leave its transaction open (a lock-wait
 /// timeout rolls back only the statement), so after an error the connection is rolled back,
-/// or closed if that fails, before it goes back to the pool. Every batch also starts with its
-/// own `ROLLBACK`, so a connection never carries another batch's transaction into it.
+/// or closed if that fails, before it goes back to the pool. A batch dropped half-way still
+/// runs to its end on the server; sqlx drains its replies before reusing the connection and
+/// closes the connection if one of them is an error.
 pub(crate) async fn run_pooled(
     pool: &MySqlPool,
     sql: String,

@@ -15,13 +15,14 @@
 //! Needs `LOCK_TEST_MYSQL_URL` and `LOCK_TEST_SERVICES_DIR` (`cargo xtask test` sets both);
 //! without them every case fails. Arguments filter cases by substring.
 
+#[macro_use]
 mod support;
 
+use support::Case;
+
 use std::{
-    future::Future,
     net::SocketAddr,
     path::PathBuf,
-    pin::Pin,
     process::ExitCode,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
@@ -36,18 +37,8 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 
-type CaseFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-type Case = (&'static str, fn() -> CaseFuture);
 /// The client-to-server bytes of one connection.
 type Stream = Arc<Mutex<Vec<u8>>>;
-
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(format!($($msg)+));
-        }
-    };
-}
 
 fn main() -> ExitCode {
     let cases: Vec<Case> = vec![
@@ -79,58 +70,7 @@ fn main() -> ExitCode {
             Box::pin(source_never_reads_wall_clock())
         }),
     ];
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("cannot start a Tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let (mut passed, mut failed) = (0, 0);
-    for (name, case) in cases {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let start = Instant::now();
-        let result = runtime.block_on(async {
-            match tokio::time::timeout(Duration::from_secs(120), tokio::spawn(case())).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(join)) => Err(format!("panicked: {join}")),
-                Err(_) => Err("hung for 120 s".into()),
-            }
-        });
-        let ms = start.elapsed().as_millis();
-        match result {
-            Ok(()) => {
-                passed += 1;
-                println!("  pass  {name} ({ms} ms)");
-            }
-            Err(why) => {
-                failed += 1;
-                println!("  FAIL  {name} ({ms} ms): {why}");
-            }
-        }
-    }
-    if support::url().is_ok()
-        && let Err(error) = runtime.block_on(support::drop_run_tables())
-    {
-        println!("  FAIL  cleaning up: {error}");
-        failed += 1;
-    }
-    println!("faults: {passed} passed, {failed} failed");
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    support::run_cases("faults", cases)
 }
 
 fn name(tag: &str) -> Result<LockName, String> {
@@ -751,10 +691,11 @@ async fn restart_with_locks() -> Result<(), String> {
 struct Recording(Arc<Mutex<Vec<Stream>>>);
 
 impl Recording {
-    /// The text of every `COM_QUERY` and `COM_STMT_PREPARE` sent.
-    fn statements(&self) -> Vec<String> {
+    /// Every command the client sent: statement texts (`COM_QUERY`, `COM_STMT_PREPARE`) and
+    /// the payloads of `COM_STMT_EXECUTE`, which carry the bound parameter values.
+    fn commands(&self) -> (Vec<String>, Vec<Vec<u8>>) {
         let streams = self.0.lock().map(|s| s.clone()).unwrap_or_default();
-        let mut out = Vec::new();
+        let (mut texts, mut executes) = (Vec::new(), Vec::new());
         for stream in streams {
             let bytes = stream.lock().map(|b| b.clone()).unwrap_or_default();
             let mut at = 0;
@@ -764,14 +705,63 @@ impl Recording {
                     | usize::from(bytes[at + 2]) << 16;
                 let seq = bytes[at + 3];
                 let payload = &bytes[(at + 4).min(bytes.len())..(at + 4 + len).min(bytes.len())];
-                if seq == 0 && matches!(payload.first(), Some(0x03 | 0x16)) {
-                    out.push(String::from_utf8_lossy(&payload[1..]).into_owned());
+                if seq == 0 {
+                    match payload.first() {
+                        Some(0x03 | 0x16) => {
+                            texts.push(String::from_utf8_lossy(&payload[1..]).into_owned());
+                        }
+                        Some(0x17) => executes.push(payload[1..].to_vec()),
+                        _ => {}
+                    }
                 }
                 at += 4 + len;
             }
         }
-        out
+        (texts, executes)
     }
+}
+
+/// Current time in seconds, milliseconds, microseconds and nanoseconds, each with a day's
+/// window around it.
+fn now_windows() -> [(u128, u128); 4] {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let day = 86_400u128;
+    [
+        (now.as_secs().into(), day),
+        (now.as_millis(), day * 1_000),
+        (now.as_micros(), day * 1_000_000),
+        (now.as_nanos(), day * 1_000_000_000),
+    ]
+}
+
+/// Why the bound parameters of one `COM_STMT_EXECUTE` carry a time, if they do: any 4- or
+/// 8-byte little-endian integer near the current time, or a date written as text.
+fn client_time_in_parameters(payload: &[u8]) -> Option<String> {
+    let near = now_windows();
+    for width in [4usize, 8] {
+        for window in payload.windows(width) {
+            let mut value = 0u128;
+            for (i, b) in window.iter().enumerate() {
+                value |= u128::from(*b) << (8 * i);
+            }
+            if near.iter().any(|(t, w)| value.abs_diff(*t) <= *w) {
+                return Some(format!(
+                    "a bound {width}-byte integer {value}, a time near now"
+                ));
+            }
+        }
+    }
+    date_literal(payload).then(|| "a date written as text".to_owned())
+}
+
+/// Whether `bytes` contain `dddd-dd-dd`.
+fn date_literal(bytes: &[u8]) -> bool {
+    bytes.windows(10).any(|w| {
+        let d = |i: usize| w[i].is_ascii_digit();
+        d(0) && d(1) && d(2) && d(3) && w[4] == b'-' && d(5) && d(6) && w[7] == b'-' && d(8) && d(9)
+    })
 }
 
 async fn proxy(upstream: SocketAddr, recording: Recording) -> Result<SocketAddr, String> {
@@ -812,6 +802,50 @@ async fn proxy(upstream: SocketAddr, recording: Recording) -> Result<SocketAddr,
     Ok(addr)
 }
 
+/// Whether `operand` (upper case, what follows `column =` or a comparison) is a time the
+/// server computes: `NOW(6)`, `NOW(6) + INTERVAL <ttl> MICROSECOND` (spliced or bound),
+/// `NULL`, the column itself, or an `IF(condition, a, b)` of such.
+fn server_time(operand: &str, column: &str, ttls_us: &[u64]) -> bool {
+    if let Some(rest) = operand.strip_prefix("IF(") {
+        let args = top_level_args(rest);
+        return args.len() == 3
+            && server_time(args[1], column, ttls_us)
+            && server_time(args[2], column, ttls_us);
+    }
+    let with_ttl = operand.starts_with("NOW(6) + INTERVAL ? MICROSECOND")
+        || ttls_us
+            .iter()
+            .any(|us| operand.starts_with(&format!("NOW(6) + INTERVAL {us} MICROSECOND")));
+    let plain_now = operand.starts_with("NOW(6)")
+        && !operand.starts_with("NOW(6) +")
+        && !operand.starts_with("NOW(6) -");
+    let itself = operand.strip_prefix(column).is_some_and(|rest| {
+        rest.trim_start().is_empty() || rest.trim_start().starts_with([',', ')'])
+    });
+    with_ttl || plain_now || itself || operand.starts_with("NULL")
+}
+
+/// The comma-separated arguments of a call whose opening parenthesis precedes `rest`.
+fn top_level_args(rest: &str) -> Vec<&str> {
+    let (mut depth, mut start, mut args) = (0usize, 0, Vec::new());
+    for (i, c) in rest.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth == 0 => {
+                args.push(rest[start..i].trim());
+                return args;
+            }
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                args.push(rest[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    args
+}
+
 /// Why `sql` carries a time the client computed, if it does.
 fn client_time_in(sql: &str, ttls_us: &[u64]) -> Option<String> {
     let upper = sql.to_ascii_uppercase();
@@ -844,47 +878,18 @@ fn client_time_in(sql: &str, ttls_us: &[u64]) -> Option<String> {
                 .iter()
                 .find_map(|op| rest.strip_prefix(op))
                 .map(str::trim_start);
-            if let Some(operand) = operand {
-                let with_ttl = ttls_us
-                    .iter()
-                    .any(|us| operand.starts_with(&format!("NOW(6) + INTERVAL {us} MICROSECOND")));
-                let plain_now = operand.starts_with("NOW(6)")
-                    && !operand.starts_with("NOW(6) +")
-                    && !operand.starts_with("NOW(6) -");
-                if !(with_ttl || plain_now || operand.starts_with("NULL")) {
-                    return Some(format!("sets or compares {column} with {:.40}", operand));
-                }
+            if let Some(operand) = operand
+                && !server_time(operand, column, ttls_us)
+            {
+                return Some(format!("sets or compares {column} with {operand:.40}"));
             }
         }
     }
     // No date literal and no number near the current time in s, ms, µs or ns.
-    let bytes = sql.as_bytes();
-    for i in 0..bytes.len().saturating_sub(9) {
-        let d = |k: usize| bytes[i + k].is_ascii_digit();
-        if d(0)
-            && d(1)
-            && d(2)
-            && d(3)
-            && bytes[i + 4] == b'-'
-            && d(5)
-            && d(6)
-            && bytes[i + 7] == b'-'
-            && d(8)
-            && d(9)
-        {
-            return Some("contains a date literal".into());
-        }
+    if date_literal(sql.as_bytes()) {
+        return Some("contains a date literal".into());
     }
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    let day = 86_400u128;
-    let near = [
-        (now.as_secs().into(), day),
-        (now.as_millis(), day * 1_000),
-        (now.as_micros(), day * 1_000_000),
-        (now.as_nanos(), day * 1_000_000_000),
-    ];
+    let near = now_windows();
     let mut in_hex = false;
     let mut number = String::new();
     let mut prev = ' ';
@@ -965,15 +970,16 @@ async fn client_sends_no_time() -> Result<(), String> {
         next.release().await.map_err(err)?;
         acquisitions += 2;
     }
-    let statements = recording.statements();
+    let (statements, executes) = recording.commands();
     let granting = statements
         .iter()
         .filter(|s| s.contains("INTERVAL") || s.contains("FOR UPDATE"))
         .count();
     ensure!(
-        granting >= acquisitions,
-        "captured {} statements, {granting} of them acquisitions: the proxy saw too little",
-        statements.len()
+        granting >= 2 && executes.len() >= acquisitions,
+        "captured {} statements ({granting} granting) and {} executions: the proxy saw too little",
+        statements.len(),
+        executes.len()
     );
     for sql in &statements {
         if let Some(why) = client_time_in(sql, &ttls_us) {
@@ -982,6 +988,21 @@ async fn client_sends_no_time() -> Result<(), String> {
             ));
         }
     }
+    for payload in &executes {
+        if let Some(why) = client_time_in_parameters(payload) {
+            return Err(format!("the client bound a time of its own ({why})"));
+        }
+    }
+    // The parameters are really seen: the TTLs travel as bound microseconds.
+    let bound_ttl = ttls_us.iter().any(|us| {
+        let le = us.to_le_bytes();
+        executes.iter().any(|p| p.windows(8).any(|w| w == le))
+    });
+    ensure!(
+        bound_ttl,
+        "no bound TTL seen in {} executions",
+        executes.len()
+    );
     // The checker itself catches a client-computed expiry.
     let bad = "UPDATE t SET expires_at = '2026-11-21 10:00:00.000000' WHERE name = X'61'";
     ensure!(
@@ -1003,6 +1024,17 @@ async fn client_sends_no_time() -> Result<(), String> {
     ensure!(
         client_time_in(shifted, &ttls_us).is_some(),
         "the checker misses a foreign interval"
+    );
+    let bound_if = "UPDATE t SET expires_at = IF(token = ?, ?, expires_at) WHERE name = ?";
+    ensure!(
+        client_time_in(bound_if, &ttls_us).is_some(),
+        "the checker misses a bound expiry inside IF()"
+    );
+    let mut bound = vec![0u8; 9];
+    bound.extend_from_slice(&(now_windows()[2].0 as u64).to_le_bytes());
+    ensure!(
+        client_time_in_parameters(&bound).is_some(),
+        "the checker misses a bound epoch in microseconds"
     );
     Ok(())
 }

@@ -14,7 +14,7 @@ use crate::TableName;
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Strategy {
-    /// A row per lock with the holder's token and an expiry (`TIMESTAMP(6)`, server clock).
+    /// A row per lock with the holder's token and an expiry (`DATETIME(6)` in UTC, server clock).
     /// Holds survive the connection that made them and end at their TTL; leases are portable.
     /// Waiters poll with jittered back-off.
     #[default]
@@ -253,7 +253,9 @@ impl MySqlConfig {
     }
 
     /// sqlx's connect options for [`MySqlConfig::url`], with the session time zone pinned to
-    /// UTC (expiry arithmetic on `TIMESTAMP` columns must not cross a daylight-saving jump).
+    /// UTC whatever the URL says: expiries are `DATETIME(6)` values written and compared as
+    /// `NOW(6)` of the session, so every session must read the server clock in the same zone,
+    /// one without daylight-saving jumps.
     pub(crate) fn connect_options(&self) -> Result<MySqlConnectOptions, LockError> {
         let options = MySqlConnectOptions::from_str(&self.url).map_err(|e| {
             invalid(format!(

@@ -35,7 +35,8 @@ fn comment(strategy: Strategy, fences: bool) -> String {
 ///
 /// Names are stored as `VARBINARY(200)`: the UTF-8 bytes of the name, compared byte for byte
 /// (no case folding, no trailing-space padding, no Unicode normalisation), so every distinct
-/// lock name is a distinct row.
+/// lock name is a distinct row. Times are `DATETIME(6)` in UTC (every session of this crate
+/// runs with `time_zone = '+00:00'`), not `TIMESTAMP(6)`, whose range ends in January 2038.
 ///
 /// ```
 /// use lock_mysql::{Strategy, TableName, create_table_sql};
@@ -53,8 +54,8 @@ pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
              name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
              token VARBINARY(64) NULL DEFAULT NULL COMMENT 'the holder''s owner token, 32 lowercase hex digits; NULL once released', \
              fence BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'the fence of the latest acquisition; never decreases', \
-             expires_at TIMESTAMP(6) NULL DEFAULT NULL COMMENT 'when the lease ends, by the server clock; NULL once released', \
-             acquired_at TIMESTAMP(6) NULL DEFAULT NULL COMMENT 'when the latest acquisition was granted, by the server clock', \
+             expires_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the lease ends, by the server clock, in UTC; NULL once released', \
+             acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the latest acquisition was granted, by the server clock, in UTC', \
              PRIMARY KEY (name)\
              ) ENGINE=InnoDB COMMENT='{}'",
             table.quoted(),
@@ -66,7 +67,7 @@ pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
                  name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes; the hold is a transaction holding this row', \
                  token VARBINARY(64) NULL DEFAULT NULL COMMENT 'the holder''s owner token, written inside its transaction and never committed', \
                  fence BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'the holder''s fence, uncommitted like token; the counter is in the _fences table', \
-                 acquired_at TIMESTAMP(6) NULL DEFAULT NULL COMMENT 'when the hold began (uncommitted)', \
+                 acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the hold began, in UTC (uncommitted)', \
                  connection_id BIGINT UNSIGNED NULL DEFAULT NULL COMMENT 'the connection holding the lock (uncommitted)', \
                  PRIMARY KEY (name)\
                  ) ENGINE=InnoDB COMMENT='{}'",
@@ -185,7 +186,7 @@ mod tests {
         let lease = create_table_sql(&t("a"), Strategy::Lease);
         assert!(lease[0].starts_with("CREATE TABLE IF NOT EXISTS `a` ("));
         assert!(lease[0].contains("COMMENT='lock-mysql schema 1: lease'"));
-        assert!(lease[0].contains("expires_at TIMESTAMP(6)"));
+        assert!(lease[0].contains("expires_at DATETIME(6)"));
         let rows = create_table_sql(&t("b"), Strategy::RowLock);
         assert!(rows[0].contains("COMMENT='lock-mysql schema 1: row-lock'"));
         assert!(rows[1].contains("`b_fences`"));

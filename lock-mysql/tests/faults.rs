@@ -5,7 +5,7 @@
 //! - a row locked by a long foreign transaction (lock-wait timeout 1205) and a renewal batch
 //!   chosen as a deadlock victim (1213): classified, retried where safe;
 //! - wait budgets below a second on the row-lock strategy: on time, and no statement is left
-//!   waiting on the server;
+//!   waiting on the server; a waiting `acquire` dropped mid-wait leaves nothing behind;
 //! - an unreachable server and a refused login: typed errors;
 //! - a server restart while locks are held and waited for: typed errors, then recovery with
 //!   no manual clean-up;
@@ -56,6 +56,9 @@ fn main() -> ExitCode {
         }),
         ("row_lock/sub_second_budgets", || {
             Box::pin(row_lock_sub_second_budgets())
+        }),
+        ("row_lock/dropped_waiter_leaves_nothing", || {
+            Box::pin(row_lock_dropped_waiter())
         }),
         ("errors/unreachable_and_refused", || {
             Box::pin(unreachable_and_refused())
@@ -444,6 +447,61 @@ async fn lease_deadlock_retried() -> Result<(), String> {
     }
     gx.release().await.map_err(err)?;
     gy.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Waits up to a second for no statement on `name` to run on the server.
+async fn until_no_statement(name: &LockName) -> Result<(), String> {
+    for _ in 0..100 {
+        if statements_on(name).await? == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(format!(
+        "{} statements on `{name}` still run on the server",
+        statements_on(name).await?
+    ))
+}
+
+/// Row lock: an `acquire` future dropped while it waits in InnoDB leaves no statement and no
+/// transaction behind: once the holder releases, a third client gets the lock at once, with
+/// the next fence (the dropped waiter took none).
+async fn row_lock_dropped_waiter() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::RowLock).await?;
+    let (a, b, c) = (
+        client(store.config()).await?,
+        client(store.config()).await?,
+        client(store.config()).await?,
+    );
+    let name = name("dropped-waiter")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(10));
+    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    let (waiter, wait) = (Holder::new(), long.clone().wait(Duration::from_secs(10)));
+    let mut waiting = Box::pin(b.acquire(&waiter, &name, &wait));
+    tokio::select! {
+        got = &mut waiting => return Err(format!("the waiter got a held lock: {got:?}")),
+        queued = until_waiting(&name) => queued?,
+    }
+    // Dropped while its statement waits in InnoDB.
+    drop(waiting);
+    until_no_statement(&name).await?;
+    let held_fence = held.fence().get();
+    held.release().await.map_err(err)?;
+    let next = c
+        .acquire(
+            &Holder::new(),
+            &name,
+            &long.clone().wait(Duration::from_secs(2)),
+        )
+        .await
+        .map_err(err)?;
+    ensure!(
+        next.fence().get() == held_fence + 1,
+        "fence {} after {held_fence}: the dropped waiter took one",
+        next.fence()
+    );
+    next.release().await.map_err(err)?;
     Ok(())
 }
 

@@ -108,7 +108,7 @@ pub struct MySqlConfig {
     pub connect_timeout: Duration,
     /// `innodb_lock_wait_timeout` of pooled connections, in whole seconds (default 5 s): how
     /// long one short statement may wait for a row another transaction locks (the lease
-    /// strategy locks a row only for the duration of one statement batch). Milliseconds in
+    /// strategy locks a row only for the duration of one statement or batch). Milliseconds in
     /// serialized form; rounded up to whole seconds.
     #[serde(with = "millis")]
     pub lock_wait_timeout: Duration,

@@ -9,7 +9,7 @@ use crate::TableName;
 /// The SQL condition, on a lease row, for "ours and free to take": released (token and expiry
 /// NULL) or a well-formed lease whose expiry has passed by the server clock. It matches
 /// exactly the rows [`LeaseRow::judge`] finds `Free` or `Held` with no time left, so the
-/// batch never takes over a row the client would call foreign.
+/// acquire statement never takes over a row the client would call foreign.
 pub(crate) const LEASE_TAKEABLE: &str = "((token IS NULL AND expires_at IS NULL) \
      OR (expires_at <= NOW(6) AND acquired_at IS NOT NULL \
          AND LENGTH(token) = 32 AND LOWER(HEX(UNHEX(token))) = token)) \

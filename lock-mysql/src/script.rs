@@ -1,5 +1,6 @@
-//! Statement batches ("scripts"): several statements sent in one round trip, with their
-//! values written as hex or integer literals.
+//! Running SQL: single statements take bound parameters (sqlx prepares them once per
+//! connection); statement batches ("scripts") send several statements in one round trip,
+//! with their values written as hex or integer literals.
 //!
 //! A transaction of several statements would cost a round trip per statement with bound
 //! parameters; sent as one multi-statement batch it costs one, and the server runs it to the

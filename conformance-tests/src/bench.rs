@@ -44,13 +44,9 @@ impl fmt::Display for Stats {
     }
 }
 
-/// The largest sample tracked, in nanoseconds (one hour); longer ones are recorded as this.
-const HIGHEST_NANOS: u64 = 3_600_000_000_000;
-
+/// Nanoseconds from 1 ns to 10 minutes, 3 significant digits.
 fn histogram() -> Result<Histogram<u64>, String> {
-    // Explicit bounds: `Histogram::new` starts with a highest value of 2 and grows only on
-    // `record`, so `saturating_record` clamped every sample to 2 ns.
-    Histogram::new_with_bounds(1, HIGHEST_NANOS, 3).map_err(|e| e.to_string())
+    Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())
 }
 
 fn record(h: &mut Histogram<u64>, d: Duration) {
@@ -186,6 +182,52 @@ pub async fn contended(
     })
 }
 
+/// Ratios measured over several rounds, each round measuring the value and its floor back to
+/// back, so that load drifting on the machine affects both sides of each ratio alike.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RoundRatios {
+    /// The median of the per-round ratios.
+    pub median: f64,
+    /// The smallest per-round ratio.
+    pub min: f64,
+    /// The largest per-round ratio.
+    pub max: f64,
+    /// The median value.
+    pub value: Duration,
+    /// The median floor.
+    pub floor: Duration,
+}
+
+/// Runs `round` `rounds` times; each run returns `(value, floor)` measured back to back.
+///
+/// # Errors
+/// The first error of a round.
+pub async fn round_ratios<F, Fut>(rounds: usize, mut round: F) -> Result<RoundRatios, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(Duration, Duration), String>>,
+{
+    let mut ratios = Vec::with_capacity(rounds);
+    let mut values = Vec::with_capacity(rounds);
+    let mut floors = Vec::with_capacity(rounds);
+    for _ in 0..rounds.max(1) {
+        let (value, floor) = round().await?;
+        ratios.push(value.as_secs_f64() / floor.as_secs_f64().max(f64::MIN_POSITIVE));
+        values.push(value);
+        floors.push(floor);
+    }
+    ratios.sort_by(f64::total_cmp);
+    values.sort();
+    floors.sort();
+    Ok(RoundRatios {
+        median: ratios[ratios.len() / 2],
+        min: ratios[0],
+        max: ratios[ratios.len() - 1],
+        value: values[values.len() / 2],
+        floor: floors[floors.len() / 2],
+    })
+}
+
 /// One line of a benchmark report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Line {
@@ -227,6 +269,15 @@ impl Report {
         let ratio = value.as_secs_f64() / floor.as_secs_f64().max(f64::MIN_POSITIVE);
         let text = format!("{:.2}x ({value:?} / {floor:?})", ratio);
         self.push(metric, text, Some(ratio), target);
+    }
+
+    /// Adds the median of per-round ratios, with its spread and an optional target.
+    pub fn round_ratio(&mut self, metric: &str, ratios: &RoundRatios, target: Option<f64>) {
+        let text = format!(
+            "{:.2}x median of rounds (range {:.2}x..{:.2}x; median {:?} / {:?})",
+            ratios.median, ratios.min, ratios.max, ratios.value, ratios.floor
+        );
+        self.push(metric, text, Some(ratios.median), target);
     }
 
     /// Adds a rate.
@@ -280,15 +331,28 @@ mod tests {
     use lock_core::MemoryBackend;
 
     #[tokio::test]
-    async fn records_real_durations() {
-        let slept = time_op(5, || async {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+    async fn measures_what_it_times() {
+        let stats = time_op(5, || async {
+            tokio::time::sleep(Duration::from_millis(3)).await;
             Ok(())
         })
         .await
         .unwrap();
-        assert!(slept.p50 >= Duration::from_millis(2), "{slept}");
-        assert!(slept.mean >= Duration::from_millis(2), "{slept}");
+        assert!(stats.p50 >= Duration::from_millis(3), "{stats}");
+        assert!(stats.mean < Duration::from_millis(100), "{stats}");
+    }
+
+    #[tokio::test]
+    async fn round_ratios_take_the_median() {
+        let mut n = 0u64;
+        let ratios = round_ratios(3, || {
+            n += 1;
+            let value = Duration::from_millis(2 * n);
+            async move { Ok((value, Duration::from_millis(1))) }
+        })
+        .await
+        .unwrap();
+        assert_eq!((ratios.min, ratios.median, ratios.max), (2.0, 4.0, 6.0));
     }
 
     #[tokio::test]

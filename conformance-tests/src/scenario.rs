@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lock_core::{Capabilities, Holder, LockClient, LockError, LockName, LockOptions};
+use lock_core::{Capabilities, Holder, LockClient, LockError, LockGuard, LockName, LockOptions};
 
 use crate::{CountingBackend, TestStore};
 
@@ -144,6 +144,29 @@ impl Ctx {
     /// Options with the short TTL and the given wait budget.
     pub fn options(&self, wait: Duration) -> LockOptions {
         LockOptions::new().ttl(self.ttl()).wait(wait)
+    }
+
+    /// Acquires `name` for a holder that never renews (watchdog off): a holder that will stop
+    /// without releasing, as a crashed process would.
+    pub async fn acquire_unrenewed(
+        &self,
+        client: &LockClient,
+        name: &LockName,
+    ) -> Result<LockGuard, Failure> {
+        let options = self.options(Duration::ZERO).watchdog(false);
+        Ok(client.acquire(&Holder::new(), name, &options).await?)
+    }
+
+    /// Acquires `name` waiting long enough for an unrenewed lease to expire first.
+    pub async fn acquire_after_expiry(
+        &self,
+        client: &LockClient,
+        name: &LockName,
+    ) -> Result<LockGuard, Failure> {
+        let wait = self.ttl() * 2 + self.margin() * 2;
+        Ok(client
+            .acquire(&Holder::new(), name, &self.options(wait))
+            .await?)
     }
 
     /// The median time of one uncontended acquire + release on this store (3 samples).

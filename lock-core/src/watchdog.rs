@@ -59,8 +59,8 @@ impl Watchdog {
         self.wake.notify_one();
     }
 
-    /// The live holds, or `None` (and the task marked stopped) when there are none.
-    fn live(&self) -> Option<Vec<Arc<Hold>>> {
+    /// The live holds (dropping ended ones).
+    fn live(&self) -> Vec<Arc<Hold>> {
         let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         let mut live = Vec::with_capacity(list.holds.len());
         list.holds.retain(|weak| match weak.upgrade() {
@@ -70,17 +70,40 @@ impl Watchdog {
             }
             _ => false,
         });
-        if live.is_empty() {
+        live
+    }
+
+    /// Marks the task stopped if there is still nothing to watch; false when there is.
+    fn stop_if_idle(&self) -> bool {
+        let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        if list.holds.is_empty() {
             list.running = false;
-            return None;
+            return true;
         }
-        Some(live)
+        false
     }
 }
 
+/// How long an idle watchdog task waits for a new hold before it ends (so a client that
+/// acquires and releases in a loop does not spawn a task per cycle).
+const IDLE: Duration = Duration::from_secs(5);
+
 async fn run(client: Arc<ClientShared>) {
     let watchdog = &client.watchdog;
-    while let Some(holds) = watchdog.live() {
+    loop {
+        let holds = watchdog.live();
+        if holds.is_empty() {
+            let notified = watchdog.wake.notified();
+            tokio::select! {
+                () = notified => continue,
+                () = tokio::time::sleep(IDLE) => {
+                    if watchdog.stop_if_idle() {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        }
         let now = Instant::now();
         let mut wake_at = now + Duration::from_secs(3600);
         let mut batch = Vec::new();

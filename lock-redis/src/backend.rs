@@ -9,6 +9,7 @@ use lock_core::{
     AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
     LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
 };
+
 use redis::Value;
 
 use crate::{
@@ -223,19 +224,13 @@ impl LockBackend for RedisBackend {
             )
             .await;
         }
-        let mut pipe = redis::pipe();
-        for lease in leases {
-            ops::renew_into(
-                &mut pipe,
-                &self.keys(lease.name()),
-                lease.token(),
-                lease.ttl(),
-            );
-        }
+        let batch: Vec<_> = leases
+            .iter()
+            .map(|l| (self.keys(l.name()), l.token(), l.ttl()))
+            .collect();
         let mut conn = self.inner.conn.clone();
         let sent = Instant::now();
-        let replies: Result<Vec<Value>, _> = pipe.query_async(&mut conn).await;
-        match replies {
+        match ops::renew_batch(&mut conn, &batch).await {
             Ok(replies) if replies.len() == leases.len() => leases
                 .iter()
                 .zip(replies)
@@ -253,35 +248,20 @@ impl LockBackend for RedisBackend {
                     None => Err(LockError::not_held(lease.name())),
                 })
                 .collect(),
-            Ok(replies) => leases
-                .iter()
-                .map(|_| {
-                    Err(LockError::Backend {
-                        message: format!("{} replies to {} renewals", replies.len(), leases.len()),
-                        source: None,
-                    })
-                })
-                .collect(),
-            Err(error) => {
-                let error = classify("batched renew", error);
-                let retryable = error.is_retryable();
+            Ok(replies) => {
+                let error = LockError::Backend {
+                    message: format!("{} replies to {} renewals", replies.len(), leases.len()),
+                    source: None,
+                };
                 leases
                     .iter()
-                    .map(|_| {
-                        Err(if retryable {
-                            LockError::Unavailable {
-                                message: error.to_string(),
-                                source: None,
-                            }
-                        } else {
-                            LockError::Backend {
-                                message: error.to_string(),
-                                source: None,
-                            }
-                        })
-                    })
+                    .map(|_| Err(ops::batch_failed(&error)))
                     .collect()
             }
+            Err(error) => leases
+                .iter()
+                .map(|_| Err(ops::batch_failed(&error)))
+                .collect(),
         }
     }
 

@@ -168,19 +168,55 @@ pub(crate) async fn renew<C: ConnectionLike + Send>(
     Ok(u64::try_from(server_ms).ok().filter(|ms| *ms > 0))
 }
 
-/// Adds a renewal to a pipeline (batched renewals).
-pub(crate) fn renew_into(
-    pipe: &mut redis::Pipeline,
-    keys: &Keys,
-    token: &LeaseToken,
-    ttl: Duration,
-) {
-    pipe.invoke_script(
-        scripts::RENEW
-            .key(&keys.lock)
-            .arg(token.as_str())
-            .arg(millis(ttl)),
-    );
+/// Renews many leases in one pipeline: one reply per lease, in order. Pipelined scripts go by
+/// `EVALSHA`, so a server that does not know the script yet (a fresh or restarted server)
+/// answers `NOSCRIPT`: then the script is loaded and the batch sent once more.
+pub(crate) async fn renew_batch<C: ConnectionLike + Send>(
+    conn: &mut C,
+    batch: &[(Keys, &LeaseToken, Duration)],
+) -> Result<Vec<Value>, LockError> {
+    let mut pipe = redis::pipe();
+    for (keys, token, ttl) in batch {
+        pipe.invoke_script(
+            scripts::RENEW
+                .key(&keys.lock)
+                .arg(token.as_str())
+                .arg(millis(*ttl)),
+        );
+    }
+    match pipe.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            scripts::RENEW
+                .load_async(conn)
+                .await
+                .map_err(|e| classify("loading the renew script", e))?;
+            pipe.query_async(conn)
+                .await
+                .map_err(|e| classify("batched renew", e))
+        }
+        other => other.map_err(|e| classify("batched renew", e)),
+    }
+}
+
+/// The same failure for every lease of a batch (the batch failed as a whole).
+pub(crate) fn batch_failed(error: &LockError) -> LockError {
+    let message = match error {
+        LockError::Unavailable { message, .. } | LockError::Backend { message, .. } => {
+            message.clone()
+        }
+        other => other.to_string(),
+    };
+    if error.is_retryable() {
+        LockError::Unavailable {
+            message,
+            source: None,
+        }
+    } else {
+        LockError::Backend {
+            message,
+            source: None,
+        }
+    }
 }
 
 /// Releases if the key holds `token`; true when it did.

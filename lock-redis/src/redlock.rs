@@ -16,7 +16,7 @@ use redis::Value;
 use crate::{
     RedlockConfig,
     connection::Conn,
-    error::{classify, timed_out},
+    error::timed_out,
     keys::RedisKeys as Keys,
     ops::{self, Try},
 };
@@ -249,22 +249,15 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
-        let mut pipe = redis::pipe();
-        for lease in leases {
-            ops::renew_into(
-                &mut pipe,
-                &self.keys(lease.name()),
-                lease.token(),
-                lease.ttl(),
-            );
-        }
+        let batch: Vec<_> = leases
+            .iter()
+            .map(|l| (self.keys(l.name()), l.token(), l.ttl()))
+            .collect();
         let start = Instant::now();
-        let pipe = &pipe;
+        let batch = &batch;
         let per_node: Vec<Vote<Vec<Value>>> = self
             .everywhere("batched renew", |mut conn| async move {
-                pipe.query_async::<Vec<Value>>(&mut conn)
-                    .await
-                    .map_err(|e| classify("batched renew", e))
+                ops::renew_batch(&mut conn, batch).await
             })
             .await;
         leases
@@ -275,10 +268,7 @@ impl LockBackend for RedlockBackend {
                     .iter()
                     .map(|node| match node {
                         Ok(replies) => Ok(replies.get(i).and_then(ops::renewed_at)),
-                        Err(e) => Err(LockError::Unavailable {
-                            message: e.to_string(),
-                            source: None,
-                        }),
+                        Err(e) => Err(ops::batch_failed(e)),
                     })
                     .collect();
                 self.judge_renewal(lease, lease.ttl(), start, votes)

@@ -4,24 +4,27 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Acquire: if the lock key is free, bump the fence counter and `SET key token PX ttl` in the
-/// same atomic step. Returns `{1, fence, server_ms}`, `{0, pttl, value}` when held, or
-/// `{2, which, what}` when a key holds something this library did not write.
+/// Acquire. The fast path is `SET key token NX PX ttl`, then the fence bump and the server
+/// time, in one atomic step. Returns `{1, fence, server_ms}`; `{0, pttl, value}` when held;
+/// `{2, which, what}` when a key holds something this library did not write (a fence counter
+/// that is not a number undoes the `SET`). `pcall` turns a wrong-type read into a report.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local lt = redis.call('TYPE', KEYS[1]).ok
-if lt ~= 'none' and lt ~= 'string' then return {2, 'lock', lt} end
-local ft = redis.call('TYPE', KEYS[2]).ok
-if ft ~= 'none' and ft ~= 'string' then return {2, 'fence', ft} end
-local f = redis.call('GET', KEYS[2])
-if f and not string.match(f, '^%d+$') then return {2, 'fence', f} end
-local cur = redis.call('GET', KEYS[1])
-if cur then return {0, redis.call('PTTL', KEYS[1]), cur} end
-local fence = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local t = redis.call('TIME')
-return {1, fence, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) == 'table' then
+    redis.call('DEL', KEYS[1])
+    local ft = redis.call('TYPE', KEYS[2]).ok
+    if ft == 'string' then return {2, 'fence', redis.call('GET', KEYS[2])} end
+    return {2, 'fence', ft}
+  end
+  local t = redis.call('TIME')
+  return {1, fence, t[1] * 1000 + math.floor(t[2] / 1000)}
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then return {2, 'lock', redis.call('TYPE', KEYS[1]).ok} end
+return {0, redis.call('PTTL', KEYS[1]), cur}
 ",
     )
 });
@@ -30,11 +33,10 @@ return {1, fence, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local t = redis.call('TIME')
-return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return t[1] * 1000 + math.floor(t[2] / 1000)
 ",
     )
 });
@@ -43,8 +45,7 @@ return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return 0 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], '1')
 return 1

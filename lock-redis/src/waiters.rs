@@ -2,6 +2,8 @@
 //!
 //! A waiter registers for its lock's release channel (subscribing on the shared connection if
 //! no other waiter of this client already did), then retries when a release message arrives.
+//! Each message wakes one waiter of this client, not all of them: only one can win, and the
+//! others would only queue their scripts in front of the winner's.
 //! Subscribes and unsubscribes go through one queue so that a late unsubscribe can never undo
 //! a newer subscribe. If the pub/sub connection drops, waiters fall back to retrying when the
 //! holder's TTL runs out, and re-subscribe on a new connection at their next turn.
@@ -124,8 +126,10 @@ impl Waiters {
                     .channels
                     .get(message.get_channel_name())
                     .map(|c| c.notify.clone());
+                // One waiter per release: it tries, and if another client won it waits for
+                // the next release. (A woken waiter that was dropped passes the wake-up on.)
                 if let Some(notify) = notify {
-                    notify.notify_waiters();
+                    notify.notify_one();
                 }
             }
             // The connection ended: forget it and wake everyone to re-subscribe.

@@ -10,10 +10,16 @@ use std::{path::Path, process::Command};
 
 use anyhow::{Context, Result, bail};
 use comfy_table::{Table, presets};
-use conformance_tests::{REPORT_DIR_VAR, SuiteReport, Verdict};
+use conformance_tests::{
+    REPORT_DIR_VAR, SuiteReport, Verdict,
+    bench::{self, BENCH_REPORT_DIR_VAR},
+};
 use lock_core::Capabilities;
 
 use crate::services;
+
+/// The benchmarks, as (package, bench target); each writes one JSON report per store.
+const BENCHES: &[(&str, &str)] = &[("lock-redis", "redis"), ("lock-mysql", "mysql")];
 
 /// The conformance test binaries, as (package, test target), in column order.
 const SUITES: &[(&str, &str)] = &[
@@ -47,9 +53,33 @@ pub(crate) fn run() -> Result<()> {
             failed_suites.push(format!("{package}/{target}"));
         }
     }
+    let benches = out.join("benches");
+    if benches.exists() {
+        std::fs::remove_dir_all(&benches)
+            .with_context(|| format!("clearing {}", benches.display()))?;
+    }
+    for (package, target) in BENCHES {
+        eprintln!("==> benchmark: cargo bench -p {package} --bench {target}");
+        let status = Command::new(&cargo)
+            .args(["bench", "--quiet", "-p", package, "--bench", target])
+            .current_dir(&root)
+            .envs(services::env_vars())
+            .env(BENCH_REPORT_DIR_VAR, &benches)
+            .status()
+            .with_context(|| format!("running the {package} benchmark"))?;
+        if !status.success() {
+            failed_suites.push(format!("{package} bench {target}"));
+        }
+    }
     let reports = load(&runs)?;
-    let markdown = render(&reports);
+    let perf = load_benches(&benches)?;
+    let markdown = format!(
+        "{}\n{}\n",
+        render(&reports),
+        render_benches(&perf, presets::ASCII_MARKDOWN)
+    );
     println!("{}", render_with(&reports, presets::UTF8_FULL_CONDENSED));
+    println!("{}", render_benches(&perf, presets::UTF8_FULL_CONDENSED));
     std::fs::write(out.join("report.md"), &markdown)?;
     eprintln!("wrote {}", out.join("report.md").display());
     if !failed_suites.is_empty() {
@@ -72,6 +102,47 @@ fn load(dir: &Path) -> Result<Vec<SuiteReport>> {
     }
     reports.sort_by_key(|r| (r.store != "memory", r.store.clone()));
     Ok(reports)
+}
+
+/// Reads every benchmark report in `dir` (none when the directory is missing).
+fn load_benches(dir: &Path) -> Result<Vec<bench::Report>, anyhow::Error> {
+    let mut reports = Vec::new();
+    if !dir.exists() {
+        return Ok(reports);
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(&path)?;
+            let report: bench::Report = serde_json::from_str(&text)
+                .with_context(|| format!("reading {}", path.display()))?;
+            reports.push(report);
+        }
+    }
+    reports.sort_by(|a, b| a.store.cmp(&b.store));
+    Ok(reports)
+}
+
+fn render_benches(reports: &[bench::Report], preset: &str) -> String {
+    let mut table = Table::new();
+    table.load_preset(preset);
+    table.set_header([
+        "store",
+        "metric",
+        "measured (ratios: same run, same machine)",
+        "target",
+    ]);
+    for report in reports {
+        for line in &report.lines {
+            let target = match (line.ratio, line.target) {
+                (Some(ratio), Some(target)) if ratio <= target => format!("<= {target}x: met"),
+                (Some(_), Some(target)) => format!("<= {target}x: NOT met"),
+                _ => String::new(),
+            };
+            table.add_row([report.store.as_str(), &line.metric, &line.value, &target]);
+        }
+    }
+    format!("## Performance\n\n{table}")
 }
 
 fn render(reports: &[SuiteReport]) -> String {

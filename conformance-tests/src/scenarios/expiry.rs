@@ -13,13 +13,7 @@ pub(crate) async fn expiry_frees_lock(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let ttl = ctx.ttl();
     let start = Instant::now();
-    let old = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::ZERO).watchdog(false),
-        )
-        .await?;
+    let old = ctx.acquire_unrenewed(&a, &name).await?;
     let new = b
         .acquire(&Holder::new(), &name, &ctx.options(ttl * 3 + ctx.margin()))
         .await?;
@@ -42,13 +36,7 @@ pub(crate) async fn extend_prolongs_lease(ctx: Ctx) -> Outcome {
     let name = ctx.name("extend");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let ttl = ctx.ttl();
-    let guard = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::ZERO).watchdog(false),
-        )
-        .await?;
+    let guard = ctx.acquire_unrenewed(&a, &name).await?;
     guard.extend(ttl * 4).await?;
     tokio::time::sleep(ttl + ctx.margin() / 2).await;
     ensure!(

@@ -30,15 +30,8 @@ pub(crate) async fn fences_increase_across_holders(ctx: Ctx) -> Outcome {
 pub(crate) async fn fences_increase_across_expiry(ctx: Ctx) -> Outcome {
     let name = ctx.name("fence-expiry");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let old = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::ZERO).watchdog(false),
-        )
-        .await?;
-    let wait = ctx.ttl() * 2 + ctx.margin() * 2;
-    let new = b.acquire(&Holder::new(), &name, &ctx.options(wait)).await?;
+    let old = ctx.acquire_unrenewed(&a, &name).await?;
+    let new = ctx.acquire_after_expiry(&b, &name).await?;
     ensure!(
         new.fence() > old.fence(),
         "fence after expiry ({}) is not above the expired holder's ({})",

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Holder, Lease, LeaseToken, LockError, LockOptions};
+use lock_core::{Holder, Lease, LeaseToken, LockError};
 
 use crate::{Ctx, Outcome, ensure};
 
@@ -78,16 +78,9 @@ pub(crate) async fn forged_renew_changes_nothing(ctx: Ctx) -> Outcome {
 pub(crate) async fn late_release_keeps_new_holder(ctx: Ctx) -> Outcome {
     let name = ctx.name("late-release");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let old = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::ZERO).watchdog(false),
-        )
-        .await?;
+    let old = ctx.acquire_unrenewed(&a, &name).await?;
     let _ = old.lost().await;
-    let wait = ctx.ttl() + ctx.margin() * 2;
-    let new = b.acquire(&Holder::new(), &name, &ctx.options(wait)).await?;
+    let new = ctx.acquire_after_expiry(&b, &name).await?;
     let late = old.release().await;
     ensure!(
         matches!(late, Err(LockError::Lost { .. })),
@@ -110,23 +103,10 @@ pub(crate) async fn late_release_keeps_new_holder(ctx: Ctx) -> Outcome {
 pub(crate) async fn late_renew_keeps_new_holder(ctx: Ctx) -> Outcome {
     let name = ctx.name("late-renew");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let old = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::ZERO).watchdog(false),
-        )
-        .await?;
+    let old = ctx.acquire_unrenewed(&a, &name).await?;
     let old_lease = old.lease();
     let _ = old.lost().await;
-    let wait = ctx.ttl() + ctx.margin() * 2;
-    let new = b
-        .acquire(
-            &Holder::new(),
-            &name,
-            &LockOptions::new().ttl(ctx.ttl()).wait(wait),
-        )
-        .await?;
+    let new = ctx.acquire_after_expiry(&b, &name).await?;
     let extended = old.extend(Duration::from_secs(60)).await;
     ensure!(
         matches!(extended, Err(LockError::Lost { .. })),

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use conformance_tests::TestStore;
+use conformance_tests::{MemoryStore, TestStore};
 use lock_core::{
     AcquireRequest, Capabilities, Fence, Grant, Lease, LockBackend, LockClient, LockError,
     LockInfo, LockName, LockOptions, MAX_TTL, MemoryBackend,
@@ -159,19 +159,18 @@ impl LockBackend for Broken {
     }
 }
 
-/// A [`TestStore`] over one broken wrapper.
+/// A [`TestStore`] over one broken wrapper: the fault tools are the memory store's.
 #[derive(Debug, Clone)]
 pub(crate) struct BrokenStore {
-    broken: Broken,
+    memory: MemoryStore,
+    fault: Fault,
 }
 
 impl BrokenStore {
     pub(crate) fn new(fault: Fault) -> Self {
         Self {
-            broken: Broken {
-                inner: MemoryBackend::new(),
-                fault,
-            },
+            memory: MemoryStore::new(),
+            fault,
         }
     }
 }
@@ -179,29 +178,25 @@ impl BrokenStore {
 #[async_trait]
 impl TestStore for BrokenStore {
     async fn client(&self) -> Result<LockClient, LockError> {
-        Ok(LockClient::new(self.broken.clone()))
+        Ok(LockClient::new(Broken {
+            inner: self.memory.backend().clone(),
+            fault: self.fault,
+        }))
     }
 
     async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
-        self.broken.inner.force_release(name);
-        Ok(())
+        self.memory.revoke(name).await
     }
 
     async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
-        Ok(self
-            .broken
-            .inner
-            .inspect(name)
-            .await?
-            .map(|info| vec![format!("a live lease with fence {}", info.fence)])
-            .unwrap_or_default())
+        self.memory.leftovers(name).await
     }
 
     fn cross_process(&self) -> bool {
-        false
+        self.memory.cross_process()
     }
 
     fn ttl(&self) -> Duration {
-        Duration::from_millis(300)
+        self.memory.ttl()
     }
 }

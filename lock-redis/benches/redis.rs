@@ -1,0 +1,257 @@
+//! Benchmark (not a test): the Redis backends against the raw floor measured in the same run.
+//!
+//! - uncontended acquire + release cycle vs the raw floor: `SET key token NX PX ttl` plus an
+//!   `EVALSHA` compare-and-delete, on the same kind of connection (target <= 1.2x);
+//! - 16 tasks on one lock: hand-off latency (release start to next holder) p50/p99 vs one raw
+//!   round trip (`SET NX PX`) (target p50 <= 3x), and acquisitions per second;
+//! - renewing 50 held locks: one batched call vs 50 single renewals.
+//!
+//! Run with `cargo bench -p lock-redis` (servers from `cargo xtask services up`); `cargo xtask
+//! compare` runs it too.
+
+use std::time::Duration;
+
+use conformance_tests::bench::{self, Report, Stats};
+use lock_core::{Holder, LockBackend, LockClient, LockName, LockOptions};
+use lock_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+use redis::{
+    Script,
+    aio::{ConnectionLike, ConnectionManager},
+};
+
+const TASKS: usize = 16;
+
+fn var(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| {
+        format!(
+            "{name} is not set; run `cargo xtask services up` and export `cargo xtask services env`"
+        )
+    })
+}
+
+async fn raw_connection(url: &str) -> Result<ConnectionManager, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    ConnectionManager::new(client)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The raw operations: `SET NX PX` then an `EVALSHA` compare-and-delete (the floor of a
+/// cycle), or the `SET NX PX` alone (one raw round trip).
+struct Raw<C> {
+    conn: C,
+    key: String,
+    delete: Script,
+}
+
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+impl<C: ConnectionLike + Clone + Send + Sync> Raw<C> {
+    fn new(conn: C) -> Self {
+        Self {
+            conn,
+            key: format!("bench:raw:{{{:016x}}}", rand::random::<u64>()),
+            delete: Script::new(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            ),
+        }
+    }
+
+    async fn set(&self) -> Result<(), String> {
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&self.key)
+            .arg(TOKEN)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    async fn cycle(&self) -> Result<(), String> {
+        self.set().await?;
+        let _: i64 = self
+            .delete
+            .key(&self.key)
+            .arg(TOKEN)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    async fn round_trip(&self) -> Result<Stats, String> {
+        let stats = bench::time_op(PER_ROUND, || self.set()).await?;
+        let _: i64 = redis::cmd("DEL")
+            .arg(&self.key)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(stats)
+    }
+}
+
+const ROUNDS: usize = 10;
+const PER_ROUND: usize = 200;
+
+async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
+    report: &mut Report,
+    client: &LockClient,
+    raw: &Raw<C>,
+    targets: bool,
+) -> Result<(), String> {
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(30));
+    let cycle = bench::round_ratios(ROUNDS, || async {
+        let floor = bench::time_op(PER_ROUND, || raw.cycle()).await?;
+        let cycle = bench::uncontended(client, &options, PER_ROUND).await?;
+        Ok((cycle.mean, floor.mean))
+    })
+    .await?;
+    report.round_ratio(
+        "uncontended acquire+release / raw floor (means)",
+        &cycle,
+        targets.then_some(1.2),
+    );
+    let rates = std::sync::Mutex::new(Vec::new());
+    let (rates_ref, options_ref) = (&rates, &options);
+    let handoff = bench::round_ratios(ROUNDS, || async move {
+        let rtt = raw.round_trip().await?;
+        let contended =
+            bench::contended(std::slice::from_ref(client), options_ref, TASKS, PER_ROUND).await?;
+        rates_ref
+            .lock()
+            .map_err(|e| e.to_string())?
+            .push(contended.per_second);
+        Ok((contended.handoff.p50, rtt.p50))
+    })
+    .await?;
+    report.round_ratio(
+        "16-task hand-off p50 / raw round trip p50",
+        &handoff,
+        targets.then_some(3.0),
+    );
+    let mut rate = rates.into_inner().map_err(|e| e.to_string())?;
+    rate.sort_by(f64::total_cmp);
+    report.rate(
+        "16-task acquisitions (median of rounds)",
+        rate[rate.len() / 2],
+    );
+    Ok(())
+}
+
+/// 50 held locks renewed by one `renew_many` vs one `renew` each.
+async fn batching(report: &mut Report, backend: &RedisBackend) -> Result<(), String> {
+    let client = LockClient::new(backend.clone());
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .watchdog(false);
+    let mut guards = Vec::new();
+    for i in 0..50 {
+        let name = LockName::new(format!("bench/batch/{i}/{:016x}", rand::random::<u64>()))
+            .map_err(|e| e.to_string())?;
+        guards.push(
+            client
+                .acquire(&Holder::new(), &name, &options)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let leases: Vec<_> = guards.iter().map(|g| g.lease()).collect();
+    let batched = bench::time_op(100, || async {
+        let results = backend.renew_many(&leases).await;
+        results
+            .into_iter()
+            .try_for_each(|r| r.map(drop))
+            .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))
+    })
+    .await?;
+    let one_by_one = bench::time_op(100, || async {
+        for lease in &leases {
+            backend
+                .renew(lease, lease.ttl())
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })
+    .await?;
+    report.ratio(
+        "renew 50 locks: one by one / batched",
+        one_by_one.mean,
+        batched.mean,
+        None,
+    );
+    for guard in guards {
+        guard.release().await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+async fn run() -> Result<(), String> {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let raw = Raw::new(raw_connection(&url).await?);
+    let mut report = Report::new("redis");
+    let backend = RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("bench"))
+        .await
+        .map_err(|e| e.to_string())?;
+    lock_numbers(&mut report, &LockClient::new(backend.clone()), &raw, true).await?;
+    batching(&mut report, &backend).await?;
+    report.finish().map_err(|e| e.to_string())?;
+
+    let cluster_urls: Vec<String> = var("LOCK_TEST_REDIS_CLUSTER_URLS")?
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let mut report = Report::new("redis-cluster");
+    let cluster_raw = redis::cluster::ClusterClient::new(cluster_urls.clone())
+        .map_err(|e| e.to_string())?
+        .get_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let backend =
+        RedisBackend::connect(RedisConfig::cluster(cluster_urls).with_key_prefix("bench"))
+            .await
+            .map_err(|e| e.to_string())?;
+    lock_numbers(
+        &mut report,
+        &LockClient::new(backend),
+        &Raw::new(cluster_raw),
+        true,
+    )
+    .await?;
+    report.finish().map_err(|e| e.to_string())?;
+
+    // Against one server's floor: Redlock writes to five, so no target applies.
+    let redlock_urls: Vec<String> = var("LOCK_TEST_REDLOCK_URLS")?
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let mut report = Report::new("redlock(5)");
+    let backend =
+        RedlockBackend::connect(RedlockConfig::new(redlock_urls).with_key_prefix("bench"))
+            .await
+            .map_err(|e| e.to_string())?;
+    lock_numbers(&mut report, &LockClient::new(backend), &raw, false).await?;
+    report.finish().map_err(|e| e.to_string())
+}
+
+fn main() -> std::process::ExitCode {
+    let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    else {
+        eprintln!("cannot start a runtime");
+        return std::process::ExitCode::FAILURE;
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("benchmark failed: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

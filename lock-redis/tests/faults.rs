@@ -1,0 +1,477 @@
+//! Faults specific to Redis, against the real servers of `cargo xtask services`: Redlock with
+//! servers down, a restart that forgets a held lock, foreign values, replica acknowledgements.
+//!
+//! The cases stop and start servers, so they run one after another in this binary; a guard
+//! restarts whatever a case stopped, even when it fails.
+
+use std::{
+    future::Future,
+    path::PathBuf,
+    pin::Pin,
+    process::{Command, ExitCode, Stdio},
+    time::{Duration, Instant},
+};
+
+use conformance_tests::{Failure, ensure};
+use lock_core::{Holder, LockClient, LockError, LockName, LockOptions, LossReason};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
+use redis::AsyncCommands;
+
+type Outcome = Result<(), Failure>;
+
+fn var(name: &str) -> Result<String, Failure> {
+    std::env::var(name).map_err(|_| Failure(format!("{name} is not set; run `cargo xtask test`")))
+}
+
+fn fail<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> Failure + '_ {
+    move |e| Failure(format!("{what}: {e}"))
+}
+
+fn name(tag: &str) -> Result<LockName, Failure> {
+    LockName::new(format!("faults/{tag}/{:016x}", rand::random::<u64>())).map_err(fail("lock name"))
+}
+
+/// Stops service instances and starts them again when dropped.
+struct Stopped {
+    dirs: Vec<PathBuf>,
+}
+
+impl Stopped {
+    fn stop(instances: &[&str]) -> Result<Self, Failure> {
+        let root = PathBuf::from(var("LOCK_TEST_SERVICES_DIR")?);
+        let dirs: Vec<_> = instances.iter().map(|i| root.join(i)).collect();
+        let mut stopped = Self { dirs: Vec::new() };
+        for dir in dirs {
+            run(&dir.join("stop"))?;
+            stopped.dirs.push(dir);
+        }
+        Ok(stopped)
+    }
+
+    fn restart(mut self) -> Result<(), Failure> {
+        for dir in std::mem::take(&mut self.dirs) {
+            run(&dir.join("start"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            let _ = run(&dir.join("start"));
+        }
+    }
+}
+
+fn run(script: &PathBuf) -> Result<(), Failure> {
+    let status = Command::new(script)
+        .stdout(Stdio::null())
+        .status()
+        .map_err(fail("running a service script"))?;
+    ensure!(
+        status.success(),
+        "{} exited with {status}",
+        script.display()
+    );
+    Ok(())
+}
+
+fn redlock_urls() -> Result<Vec<String>, Failure> {
+    Ok(var("LOCK_TEST_REDLOCK_URLS")?
+        .split(',')
+        .map(str::to_owned)
+        .collect())
+}
+
+async fn redlock_client() -> Result<LockClient, Failure> {
+    let backend =
+        RedlockBackend::connect(RedlockConfig::new(redlock_urls()?).with_key_prefix("faults"))
+            .await
+            .map_err(fail("redlock connect"))?;
+    Ok(LockClient::new(backend))
+}
+
+async fn exists_on(url: &str, key: &str) -> Result<bool, Failure> {
+    let client = redis::Client::open(url).map_err(fail("client"))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail(url))?;
+    conn.exists(key).await.map_err(fail("EXISTS"))
+}
+
+/// Redlock keeps working with 2 of 5 servers down.
+async fn redlock_survives_two_of_five_down() -> Outcome {
+    let (a, b) = (redlock_client().await?, redlock_client().await?);
+    let stopped = Stopped::stop(&["redlock-3", "redlock-4"])?;
+    let lock = name("redlock-2-down")?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_secs(2));
+    let guard = a
+        .acquire(&Holder::new(), &lock, &options)
+        .await
+        .map_err(fail("acquire with 2 of 5 down"))?;
+    let other = b
+        .try_acquire(&Holder::new(), &lock, &options)
+        .await
+        .map_err(fail("try"))?;
+    ensure!(
+        other.is_none(),
+        "a second client got the lock with 2 of 5 servers down"
+    );
+    ensure!(guard.is_held(), "the guard is not held");
+    guard
+        .release()
+        .await
+        .map_err(fail("release with 2 of 5 down"))?;
+    let free = b
+        .try_acquire(&Holder::new(), &lock, &options)
+        .await
+        .map_err(fail("try after release"))?;
+    ensure!(
+        free.is_some(),
+        "the lock is not free after release with 2 of 5 down"
+    );
+    if let Some(g) = free {
+        g.release().await.map_err(fail("release"))?;
+    }
+    stopped.restart()
+}
+
+/// With 3 of 5 servers down, acquire fails within its budget and leaves no key behind.
+async fn redlock_fails_cleanly_with_three_of_five_down() -> Outcome {
+    let client = redlock_client().await?;
+    let urls = redlock_urls()?;
+    let stopped = Stopped::stop(&["redlock-2", "redlock-3", "redlock-4"])?;
+    let lock = name("redlock-3-down")?;
+    let budget = Duration::from_millis(500);
+    let options = LockOptions::new().ttl(Duration::from_secs(2)).wait(budget);
+    let start = Instant::now();
+    let result = client.acquire(&Holder::new(), &lock, &options).await;
+    let took = start.elapsed();
+    ensure!(
+        matches!(
+            result,
+            Err(LockError::Unavailable { .. } | LockError::Timeout { .. })
+        ),
+        "acquire with 3 of 5 down returned {result:?}"
+    );
+    ensure!(
+        took <= budget + Duration::from_millis(400),
+        "acquire took {took:?} for a {budget:?} budget"
+    );
+    let key = RedisKeys::new("faults", &lock).lock;
+    for url in &urls[..2] {
+        ensure!(
+            !exists_on(url, &key).await?,
+            "a failed Redlock acquire left `{key}` on {url}"
+        );
+    }
+    stopped.restart()
+}
+
+/// A restart of a server without persistence forgets the lock: `lost()` fires, and the lock is
+/// free for others.
+async fn restart_while_held_fires_lost() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let config = RedisConfig::single(&url).with_key_prefix("faults");
+    let a = LockClient::new(
+        RedisBackend::connect(config.clone())
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let lock = name("restart")?;
+    let ttl = Duration::from_secs(2);
+    let guard = a
+        .acquire(&Holder::new(), &lock, &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(fail("acquire"))?;
+    let stopped = Stopped::stop(&["redis"])?;
+    stopped.restart()?;
+    let reason = tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
+        .await
+        .map_err(|_| Failure("lost() did not fire after a restart forgot the lock".into()))?;
+    ensure!(
+        matches!(reason, LossReason::NotHeld | LossReason::Expired),
+        "lost() said {reason:?}"
+    );
+    ensure!(!guard.is_held(), "is_held() after the loss");
+    let b = LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let next = b
+        .try_acquire(&Holder::new(), &lock, &LockOptions::new())
+        .await
+        .map_err(fail("try after restart"))?;
+    ensure!(next.is_some(), "the lock is not free after the restart");
+    if let Some(g) = next {
+        g.release().await.map_err(fail("release"))?;
+    }
+    Ok(())
+}
+
+/// Values of other types or formats under our keys are errors that name the key, and are left
+/// untouched.
+async fn foreign_values_are_reported_not_taken() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let backend = RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("faults"))
+        .await
+        .map_err(fail("connect"))?;
+    let client = LockClient::new(backend);
+    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
+    let mut conn = raw
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail("raw"))?;
+    let options = LockOptions::new().wait(Duration::from_millis(100));
+
+    let hash_lock = name("foreign-hash")?;
+    let keys = RedisKeys::new("faults", &hash_lock);
+    let _: () = conn
+        .hset(&keys.lock, "field", "value")
+        .await
+        .map_err(fail("HSET"))?;
+    let result = client.acquire(&Holder::new(), &hash_lock, &options).await;
+    ensure!(
+        matches!(&result, Err(LockError::Foreign { found, .. }) if found.contains(&keys.lock)),
+        "a hash under the lock key gave {result:?}"
+    );
+    let kind: String = redis::cmd("TYPE")
+        .arg(&keys.lock)
+        .query_async(&mut conn)
+        .await
+        .map_err(fail("TYPE"))?;
+    ensure!(kind == "hash", "the foreign hash was changed to a {kind}");
+    let _: () = conn.del(&keys.lock).await.map_err(fail("DEL"))?;
+
+    let fence_lock = name("foreign-fence")?;
+    let keys = RedisKeys::new("faults", &fence_lock);
+    let _: () = conn
+        .set(&keys.fence, "not-a-number")
+        .await
+        .map_err(fail("SET"))?;
+    let result = client.acquire(&Holder::new(), &fence_lock, &options).await;
+    ensure!(
+        matches!(&result, Err(LockError::Foreign { found, .. }) if found.contains(&keys.fence)),
+        "a non-numeric fence counter gave {result:?}"
+    );
+    let lock_exists: bool = conn.exists(&keys.lock).await.map_err(fail("EXISTS"))?;
+    ensure!(
+        !lock_exists,
+        "a lock was granted over a foreign fence counter"
+    );
+    let _: () = conn.del(&keys.fence).await.map_err(fail("DEL"))?;
+    Ok(())
+}
+
+/// With `replica_acks`, an acquisition is granted only once a replica acknowledged it: refused
+/// (and undone) without a replica, granted with one.
+async fn replica_acknowledgements_are_required() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(16379);
+    let config = RedisConfig::single(&url)
+        .with_key_prefix("faults")
+        .with_replica_acks(1, Duration::from_millis(300));
+    let client = LockClient::new(
+        RedisBackend::connect(config.clone())
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let caps = client.capabilities();
+    ensure!(
+        caps.replica_acks == 1,
+        "capabilities say {} replica acks",
+        caps.replica_acks
+    );
+
+    let lonely = name("replica-none")?;
+    let result = client
+        .acquire(
+            &Holder::new(),
+            &lonely,
+            &LockOptions::new().wait(Duration::ZERO),
+        )
+        .await;
+    ensure!(
+        matches!(&result, Err(LockError::Unavailable { message, .. }) if message.contains("replicas acknowledged")),
+        "without a replica, acquire returned {result:?}"
+    );
+    ensure!(
+        !exists_on(&url, &RedisKeys::new("faults", &lonely).lock).await?,
+        "a refused acquisition left its key"
+    );
+
+    // Start a replica of the test server, just for this case.
+    let dir = std::env::temp_dir().join(format!("lock-redis-replica-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(fail("replica dir"))?;
+    let replica_port = port + 11;
+    let mut replica = Command::new("redis-server")
+        .args([
+            "--port",
+            &replica_port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--replicaof", "127.0.0.1", &port.to_string()])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(fail("starting a replica"))?;
+    let outcome = async {
+        let replica_url = format!("redis://127.0.0.1:{replica_port}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let linked = async {
+                let client = redis::Client::open(replica_url.as_str()).ok()?;
+                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut conn)
+                    .await
+                    .ok()?;
+                Some(info.contains("master_link_status:up"))
+            }
+            .await;
+            if linked == Some(true) {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the replica did not link within 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let acked = name("replica-one")?;
+        let guard = client
+            .acquire(
+                &Holder::new(),
+                &acked,
+                &LockOptions::new().wait(Duration::ZERO),
+            )
+            .await
+            .map_err(fail("acquire with one replica"))?;
+        ensure!(
+            exists_on(&replica_url, &RedisKeys::new("faults", &acked).lock).await?,
+            "the replica does not have the lock"
+        );
+        guard.release().await.map_err(fail("release"))
+    }
+    .await;
+    let _ = replica.kill();
+    let _ = replica.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+/// Batched renewals work on a server that forgot the scripts (restart, `SCRIPT FLUSH`).
+async fn batched_renewal_survives_a_flushed_script_cache() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let backend = RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("faults"))
+        .await
+        .map_err(fail("connect"))?;
+    let client = LockClient::new(backend.clone());
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .watchdog(false);
+    let mut guards = Vec::new();
+    for i in 0..3 {
+        let lock = name(&format!("flushed-{i}"))?;
+        guards.push(
+            client
+                .acquire(&Holder::new(), &lock, &options)
+                .await
+                .map_err(fail("acquire"))?,
+        );
+    }
+    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
+    let mut conn = raw
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail("raw"))?;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .map_err(fail("SCRIPT FLUSH"))?;
+    let leases: Vec<_> = guards.iter().map(|g| g.lease()).collect();
+    for (lease, result) in leases
+        .iter()
+        .zip(lock_core::LockBackend::renew_many(&backend, &leases).await)
+    {
+        result.map_err(|e| {
+            Failure(format!(
+                "batched renewal of `{}` after SCRIPT FLUSH: {e}",
+                lease.name()
+            ))
+        })?;
+    }
+    for guard in guards {
+        guard.release().await.map_err(fail("release"))?;
+    }
+    Ok(())
+}
+
+type Case = (&'static str, fn() -> Pin<Box<dyn Future<Output = Outcome>>>);
+
+fn main() -> ExitCode {
+    let cases: [Case; 6] = [
+        ("batched_renewal_survives_a_flushed_script_cache", || {
+            Box::pin(batched_renewal_survives_a_flushed_script_cache())
+        }),
+        ("redlock_survives_two_of_five_down", || {
+            Box::pin(redlock_survives_two_of_five_down())
+        }),
+        ("redlock_fails_cleanly_with_three_of_five_down", || {
+            Box::pin(redlock_fails_cleanly_with_three_of_five_down())
+        }),
+        ("restart_while_held_fires_lost", || {
+            Box::pin(restart_while_held_fires_lost())
+        }),
+        ("foreign_values_are_reported_not_taken", || {
+            Box::pin(foreign_values_are_reported_not_taken())
+        }),
+        ("replica_acknowledgements_are_required", || {
+            Box::pin(replica_acknowledgements_are_required())
+        }),
+    ];
+    let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    else {
+        eprintln!("cannot start a runtime");
+        return ExitCode::FAILURE;
+    };
+    let (mut passed, mut failed) = (0, 0);
+    for (label, case) in cases {
+        let start = Instant::now();
+        match runtime.block_on(case()) {
+            Ok(()) => {
+                passed += 1;
+                println!("  pass  {label} ({:?})", start.elapsed());
+            }
+            Err(failure) => {
+                failed += 1;
+                println!("  FAIL  {label}: {failure}");
+            }
+        }
+    }
+    println!("redis faults: {passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

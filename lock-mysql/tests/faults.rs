@@ -28,7 +28,9 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use lock_core::{Holder, LockBackend, LockClient, LockError, LockName, LockOptions, LossReason};
+use lock_core::{
+    Holder, LockBackend, LockClient, LockError, LockGuard, LockName, LockOptions, LossReason,
+};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 use support::MySqlStore;
@@ -74,6 +76,16 @@ fn main() -> ExitCode {
         }),
     ];
     support::run_cases("faults", cases)
+}
+
+/// A waiter: `client` acquires `name` for a new holder in the background.
+fn spawn_acquire(
+    client: &LockClient,
+    name: &LockName,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    let (client, name) = (client.clone(), name.clone());
+    tokio::spawn(async move { client.acquire(&Holder::new(), &name, &options).await })
 }
 
 fn name(tag: &str) -> Result<LockName, String> {
@@ -162,14 +174,7 @@ async fn row_lock_kill_holder() -> Result<(), String> {
         .acquire(&Holder::new(), &name, &options)
         .await
         .map_err(err)?;
-    let waiter = tokio::spawn({
-        let (b, name, options) = (
-            b.clone(),
-            name.clone(),
-            options.clone().wait(Duration::from_secs(20)),
-        );
-        async move { b.acquire(&Holder::new(), &name, &options).await }
-    });
+    let waiter = spawn_acquire(&b, &name, options.clone().wait(Duration::from_secs(20)));
     until_waiting(&name).await?;
     let id = store
         .holder_connection(&name)
@@ -345,17 +350,11 @@ async fn lease_lock_wait_timeout() -> Result<(), String> {
         matches!(&renewed, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
         "a renewal blocked past the lock-wait timeout returned {renewed:?}, expected Unavailable"
     );
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move {
-            b.acquire(
-                &Holder::new(),
-                &name,
-                &LockOptions::new().ttl(ttl).wait(Duration::from_secs(8)),
-            )
-            .await
-        }
-    });
+    let waiter = spawn_acquire(
+        &b,
+        &name,
+        LockOptions::new().ttl(ttl).wait(Duration::from_secs(8)),
+    );
     tokio::time::sleep(Duration::from_millis(2500)).await;
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut admin)
@@ -639,14 +638,8 @@ async fn restart_with_locks() -> Result<(), String> {
         .await
         .map_err(err)?;
     let wait = options.clone().wait(Duration::from_secs(60));
-    let lw = tokio::spawn({
-        let (lb, ln, wait) = (lb.clone(), ln.clone(), wait.clone());
-        async move { lb.acquire(&Holder::new(), &ln, &wait).await }
-    });
-    let rw = tokio::spawn({
-        let (rb, rn, wait) = (rb.clone(), rn.clone(), wait.clone());
-        async move { rb.acquire(&Holder::new(), &rn, &wait).await }
-    });
+    let lw = spawn_acquire(&lb, &ln, wait.clone());
+    let rw = spawn_acquire(&rb, &rn, wait);
     until_waiting(&rn).await?;
 
     run_script(&stop).await?;
@@ -1012,14 +1005,7 @@ async fn client_sends_no_time() -> Result<(), String> {
             .acquire(&Holder::new(), &name, &options)
             .await
             .map_err(err)?;
-        let waiter = tokio::spawn({
-            let (b, name, options) = (
-                b.clone(),
-                name.clone(),
-                options.clone().wait(Duration::from_secs(5)),
-            );
-            async move { b.acquire(&Holder::new(), &name, &options).await }
-        });
+        let waiter = spawn_acquire(&b, &name, options.clone().wait(Duration::from_secs(5)));
         tokio::time::sleep(ttls[0]).await; // the watchdog renews meanwhile
         held.extend(ttls[1]).await.map_err(err)?;
         b.inspect(&name).await.map_err(err)?;

@@ -19,12 +19,13 @@ use lock_core::Capabilities;
 use crate::services;
 
 /// The benchmarks, as (package, bench target); each writes one JSON report per store.
-const BENCHES: &[(&str, &str)] = &[("lock-redis", "redis")];
+const BENCHES: &[(&str, &str)] = &[("lock-redis", "redis"), ("lock-mysql", "mysql")];
 
 /// The conformance test binaries, as (package, test target), in column order.
 const SUITES: &[(&str, &str)] = &[
     ("conformance-tests", "memory"),
     ("lock-redis", "conformance"),
+    ("lock-mysql", "conformance"),
 ];
 
 /// Runs the comparison.

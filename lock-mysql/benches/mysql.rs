@@ -1,0 +1,172 @@
+//! Benchmark (not a test) of both MySQL strategies against the raw floor measured in the same
+//! run, on the same pool and table. Each ratio is the median of rounds that measure the lock
+//! and its floor back to back, so load drifting on the machine affects both sides alike.
+//!
+//! - uncontended acquire + release cycle vs the floor: an autocommitted `INSERT` + `DELETE` of
+//!   one row (target for the lease strategy: at most 1.3x);
+//! - 16 tasks over 4 clients on one lock: hand-off latency (from the start of a release to the
+//!   next holder's acquire returning) p50/p99 vs one raw commit (an autocommitted `UPDATE`),
+//!   and acquisitions per second (target for the row-lock strategy: p50 at most 3x).
+//!
+//! Run with `cargo bench -p lock-mysql` (servers from `cargo xtask services up`, variables from
+//! `cargo xtask services env`); `cargo xtask compare` runs it too.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::{process::ExitCode, sync::Mutex, time::Duration};
+
+use conformance_tests::bench::{self, Report};
+use lock_core::{LockClient, LockOptions};
+use lock_mysql::{MySqlBackend, Strategy};
+use sqlx::AssertSqlSafe;
+
+const TASKS: usize = 16;
+const CLIENTS: usize = 4;
+const ROUNDS: usize = 10;
+const PER_ROUND: usize = 200;
+
+fn main() -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cannot start a Tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let outcome = run().await;
+        let cleanup = support::drop_run_tables().await;
+        outcome.and(cleanup)
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("benchmark failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), String> {
+    for (strategy, label) in [
+        (Strategy::Lease, "mysql-lease"),
+        (Strategy::RowLock, "mysql-rowlock"),
+    ] {
+        let config = support::config(strategy)?.pool_size(8);
+        let backend = MySqlBackend::connect(&config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let client = LockClient::new(backend.clone());
+        let mut clients = Vec::with_capacity(CLIENTS);
+        for _ in 0..CLIENTS {
+            clients.push(LockClient::new(
+                MySqlBackend::connect(&config)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ));
+        }
+        let raw = Raw::new(&backend).await?;
+        let options = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30));
+        let mut report = Report::new(label);
+
+        let cycle = bench::round_ratios(ROUNDS, || async {
+            let floor = bench::time_op(PER_ROUND, || raw.insert_delete()).await?;
+            let cycle = bench::uncontended(&client, &options, PER_ROUND).await?;
+            Ok((cycle.mean, floor.mean))
+        })
+        .await?;
+        report.round_ratio(
+            "uncontended acquire+release / raw INSERT+DELETE (means)",
+            &cycle,
+            (strategy == Strategy::Lease).then_some(1.3),
+        );
+
+        let rounds = Mutex::new(Vec::new());
+        let (rounds_ref, options_ref, clients_ref, raw_ref) = (&rounds, &options, &clients, &raw);
+        let handoff = bench::round_ratios(ROUNDS, || async move {
+            let commit = bench::time_op(PER_ROUND, || raw_ref.commit()).await?;
+            let contended = bench::contended(clients_ref, options_ref, TASKS, PER_ROUND).await?;
+            rounds_ref
+                .lock()
+                .map_err(|e| e.to_string())?
+                .push((contended.handoff, contended.per_second));
+            Ok((contended.handoff.p50, commit.p50))
+        })
+        .await?;
+        report.round_ratio(
+            "16-task hand-off p50 / one raw commit p50",
+            &handoff,
+            (strategy == Strategy::RowLock).then_some(3.0),
+        );
+        let mut rounds = rounds.into_inner().map_err(|e| e.to_string())?;
+        rounds.sort_by_key(|(stats, _)| stats.p50);
+        if let Some((stats, _)) = rounds.get(rounds.len() / 2) {
+            report.stats("16-task hand-off (median round)", stats);
+        }
+        let mut rates: Vec<f64> = rounds.iter().map(|(_, rate)| *rate).collect();
+        rates.sort_by(f64::total_cmp);
+        if let Some(rate) = rates.get(rates.len() / 2) {
+            report.rate("16-task acquisitions (median of rounds)", *rate);
+        }
+        raw.finish().await?;
+        report.finish().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The raw operations on the backend's own pool and table, as prepared statements.
+struct Raw {
+    pool: sqlx::MySqlPool,
+    insert: String,
+    delete: String,
+    update: String,
+    name: Vec<u8>,
+    row: Vec<u8>,
+}
+
+impl Raw {
+    async fn new(backend: &MySqlBackend) -> Result<Self, String> {
+        let table = backend.table().as_str();
+        let raw = Self {
+            pool: backend.pool().clone(),
+            insert: format!("INSERT INTO `{table}` (name, fence) VALUES (?, 0)"),
+            delete: format!("DELETE FROM `{table}` WHERE name = ?"),
+            update: format!("UPDATE `{table}` SET fence = fence + 1 WHERE name = ?"),
+            name: format!("bench/floor/{:016x}", rand::random::<u64>()).into_bytes(),
+            row: format!("bench/commit/{:016x}", rand::random::<u64>()).into_bytes(),
+        };
+        raw.execute(&raw.insert, &raw.row).await?;
+        Ok(raw)
+    }
+
+    async fn execute(&self, sql: &str, name: &[u8]) -> Result<(), String> {
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The floor of a cycle: an autocommitted `INSERT` and `DELETE` of one row.
+    async fn insert_delete(&self) -> Result<(), String> {
+        self.execute(&self.insert, &self.name).await?;
+        self.execute(&self.delete, &self.name).await
+    }
+
+    /// One raw commit: an autocommitted `UPDATE` of one row.
+    async fn commit(&self) -> Result<(), String> {
+        self.execute(&self.update, &self.row).await
+    }
+
+    async fn finish(&self) -> Result<(), String> {
+        self.execute(&self.delete, &self.row).await
+    }
+}

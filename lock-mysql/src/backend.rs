@@ -1,0 +1,218 @@
+//! [`MySqlBackend`]: the [`LockBackend`] over MySQL/MariaDB, with either strategy.
+
+use std::{sync::Arc, time::Duration};
+
+use lock_core::{
+    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LockBackend,
+    LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
+};
+use sqlx::{AssertSqlSafe, Connection, MySqlPool, mysql::MySqlPoolOptions};
+
+use crate::{
+    MySqlConfig, Strategy, TableName, error::lock_error, lease_strategy::LeaseStrategy,
+    row_lock::RowLockStrategy, schema,
+};
+
+/// Pooled connections idle longer than this are pinged before use (a restarted server
+/// leaves dead ones behind); fresher ones were pinged when they went back to the pool.
+const PING_IF_IDLE: Duration = Duration::from_secs(1);
+
+/// Locks in a MySQL or MariaDB table, with the [`Strategy`] of its [`MySqlConfig`].
+///
+/// One backend is one client: one sqlx pool (see [`MySqlConfig`] for how many connections it
+/// needs). Cheap to clone; clones share the pool and, for the row-lock strategy, the holds.
+/// Use it through [`lock_core::LockClient`].
+#[derive(Clone)]
+pub struct MySqlBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    strategy: Strategy,
+    table: TableName,
+    pool: MySqlPool,
+    imp: Imp,
+}
+
+#[derive(Debug)]
+enum Imp {
+    Lease(LeaseStrategy),
+    RowLock(RowLockStrategy),
+}
+
+impl MySqlBackend {
+    /// Connects (verifying the server answers), creates the lock table if it is missing and
+    /// allowed to, and checks its schema version and strategy.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] for a bad config (nothing is sent);
+    /// [`LockError::Unavailable`] when the server cannot be reached within
+    /// [`MySqlConfig::connect_timeout`]; [`LockError::Backend`] when the table exists in
+    /// another layout, serves the other strategy, or cannot be created.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing behind but, possibly, the created table.
+    pub async fn connect(config: &MySqlConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let table = config.table()?;
+        let options = config.connect_options()?;
+        let pool = pool_options(config)
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| {
+                lock_error(
+                    &format!("connecting to {}", crate::config::redact(&config.url)),
+                    e,
+                )
+            })?;
+        schema::ensure(&pool, &table, config.strategy, config.create_table).await?;
+        let imp = match config.strategy {
+            Strategy::Lease => Imp::Lease(LeaseStrategy::new(pool.clone(), table.clone())),
+            Strategy::RowLock => Imp::RowLock(RowLockStrategy::new(
+                pool.clone(),
+                options,
+                config.connect_timeout,
+                table.clone(),
+                config.idle_hold_connections,
+            )),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                strategy: config.strategy,
+                table,
+                pool,
+                imp,
+            }),
+        })
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> Strategy {
+        self.inner.strategy
+    }
+
+    /// The lock table (the row-lock strategy also uses `<table>_fences`).
+    pub fn table(&self) -> &TableName {
+        &self.inner.table
+    }
+
+    /// The pool of short-statement connections (for monitoring, or to run statements next to
+    /// the locks).
+    pub fn pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+}
+
+fn pool_options(config: &MySqlConfig) -> MySqlPoolOptions {
+    let setup = format!(
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+         SET SESSION innodb_lock_wait_timeout = {}",
+        config.lock_wait_secs()
+    );
+    MySqlPoolOptions::new()
+        .max_connections(config.pool_size)
+        .min_connections(0)
+        .acquire_timeout(config.connect_timeout)
+        // sqlx pings every connection it hands out by default: a round trip per operation.
+        // Ping only those idle long enough for the server to have gone away meanwhile.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IF_IDLE {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+        // READ COMMITTED: a locking read of a missing row takes no gap lock, so two clients
+        // creating rows cannot deadlock on a gap.
+        .after_connect(move |conn, _| {
+            let setup = setup.clone();
+            Box::pin(async move {
+                sqlx::raw_sql(AssertSqlSafe(setup)).execute(conn).await?;
+                Ok(())
+            })
+        })
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Say goodbye to the server instead of dropping sockets, when a runtime is at hand.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let pool = self.pool.clone();
+            runtime.spawn(async move { pool.close().await });
+        }
+    }
+}
+
+impl std::fmt::Debug for MySqlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlBackend")
+            .field("strategy", &self.inner.strategy)
+            .field("table", &self.inner.table)
+            .field("pool_size", &self.inner.pool.size())
+            .field("imp", &self.inner.imp)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl LockBackend for MySqlBackend {
+    fn capabilities(&self) -> Capabilities {
+        match self.inner.strategy {
+            Strategy::Lease => Capabilities::new(
+                Fencing::Strict,
+                Expiry::Ttl,
+                Wakeup::Poll,
+                WaitOrder::None,
+                Clock::Server,
+            )
+            .with_portable_lease(true)
+            .with_failover(Failover::SingleServer),
+            Strategy::RowLock => Capabilities::new(
+                Fencing::Strict,
+                Expiry::Session,
+                Wakeup::Push,
+                WaitOrder::None,
+                Clock::Server,
+            )
+            .with_portable_lease(false)
+            .with_failover(Failover::SingleServer),
+        }
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        match &self.inner.imp {
+            Imp::Lease(s) => s.acquire(request).await,
+            Imp::RowLock(s) => s.acquire(request).await,
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        match &self.inner.imp {
+            Imp::Lease(s) => s.renew(lease, ttl).await,
+            Imp::RowLock(s) => s.renew(lease, ttl).await,
+        }
+    }
+
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+        match &self.inner.imp {
+            Imp::Lease(s) => s.renew_many(leases).await,
+            Imp::RowLock(s) => s.renew_many(leases).await,
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        match &self.inner.imp {
+            Imp::Lease(s) => s.release(lease).await,
+            Imp::RowLock(s) => s.release(lease).await,
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        match &self.inner.imp {
+            Imp::Lease(s) => s.inspect(name).await,
+            Imp::RowLock(s) => s.inspect(name).await,
+        }
+    }
+}

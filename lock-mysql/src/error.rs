@@ -1,0 +1,112 @@
+//! Classification of sqlx and server errors into [`LockError`]: which failures are transient
+//! (deadlock 1213, lock-wait timeout 1205, a lost connection) and which are not.
+
+use lock_core::LockError;
+use sqlx::mysql::MySqlDatabaseError;
+
+/// What kind of failure a sqlx error is, for the decisions the strategies make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// 1213: InnoDB chose this transaction as a deadlock victim and rolled it all back;
+    /// running the same batch again is safe.
+    Deadlock,
+    /// 1205 (lock wait timeout, also MariaDB's `NOWAIT` failure) or 3572 (MySQL's `NOWAIT`
+    /// failure): the row is locked by another transaction. Only the statement was rolled back.
+    LockWait,
+    /// 1317: the statement was interrupted (`KILL QUERY`).
+    Interrupted,
+    /// The connection or the server went away, or could not be reached: retrying may help.
+    Connection,
+    /// Anything else: a bug, a privilege or schema problem; retrying will not help.
+    Other,
+}
+
+/// Server error numbers that mean the connection or server is going away or overloaded.
+const CONNECTION_ERRORS: &[u16] = &[
+    1040, // ER_CON_COUNT_ERROR: too many connections
+    1053, // ER_SERVER_SHUTDOWN
+    1077, // ER_NORMAL_SHUTDOWN
+    1079, // ER_SHUTDOWN_COMPLETE
+    1152, // ER_ABORTING_CONNECTION
+    1158, // ER_NET_READ_ERROR
+    1159, // ER_NET_READ_INTERRUPTED
+    1160, // ER_NET_ERROR_ON_WRITE
+    1161, // ER_NET_WRITE_INTERRUPTED
+    1290, // ER_OPTION_PREVENTS_STATEMENT (read-only server, e.g. a demoted primary)
+    1836, // ER_READ_ONLY_MODE
+    1927, // MariaDB ER_CONNECTION_KILLED
+    2006, // CR_SERVER_GONE_ERROR
+    2013, // CR_SERVER_LOST
+    4031, // MySQL ER_CLIENT_INTERACTION_TIMEOUT: disconnected for inactivity
+];
+
+/// The server's error number, if `error` is one the server sent.
+pub(crate) fn server_code(error: &sqlx::Error) -> Option<u16> {
+    error
+        .as_database_error()
+        .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
+/// Classifies `error`.
+pub(crate) fn classify(error: &sqlx::Error) -> Class {
+    match error {
+        sqlx::Error::Database(_) => match server_code(error) {
+            Some(1213) => Class::Deadlock,
+            Some(1205 | 3572) => Class::LockWait,
+            Some(1317) => Class::Interrupted,
+            Some(code) if CONNECTION_ERRORS.contains(&code) => Class::Connection,
+            _ => Class::Other,
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => Class::Connection,
+        _ => Class::Other,
+    }
+}
+
+/// The [`LockError`] for a failed `what` (a short description of the operation).
+///
+/// Connection failures, lock-wait timeouts, deadlocks and interruptions become
+/// [`LockError::Unavailable`] (retryable); everything else [`LockError::Backend`].
+pub(crate) fn lock_error(what: &str, error: sqlx::Error) -> LockError {
+    let class = classify(&error);
+    let message = match class {
+        Class::Deadlock => format!("{what}: deadlock (1213); the transaction was rolled back"),
+        Class::LockWait => format!(
+            "{what}: the row stayed locked by another transaction past innodb_lock_wait_timeout"
+        ),
+        Class::Interrupted => format!("{what}: the statement was interrupted"),
+        Class::Connection => format!("{what}: the server is unreachable or went away"),
+        Class::Other => format!("{what}: the server refused the statement"),
+    };
+    match class {
+        Class::Other => LockError::backend(message, error),
+        _ => LockError::unavailable(message, error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_errors_are_retryable() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(classify(&io), Class::Connection);
+        let error = lock_error("acquire `a`", io);
+        assert!(error.is_retryable(), "{error}");
+        assert!(error.to_string().contains("acquire `a`"), "{error}");
+        assert_eq!(classify(&sqlx::Error::PoolTimedOut), Class::Connection);
+        assert!(lock_error("x", sqlx::Error::PoolTimedOut).is_retryable());
+    }
+
+    #[test]
+    fn other_errors_are_not() {
+        let error = lock_error("inspect", sqlx::Error::RowNotFound);
+        assert!(matches!(error, LockError::Backend { .. }), "{error}");
+        assert!(!error.is_retryable());
+    }
+}

@@ -1,0 +1,321 @@
+//! The lease strategy: one row per lock with the holder's token, fence and expiry.
+//!
+//! - **Acquire** is one statement: `INSERT ... ON DUPLICATE KEY UPDATE` inserts the row, or
+//!   locks the existing one exclusively (the X lock a `SELECT ... FOR UPDATE` takes) for the
+//!   statement's transaction and takes it over only if the server finds it released or
+//!   expired by `NOW(6)`, bumping its fence.
+//! - **Outcome**: when it takes a row over, the statement also evaluates
+//!   `LAST_INSERT_ID(fence + 1)` on that row, so the server's reply carries the fence it now
+//!   holds; a statement that took nothing carries 0 (the value is per statement, set only when
+//!   the expression runs). This is a value read from the row inside the locked statement, not
+//!   the `rows_affected` count that `CLIENT_FOUND_ROWS` makes ambiguous for upserts. Every
+//!   other outcome (a new row, a busy or foreign one) is judged by reading the row back.
+//!   Release works the same way with `LAST_INSERT_ID(fence)`. Renewals are batched in one
+//!   transaction and judged by reading the rows back in it.
+//! - **Clock**: every time comparison and expiry is computed by the server from `NOW(6)`;
+//!   the client sends only the TTL as a number of microseconds.
+//! - Released rows stay, with token and expiry NULL, so the fence never goes back.
+
+use std::{collections::HashMap, sync::Arc, time::Duration, time::Instant};
+
+use lock_core::{
+    AcquireRequest, Attempt, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName,
+    poll_until_acquired, validate_ttl,
+};
+use sqlx::{AssertSqlSafe, MySqlPool, Row, mysql::MySqlRow};
+
+use crate::{
+    TableName,
+    error::{Class, classify, lock_error},
+    lock_row::{LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState},
+    script::{hex, retry_deadlocks, run_pooled, tagged},
+};
+
+/// Leases renewed by one batch at most (a longer list is split).
+const RENEW_BATCH: usize = 100;
+
+/// The lease strategy over one pool and table.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseStrategy {
+    pool: MySqlPool,
+    table: TableName,
+    sql: Arc<Statements>,
+}
+
+/// The statements of one table, built once (and prepared once per connection by sqlx).
+#[derive(Debug)]
+struct Statements {
+    acquire: Arc<str>,
+    read: Arc<str>,
+    release: Arc<str>,
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Self {
+        let t = table.quoted();
+        // The first assignment decides on the row as it was; the others follow it whichever
+        // order the server evaluates assignments in (MariaDB's SIMULTANEOUS_ASSIGNMENT mode
+        // included): `token = ?` is true afterwards only if the row was taken.
+        let taken = format!("({LEASE_TAKEABLE}) OR token = ?");
+        Self {
+            acquire: format!(
+                "INSERT INTO {t} (name, token, fence, expires_at, acquired_at) \
+                 VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, NOW(6)) \
+                 ON DUPLICATE KEY UPDATE \
+                 token = IF({LEASE_TAKEABLE}, ?, token), \
+                 fence = IF({taken}, LAST_INSERT_ID(fence + 1), fence), \
+                 expires_at = IF({taken}, NOW(6) + INTERVAL ? MICROSECOND, expires_at), \
+                 acquired_at = IF({taken}, NOW(6), acquired_at)"
+            )
+            .into(),
+            read: format!("SELECT {LEASE_COLUMNS} FROM {t} WHERE name = ?").into(),
+            release: format!(
+                "UPDATE {t} SET token = NULL, expires_at = NULL, fence = LAST_INSERT_ID(fence) \
+                 WHERE name = ? AND token = ? AND fence = ? AND expires_at > NOW(6)"
+            )
+            .into(),
+        }
+    }
+}
+
+impl LeaseStrategy {
+    pub(crate) fn new(pool: MySqlPool, table: TableName) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table,
+        }
+    }
+
+    /// Acquires by polling: one statement per try, jittered back-off between tries bounded by
+    /// the holder's remaining TTL as the server reports it.
+    pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        validate_ttl(request.ttl())?;
+        poll_until_acquired(request, || self.try_once(request)).await
+    }
+
+    /// One try: insert the row, or take it over if it is released or expired.
+    async fn try_once(&self, request: &AcquireRequest) -> Result<Attempt, LockError> {
+        let name = request.name();
+        let token = LeaseToken::random();
+        let ttl = micros(request.ttl());
+        let sent = Instant::now();
+        let done = retry_deadlocks(|| {
+            let k = token.as_str().as_bytes();
+            sqlx::query(AssertSqlSafe(self.sql.acquire.clone()))
+                .bind(name.as_str().as_bytes())
+                .bind(k)
+                .bind(ttl)
+                .bind(k)
+                .bind(k)
+                .bind(k)
+                .bind(ttl)
+                .bind(k)
+                .execute(&self.pool)
+        })
+        .await;
+        let taken = match done {
+            Ok(done) => done.last_insert_id(),
+            // Someone kept the row locked past innodb_lock_wait_timeout: busy, try again later.
+            Err(error) if classify(&error) == Class::LockWait => {
+                return Ok(Attempt::Busy { expires_in: None });
+            }
+            Err(error) => return Err(lock_error(&format!("acquiring `{name}`"), error)),
+        };
+        if taken > 0 {
+            let lease = Lease::new(name.clone(), token, Fence::new(taken), request.ttl());
+            return Ok(Attempt::Acquired(Grant::new(lease, sent)));
+        }
+        // Nothing taken over: either the row was new (and is ours), or it is someone else's.
+        match self.read(name).await? {
+            Some(LeaseState::Held {
+                token: held,
+                fence,
+                remaining_us,
+            }) if held == token && remaining_us > 0 => {
+                let lease = Lease::new(name.clone(), token, fence, request.ttl());
+                Ok(Attempt::Acquired(Grant::new(lease, sent)))
+            }
+            Some(LeaseState::Held { remaining_us, .. }) => Ok(Attempt::Busy {
+                expires_in: Some(Duration::from_micros(
+                    u64::try_from(remaining_us).unwrap_or(0),
+                )),
+            }),
+            // Released or removed in between: try again at once.
+            _ => Ok(Attempt::Busy {
+                expires_in: Some(Duration::ZERO),
+            }),
+        }
+    }
+
+    /// The judged row of `name`, `None` when there is none.
+    async fn read(&self, name: &LockName) -> Result<Option<LeaseState>, LockError> {
+        let what = || format!("reading the row of `{name}`");
+        let row = sqlx::query(AssertSqlSafe(self.sql.read.clone()))
+            .bind(name.as_str().as_bytes())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| lock_error(&what(), e))?;
+        row.map(|row| {
+            LeaseRow::read(&row, 0)
+                .map_err(|e| lock_error(&what(), e))?
+                .judge(&self.table, name)
+        })
+        .transpose()
+    }
+
+    pub(crate) async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        validate_ttl(ttl)?;
+        let mut results = self.renew_batch(&[(lease, ttl)]).await?;
+        results
+            .pop()
+            .unwrap_or_else(|| Err(LockError::not_held(lease.name())))
+    }
+
+    /// Renews every lease for its own TTL in batches of one transaction each.
+    pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(RENEW_BATCH) {
+            let mut valid = Vec::with_capacity(chunk.len());
+            let mut slots = Vec::with_capacity(chunk.len());
+            for lease in chunk {
+                match validate_ttl(lease.ttl()) {
+                    Ok(()) => {
+                        slots.push(None);
+                        valid.push((lease, lease.ttl()));
+                    }
+                    Err(error) => slots.push(Some(Err(error))),
+                }
+            }
+            let mut renewed = match self.renew_batch(&valid).await {
+                Ok(results) => results.into_iter(),
+                Err(error) => {
+                    let message = error.to_string();
+                    let failed: Vec<_> = valid
+                        .iter()
+                        .map(|_| {
+                            Err(LockError::Unavailable {
+                                message: message.clone(),
+                                source: None,
+                            })
+                        })
+                        .collect();
+                    failed.into_iter()
+                }
+            };
+            for slot in slots {
+                out.push(match slot {
+                    Some(invalid) => invalid,
+                    None => renewed
+                        .next()
+                        .unwrap_or_else(|| Err(LockError::not_held("renewal batch"))),
+                });
+            }
+        }
+        out
+    }
+
+    /// One transaction extending each lease that is still current, then reading the rows
+    /// back: a lease is renewed if its row shows its token and fence with time left.
+    async fn renew_batch(
+        &self,
+        leases: &[(&Lease, Duration)],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let t = self.table.quoted();
+        // Lock rows in one order (by name) so concurrent batches cannot deadlock.
+        let mut order: Vec<_> = leases.iter().collect();
+        order.sort_by(|a, b| a.0.name().as_str().cmp(b.0.name().as_str()));
+        let mut sql = String::from("START TRANSACTION; ");
+        let mut names = Vec::with_capacity(leases.len());
+        for (lease, ttl) in order {
+            let n = hex(lease.name().as_str().as_bytes());
+            sql.push_str(&format!(
+                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND \
+                 WHERE name = {n} AND token = {} AND fence = {} AND expires_at > NOW(6); ",
+                micros(*ttl),
+                hex(lease.token().as_str().as_bytes()),
+                lease.fence().get(),
+            ));
+            names.push(n);
+        }
+        sql.push_str(&format!(
+            "SELECT 'after', name, {LEASE_COLUMNS} FROM {t} WHERE name IN ({}); COMMIT",
+            names.join(", ")
+        ));
+        let sent = Instant::now();
+        let rows = run_pooled(&self.pool, sql)
+            .await
+            .map_err(|e| lock_error("renewing leases", e))?;
+        let mut by_name: HashMap<Vec<u8>, &MySqlRow> = HashMap::new();
+        for row in tagged(&rows, "after") {
+            let name: Vec<u8> = row
+                .try_get(1)
+                .map_err(|e| lock_error("reading renewed rows", e))?;
+            by_name.insert(name, row);
+        }
+        Ok(leases
+            .iter()
+            .map(|(lease, ttl)| {
+                let row = by_name
+                    .get(lease.name().as_str().as_bytes())
+                    .ok_or_else(|| LockError::not_held(lease.name()))?;
+                let state = LeaseRow::read(row, 2)
+                    .map_err(|e| lock_error(&format!("reading the row of `{}`", lease.name()), e))?
+                    .judge(&self.table, lease.name())?;
+                match state {
+                    LeaseState::Held {
+                        token,
+                        fence,
+                        remaining_us,
+                    } if token == *lease.token() && fence == lease.fence() && remaining_us > 0 => {
+                        Ok(Grant::new(Lease::clone(lease).with_ttl(*ttl), sent))
+                    }
+                    _ => Err(LockError::not_held(lease.name())),
+                }
+            })
+            .collect())
+    }
+
+    /// Releases `lease` if it is current; the server's reply carries the released fence.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let name = lease.name();
+        let done = retry_deadlocks(|| {
+            sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+                .bind(name.as_str().as_bytes())
+                .bind(lease.token().as_str().as_bytes())
+                .bind(lease.fence().get())
+                .execute(&self.pool)
+        })
+        .await
+        .map_err(|e| lock_error(&format!("releasing `{name}`"), e))?;
+        if done.last_insert_id() == lease.fence().get() && done.last_insert_id() > 0 {
+            Ok(())
+        } else {
+            Err(LockError::not_held(name))
+        }
+    }
+
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        Ok(match self.read(name).await? {
+            Some(LeaseState::Held {
+                token,
+                fence,
+                remaining_us,
+            }) if remaining_us > 0 => Some(LockInfo::new(
+                name.clone(),
+                token,
+                fence,
+                Some(Duration::from_micros(remaining_us.unsigned_abs())),
+            )),
+            _ => None,
+        })
+    }
+}
+
+/// A TTL in whole microseconds (TTLs are at most a day: no overflow).
+fn micros(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,16 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod config;
+mod error;
+mod lease_strategy;
+mod lock_row;
+mod row_lock;
+mod schema;
+mod script;
+mod table_name;
+
+pub use backend::MySqlBackend;
+pub use config::{MySqlConfig, Strategy};
+pub use schema::{SCHEMA_VERSION, create_table_sql};
+pub use table_name::TableName;

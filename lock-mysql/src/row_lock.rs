@@ -1,0 +1,679 @@
+//! The row-lock strategy: the hold is an open transaction, on a connection dedicated to it,
+//! that holds `SELECT ... FOR UPDATE` on the lock's row.
+//!
+//! - **Waiting** happens inside InnoDB: a waiter's `SELECT ... FOR UPDATE` queues behind the
+//!   holder and returns when the holder's transaction ends (no polling). The wait budget is
+//!   enforced to the millisecond although `innodb_lock_wait_timeout` counts whole seconds: the
+//!   session timeout is set to the budget rounded up, the query is raced against the budget,
+//!   and on expiry the waiting statement is stopped with `KILL QUERY` from a pooled
+//!   connection; the dedicated connection is then closed, never reused mid-statement. A zero
+//!   budget is `FOR UPDATE NOWAIT`.
+//! - **Fences** live in a separate `<table>_fences` row bumped by an autocommitted statement on
+//!   a pooled connection *after* the row lock is granted, so they follow the order of grants
+//!   and survive the rollback that ends every hold.
+//! - **Who holds it**: once it has the row lock, the holder writes its token, fence and
+//!   connection id into the row inside its transaction and never commits. Readers at `READ
+//!   UNCOMMITTED` ([`inspect`](lock_core::LockBackend::inspect)) see them exactly while the
+//!   hold lasts; the rollback that ends it erases them.
+//! - **End of a hold**: release rolls back; a lost connection rolls back on the server. The
+//!   dedicated connection's `wait_timeout` is the lease TTL rounded up to whole seconds, so the
+//!   server itself ends a hold whose client stopped renewing (the watchdog's renewal is a
+//!   statement on that connection), and a renewal on a dead connection reports
+//!   [`LossReason::SessionEnded`].
+//! - **Cancellation**: the whole acquisition runs in a spawned task that owns the dedicated
+//!   connection; a dropped `acquire` future is noticed there and cleaned up in the
+//!   background (kill the wait, or roll back a lock granted meanwhile).
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use lock_core::{
+    AcquireRequest, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName, LossReason,
+    validate_ttl,
+};
+use sqlx::{
+    AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, MySqlPool, Row,
+    mysql::{MySqlConnectOptions, MySqlRow},
+};
+use tokio::sync::oneshot;
+
+use crate::{
+    TableName,
+    config::ceil_secs,
+    error::{Class, classify, lock_error, server_code},
+    lock_row::{HOLD_COLUMNS, HoldRow, HoldState},
+    script::{hex, retry_deadlocks, run, run_pooled, tagged},
+};
+
+/// How long creating a name's row may take even when the wait budget is spent.
+const CREATE_GRACE: Duration = Duration::from_secs(1);
+
+/// The row-lock strategy over one pool, table and fence table.
+#[derive(Clone)]
+pub(crate) struct RowLockStrategy {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for RowLockStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RowLockStrategy")
+            .field("table", &self.shared.table)
+            .field("held", &self.shared.holds().len())
+            .field("idle_connections", &self.shared.idle().len())
+            .finish()
+    }
+}
+
+struct Shared {
+    pool: MySqlPool,
+    connect: MySqlConnectOptions,
+    connect_timeout: Duration,
+    table: TableName,
+    /// The fence bump, prepared once per pooled connection.
+    bump: Arc<str>,
+    /// Live holds of this client, by owner token.
+    holds: Mutex<HashMap<LeaseToken, Arc<Held>>>,
+    /// Dedicated connections kept open for the next hold.
+    idle: Mutex<Vec<Dedicated>>,
+    max_idle: usize,
+}
+
+/// A connection outside the pool, for one hold or one wait at a time.
+struct Dedicated {
+    conn: MySqlConnection,
+    /// Its `CONNECTION_ID()`, for `KILL QUERY`.
+    id: u64,
+    /// Its `innodb_lock_wait_timeout`, in seconds.
+    lock_wait: u64,
+    /// Its `wait_timeout` (seconds of silence after which the server closes it), once set
+    /// for a hold; kept afterwards, so an idle connection may be closed by the server and is
+    /// then replaced on its next use.
+    wait_timeout: Option<u64>,
+}
+
+impl Dedicated {
+    /// `SET SESSION wait_timeout = <ttl>; ` if the session does not have it yet.
+    fn wait_timeout_for(&mut self, ttl: Duration) -> String {
+        let seconds = ceil_secs(ttl).max(1);
+        if self.wait_timeout == Some(seconds) {
+            return String::new();
+        }
+        self.wait_timeout = Some(seconds);
+        format!("SET SESSION wait_timeout = {seconds}; ")
+    }
+}
+
+/// One hold: its lock, fence and the connection whose open transaction is the hold.
+struct Held {
+    name: LockName,
+    fence: Fence,
+    conn: tokio::sync::Mutex<Option<Dedicated>>,
+}
+
+/// Why a wait was stopped before the server answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// The wait budget ran out.
+    Deadline,
+    /// The caller dropped the `acquire` future.
+    Cancelled,
+}
+
+/// A failed acquisition step.
+enum Failed {
+    /// Give up with this error (the connection has been dealt with).
+    Error(LockError),
+    /// The budget ran out or the caller left.
+    Stopped(Stop),
+}
+
+impl RowLockStrategy {
+    pub(crate) fn new(
+        pool: MySqlPool,
+        connect: MySqlConnectOptions,
+        connect_timeout: Duration,
+        table: TableName,
+        max_idle: usize,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                pool,
+                connect,
+                connect_timeout,
+                bump: format!(
+                    "INSERT INTO {} (name, fence) VALUES (?, LAST_INSERT_ID(1)) \
+                     ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1)",
+                    table.fences().quoted()
+                )
+                .into(),
+                table,
+                holds: Mutex::new(HashMap::new()),
+                idle: Mutex::new(Vec::new()),
+                max_idle,
+            }),
+        }
+    }
+
+    /// Acquires in a spawned task that owns the dedicated connection, so that dropping this
+    /// future cleans up in the background instead of abandoning a connection mid-statement.
+    pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        validate_ttl(request.ttl())?;
+        let (tx, rx) = oneshot::channel();
+        let shared = self.shared.clone();
+        let task_request = request.clone();
+        tokio::spawn(async move { shared.acquire_task(task_request, tx).await });
+        match rx.await {
+            Ok(Ok(mut pending)) => pending.claim().ok_or_else(|| LockError::Backend {
+                message: format!("the grant of `{}` was taken twice", request.name()),
+                source: None,
+            }),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(LockError::Backend {
+                message: format!(
+                    "the task acquiring `{}` ended without an answer",
+                    request.name()
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// Confirms the hold's connection is alive and still holds the row, and sets its
+    /// server-side idle limit to `ttl`.
+    pub(crate) async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        validate_ttl(ttl)?;
+        let name = lease.name();
+        let held = self
+            .shared
+            .find(lease)
+            .ok_or_else(|| LockError::not_held(name))?;
+        let mut slot = held.conn.lock().await;
+        let Some(dedicated) = slot.as_mut() else {
+            return Err(LockError::not_held(name));
+        };
+        let sql = format!(
+            "{}SELECT 'held', token FROM {} WHERE name = {}",
+            dedicated.wait_timeout_for(ttl),
+            self.shared.table.quoted(),
+            hex(name.as_str().as_bytes()),
+        );
+        let sent = Instant::now();
+        match run(&mut dedicated.conn, sql).await {
+            Ok(rows) => {
+                let token: Option<Vec<u8>> = tagged(&rows, "held")
+                    .next()
+                    .map(|row| row.try_get(1))
+                    .transpose()
+                    .map_err(|e| lock_error(&format!("renewing `{name}`"), e))?
+                    .flatten();
+                if token.as_deref() == Some(lease.token().as_str().as_bytes()) {
+                    Ok(Grant::new(lease.clone().with_ttl(ttl), sent))
+                } else {
+                    // Cannot happen while the transaction lives; end the hold rather than trust it.
+                    let dead = slot.take();
+                    drop(slot);
+                    self.shared.forget(lease.token());
+                    if let Some(dead) = dead {
+                        self.shared.discard(dead);
+                    }
+                    Err(LockError::not_held(name))
+                }
+            }
+            Err(error) if classify(&error) == Class::Connection => {
+                let dead = slot.take();
+                drop(slot);
+                self.shared.forget(lease.token());
+                if let Some(dead) = dead {
+                    self.shared.discard(dead);
+                }
+                tracing::debug!(lock = %name, %error, "the connection holding the lock ended");
+                Err(LockError::Lost {
+                    name: name.to_string(),
+                    reason: LossReason::SessionEnded,
+                })
+            }
+            Err(error) => {
+                // The session may not have taken the new idle limit: set it again next time.
+                dedicated.wait_timeout = None;
+                Err(lock_error(&format!("renewing `{name}`"), error))
+            }
+        }
+    }
+
+    /// Renews each lease on its own connection, all at once.
+    pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+        futures::future::join_all(leases.iter().map(|lease| self.renew(lease, lease.ttl()))).await
+    }
+
+    /// Ends the hold: rolls its transaction back (waiters wake) and keeps the connection for
+    /// the next hold.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let name = lease.name();
+        let held = self
+            .shared
+            .find(lease)
+            .ok_or_else(|| LockError::not_held(name))?;
+        self.shared.forget(lease.token());
+        let Some(mut dedicated) = held.conn.lock().await.take() else {
+            return Err(LockError::not_held(name));
+        };
+        match run(&mut dedicated.conn, "ROLLBACK".to_owned()).await {
+            Ok(_) => {
+                self.shared.keep(dedicated);
+                Ok(())
+            }
+            Err(error) => {
+                self.shared.discard(dedicated);
+                if classify(&error) == Class::Connection {
+                    // The connection, and with it the hold, had already ended.
+                    Err(LockError::Lost {
+                        name: name.to_string(),
+                        reason: LossReason::SessionEnded,
+                    })
+                } else {
+                    // Closing the connection ends the transaction on the server.
+                    Err(lock_error(&format!("releasing `{name}`"), error))
+                }
+            }
+        }
+    }
+
+    /// Reads the row as the holder wrote it (`READ UNCOMMITTED`) and as committed: a hold
+    /// shows only in the former; anything committed besides an empty row is foreign.
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        let t = self.shared.table.quoted();
+        let n = hex(name.as_str().as_bytes());
+        let sql = format!(
+            "ROLLBACK; SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
+             SELECT 'current', {HOLD_COLUMNS} FROM {t} WHERE name = {n}; COMMIT; \
+             SELECT 'committed', {HOLD_COLUMNS} FROM {t} WHERE name = {n}"
+        );
+        let rows = run_pooled(&self.shared.pool, sql)
+            .await
+            .map_err(|e| lock_error(&format!("inspecting `{name}`"), e))?;
+        let read = |tag| {
+            tagged(&rows, tag)
+                .next()
+                .map(|row| HoldRow::read(row, 1))
+                .transpose()
+                .map_err(|e| lock_error(&format!("reading the row of `{name}`"), e))
+        };
+        if let Some(committed) = read("committed")? {
+            committed.judge_committed(&self.shared.table, name)?;
+        }
+        let Some(current) = read("current")? else {
+            return Ok(None);
+        };
+        Ok(match current.judge_current(&self.shared.table, name)? {
+            HoldState::Free => None,
+            HoldState::Held { token, fence, .. } => {
+                Some(LockInfo::new(name.clone(), token, fence, None))
+            }
+        })
+    }
+}
+
+impl Shared {
+    fn holds(&self) -> MutexGuard<'_, HashMap<LeaseToken, Arc<Held>>> {
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn idle(&self) -> MutexGuard<'_, Vec<Dedicated>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The hold of `lease`, if this client has it (token, name and fence must all match).
+    fn find(&self, lease: &Lease) -> Option<Arc<Held>> {
+        self.holds()
+            .get(lease.token())
+            .filter(|held| held.name == *lease.name() && held.fence == lease.fence())
+            .cloned()
+    }
+
+    fn forget(&self, token: &LeaseToken) {
+        self.holds().remove(token);
+    }
+
+    /// Keeps a clean connection (no transaction, default timeouts) for reuse, or closes it.
+    fn keep(&self, dedicated: Dedicated) {
+        let mut idle = self.idle();
+        if idle.len() < self.max_idle {
+            idle.push(dedicated);
+        } else {
+            drop(idle);
+            self.discard(dedicated);
+        }
+    }
+
+    /// Closes a connection politely in the background (or at once, by dropping it, without a
+    /// runtime): the server rolls back whatever it held.
+    fn discard(&self, dedicated: Dedicated) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(5), dedicated.conn.close()).await;
+                });
+            }
+            Err(_) => drop(dedicated),
+        }
+    }
+
+    /// A dedicated connection: an idle one (`false`) or a new one (`true`).
+    async fn checkout(&self) -> Result<(Dedicated, bool), LockError> {
+        if let Some(dedicated) = self.idle().pop() {
+            return Ok((dedicated, false));
+        }
+        Ok((self.connect().await?, true))
+    }
+
+    async fn connect(&self) -> Result<Dedicated, LockError> {
+        let what = "opening a connection for a row lock";
+        let mut conn = tokio::time::timeout(self.connect_timeout, self.connect.connect())
+            .await
+            .map_err(|_| LockError::Unavailable {
+                message: format!("{what}: no answer within {:?}", self.connect_timeout),
+                source: None,
+            })?
+            .map_err(|e| lock_error(what, e))?;
+        let rows = run(
+            &mut conn,
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+             SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)"
+                .to_owned(),
+        )
+        .await
+        .map_err(|e| lock_error(what, e))?;
+        let row = tagged(&rows, "id")
+            .next()
+            .ok_or_else(|| LockError::Backend {
+                message: format!("{what}: CONNECTION_ID() returned nothing"),
+                source: None,
+            })?;
+        let id: u64 = row.try_get(1).map_err(|e| lock_error(what, e))?;
+        let lock_wait: u64 = row.try_get(2).map_err(|e| lock_error(what, e))?;
+        Ok(Dedicated {
+            conn,
+            id,
+            lock_wait,
+            wait_timeout: None,
+        })
+    }
+
+    /// Stops the statement running on connection `id` (a waiting `SELECT ... FOR UPDATE`).
+    /// False when that could not be done.
+    async fn kill_query(&self, id: u64) -> bool {
+        let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}"))).execute(&self.pool);
+        match tokio::time::timeout(self.connect_timeout, kill).await {
+            Ok(Ok(_)) => true,
+            // 1094: unknown thread id: the connection is gone, and its wait with it.
+            Ok(Err(error)) => server_code(&error) == Some(1094),
+            Err(_) => false,
+        }
+    }
+
+    /// The task behind `acquire`: answers on `tx`, and cleans up if nobody listens.
+    async fn acquire_task(
+        self: Arc<Self>,
+        request: AcquireRequest,
+        mut tx: oneshot::Sender<Result<PendingGrant, LockError>>,
+    ) {
+        let answer = match self.lock_row(&request, &mut tx).await {
+            Ok(grant) => Ok(PendingGrant {
+                grant: Some(grant),
+                shared: self.clone(),
+            }),
+            Err(Failed::Error(error)) => Err(error),
+            Err(Failed::Stopped(Stop::Deadline)) => Err(request.timeout_error()),
+            Err(Failed::Stopped(Stop::Cancelled)) => return,
+        };
+        // If the caller left meanwhile, the answer comes back and a grant in it is released
+        // as it drops.
+        let _ = tx.send(answer);
+    }
+
+    /// Takes the row lock on a dedicated connection, bumps the fence, records the hold.
+    async fn lock_row(
+        &self,
+        request: &AcquireRequest,
+        tx: &mut oneshot::Sender<Result<PendingGrant, LockError>>,
+    ) -> Result<Grant, Failed> {
+        let name = request.name();
+        let (mut dedicated, mut fresh) = self.checkout().await.map_err(Failed::Error)?;
+        let t = self.table.quoted();
+        let n = hex(name.as_str().as_bytes());
+        // Deadlocks cannot happen on one row; the bound only guards against a surprise.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let remaining = request.deadline().saturating_duration_since(Instant::now());
+            let nowait = remaining.is_zero();
+            let mut sql = String::new();
+            let seconds = ceil_secs(remaining).max(1);
+            if !nowait && dedicated.lock_wait != seconds {
+                sql.push_str(&format!(
+                    "SET SESSION innodb_lock_wait_timeout = {seconds}; "
+                ));
+            }
+            sql.push_str(&format!(
+                "ROLLBACK; START TRANSACTION; SELECT 'row', {HOLD_COLUMNS} FROM {t} WHERE name = {n} FOR UPDATE{}",
+                if nowait { " NOWAIT" } else { "" }
+            ));
+            let result = self
+                .wait(&mut dedicated, sql, request.deadline(), nowait, tx)
+                .await;
+            let rows = match result {
+                Ok(rows) => {
+                    if !nowait {
+                        dedicated.lock_wait = seconds;
+                    }
+                    rows
+                }
+                Err((Some(stop), _)) => {
+                    self.discard(dedicated);
+                    return Err(Failed::Stopped(stop));
+                }
+                Err((None, error)) => match classify(&error) {
+                    Class::LockWait => {
+                        if !nowait {
+                            dedicated.lock_wait = seconds;
+                        }
+                        self.rollback_and_keep(dedicated).await;
+                        return Err(Failed::Stopped(Stop::Deadline));
+                    }
+                    Class::Deadlock if attempts < 3 => continue,
+                    Class::Connection if !fresh => {
+                        // An idle connection the server closed meanwhile: use a new one.
+                        self.discard(dedicated);
+                        dedicated = self.connect().await.map_err(Failed::Error)?;
+                        fresh = true;
+                        continue;
+                    }
+                    _ => {
+                        self.discard(dedicated);
+                        return Err(Failed::Error(lock_error(
+                            &format!("waiting for the row of `{name}`"),
+                            error,
+                        )));
+                    }
+                },
+            };
+            let row = match tagged(&rows, "row").next().map(|row| HoldRow::read(row, 1)) {
+                Some(Ok(row)) => row,
+                Some(Err(error)) => {
+                    self.discard(dedicated);
+                    return Err(Failed::Error(lock_error(
+                        &format!("reading the row of `{name}`"),
+                        error,
+                    )));
+                }
+                None => {
+                    // First use of the name: create its row (committed, empty), then queue on
+                    // it. The insert waits only if someone created and locked the row since
+                    // the read above; even a zero budget gives it CREATE_GRACE to finish.
+                    let create = format!("ROLLBACK; INSERT IGNORE INTO {t} (name) VALUES ({n})");
+                    let until = request.deadline().max(Instant::now() + CREATE_GRACE);
+                    match self.wait(&mut dedicated, create, until, false, tx).await {
+                        Ok(_) => continue,
+                        Err((Some(stop), _)) => {
+                            self.discard(dedicated);
+                            return Err(Failed::Stopped(stop));
+                        }
+                        Err((None, error)) => {
+                            self.discard(dedicated);
+                            return Err(Failed::Error(lock_error(
+                                &format!("creating the row of `{name}`"),
+                                error,
+                            )));
+                        }
+                    }
+                }
+            };
+            if let Err(foreign) = row.judge_committed(&self.table, name) {
+                self.rollback_and_keep(dedicated).await;
+                return Err(Failed::Error(foreign));
+            }
+            break;
+        }
+        // The row lock is ours: take the next fence, then record the hold in the row.
+        let fence = match self.bump_fence(name).await {
+            Ok(fence) => fence,
+            Err(error) => {
+                self.rollback_and_keep(dedicated).await;
+                return Err(Failed::Error(error));
+            }
+        };
+        let token = LeaseToken::random();
+        let record = format!(
+            "{}UPDATE {t} SET token = {}, fence = {}, acquired_at = NOW(6), connection_id = CONNECTION_ID() \
+             WHERE name = {n}",
+            dedicated.wait_timeout_for(request.ttl()),
+            hex(token.as_str().as_bytes()),
+            fence.get(),
+        );
+        let valid_from = Instant::now();
+        if let Err(error) = run(&mut dedicated.conn, record).await {
+            self.discard(dedicated);
+            return Err(Failed::Error(lock_error(
+                &format!("recording the hold of `{name}`"),
+                error,
+            )));
+        }
+        self.holds().insert(
+            token.clone(),
+            Arc::new(Held {
+                name: name.clone(),
+                fence,
+                conn: tokio::sync::Mutex::new(Some(dedicated)),
+            }),
+        );
+        let lease = Lease::new(name.clone(), token, fence, request.ttl());
+        Ok(Grant::new(lease, valid_from))
+    }
+
+    /// Runs `sql` on `dedicated`, racing it against `deadline` (unless `nowait`) and the
+    /// caller leaving. When either wins, the statement is killed and its answer drained, so
+    /// the connection is never left mid-statement; the caller then closes it.
+    async fn wait(
+        &self,
+        dedicated: &mut Dedicated,
+        sql: String,
+        deadline: Instant,
+        nowait: bool,
+        tx: &mut oneshot::Sender<Result<PendingGrant, LockError>>,
+    ) -> Result<Vec<MySqlRow>, (Option<Stop>, sqlx::Error)> {
+        let id = dedicated.id;
+        let query = run(&mut dedicated.conn, sql);
+        tokio::pin!(query);
+        let deadline = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(deadline);
+        let stop = tokio::select! {
+            biased;
+            result = &mut query => return result.map_err(|e| (None, e)),
+            () = &mut deadline, if !nowait => Stop::Deadline,
+            () = tx.closed() => Stop::Cancelled,
+        };
+        if self.kill_query(id).await {
+            // Interrupted (1317), or granted just before the kill: either way the caller
+            // closes the connection, which rolls back anything it holds.
+            let _ = tokio::time::timeout(self.connect_timeout, query).await;
+        }
+        Err((
+            Some(stop),
+            sqlx::Error::Protocol(format!("wait stopped: {stop:?}")),
+        ))
+    }
+
+    /// Rolls back and keeps the connection, or closes it if the rollback fails.
+    async fn rollback_and_keep(&self, mut dedicated: Dedicated) {
+        match run(&mut dedicated.conn, "ROLLBACK".to_owned()).await {
+            Ok(_) => self.keep(dedicated),
+            Err(_) => self.discard(dedicated),
+        }
+    }
+
+    /// Issues the next fence for `name`: an autocommitted bump of its counter row, whose new
+    /// value the server returns with the statement (`LAST_INSERT_ID(expr)`).
+    async fn bump_fence(&self, name: &LockName) -> Result<Fence, LockError> {
+        let what = format!("issuing a fence for `{name}`");
+        let done = retry_deadlocks(|| {
+            sqlx::query(AssertSqlSafe(self.bump.clone()))
+                .bind(name.as_str().as_bytes())
+                .execute(&self.pool)
+        })
+        .await
+        .map_err(|e| lock_error(&what, e))?;
+        match done.last_insert_id() {
+            0 => Err(LockError::Backend {
+                message: format!("{what}: the server returned no fence"),
+                source: None,
+            }),
+            fence => Ok(Fence::new(fence)),
+        }
+    }
+
+    /// Ends a hold whose grant nobody received, in the background when a runtime is present.
+    fn abandon(self: &Arc<Self>, token: &LeaseToken) {
+        let Some(held) = self.holds().remove(token) else {
+            return;
+        };
+        let shared = self.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Some(dedicated) = held.conn.lock().await.take() {
+                        shared.rollback_and_keep(dedicated).await;
+                    }
+                });
+            }
+            // Dropping the connection closes it; the server rolls the hold back.
+            Err(_) => drop(held),
+        }
+    }
+}
+
+/// A grant on its way to the caller: released in the background if it is dropped unclaimed
+/// (the caller's `acquire` future was dropped just as the lock was granted).
+struct PendingGrant {
+    grant: Option<Grant>,
+    shared: Arc<Shared>,
+}
+
+impl PendingGrant {
+    fn claim(&mut self) -> Option<Grant> {
+        self.grant.take()
+    }
+}
+
+impl Drop for PendingGrant {
+    fn drop(&mut self) {
+        if let Some(grant) = self.grant.take() {
+            tracing::debug!(lock = %grant.lease.name(), "acquire dropped as the lock was granted; releasing");
+            self.shared.abandon(grant.lease.token());
+        }
+    }
+}

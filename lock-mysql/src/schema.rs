@@ -1,0 +1,229 @@
+//! The lock tables: their DDL, and the check (and creation) done when a backend connects.
+//!
+//! Each table records the schema version and the strategy it serves in its table comment,
+//! `lock-mysql schema <version>: <strategy>`, so a later version of this crate can recognise
+//! and migrate an older layout, and a table of one strategy is never used by the other.
+
+use lock_core::LockError;
+use sqlx::{AssertSqlSafe, MySqlPool, Row};
+
+use crate::{Strategy, TableName, error::lock_error};
+
+/// The layout version this crate writes and understands.
+pub const SCHEMA_VERSION: u32 = 1;
+
+const COMMENT_PREFIX: &str = "lock-mysql schema ";
+
+/// What a table holds, as written in its comment.
+fn kind(strategy: Strategy, fences: bool) -> &'static str {
+    match (strategy, fences) {
+        (Strategy::Lease, _) => "lease",
+        (Strategy::RowLock, false) => "row-lock",
+        (Strategy::RowLock, true) => "row-lock fences",
+    }
+}
+
+fn comment(strategy: Strategy, fences: bool) -> String {
+    format!(
+        "{COMMENT_PREFIX}{SCHEMA_VERSION}: {}",
+        kind(strategy, fences)
+    )
+}
+
+/// The `CREATE TABLE IF NOT EXISTS` statements for `table` under `strategy`, for a
+/// deployment that creates tables itself (see [`MySqlConfig::create_table`](crate::MySqlConfig::create_table)).
+///
+/// Names are stored as `VARBINARY(200)`: the UTF-8 bytes of the name, compared byte for byte
+/// (no case folding, no trailing-space padding, no Unicode normalisation), so every distinct
+/// lock name is a distinct row. Times are `DATETIME(6)` in UTC (every session of this crate
+/// runs with `time_zone = '+00:00'`), not `TIMESTAMP(6)`, whose range ends in January 2038.
+///
+/// ```
+/// use lock_mysql::{Strategy, TableName, create_table_sql};
+///
+/// let ddl = create_table_sql(&TableName::new("app_locks")?, Strategy::Lease);
+/// assert_eq!(ddl.len(), 1);
+/// assert!(ddl[0].contains("`app_locks`"));
+/// assert!(ddl[0].contains("VARBINARY(200)"));
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
+    match strategy {
+        Strategy::Lease => vec![format!(
+            "CREATE TABLE IF NOT EXISTS {} (\
+             name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
+             token VARBINARY(64) NULL DEFAULT NULL COMMENT 'the holder''s owner token, 32 lowercase hex digits; NULL once released', \
+             fence BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'the fence of the latest acquisition; never decreases', \
+             expires_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the lease ends, by the server clock, in UTC; NULL once released', \
+             acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the latest acquisition was granted, by the server clock, in UTC', \
+             PRIMARY KEY (name)\
+             ) ENGINE=InnoDB COMMENT='{}'",
+            table.quoted(),
+            comment(strategy, false)
+        )],
+        Strategy::RowLock => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\
+                 name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes; the hold is a transaction holding this row', \
+                 token VARBINARY(64) NULL DEFAULT NULL COMMENT 'the holder''s owner token, written inside its transaction and never committed', \
+                 fence BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'the holder''s fence, uncommitted like token; the counter is in the _fences table', \
+                 acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the hold began, in UTC (uncommitted)', \
+                 connection_id BIGINT UNSIGNED NULL DEFAULT NULL COMMENT 'the connection holding the lock (uncommitted)', \
+                 PRIMARY KEY (name)\
+                 ) ENGINE=InnoDB COMMENT='{}'",
+                table.quoted(),
+                comment(strategy, false)
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\
+                 name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
+                 fence BIGINT UNSIGNED NOT NULL COMMENT 'the last fence issued for the name; committed on its own so a rolled-back hold keeps it', \
+                 PRIMARY KEY (name)\
+                 ) ENGINE=InnoDB COMMENT='{}'",
+                table.fences().quoted(),
+                comment(strategy, true)
+            ),
+        ],
+    }
+}
+
+/// The tables `strategy` uses, with whether each is a fence table.
+fn tables(table: &TableName, strategy: Strategy) -> Vec<(TableName, bool)> {
+    match strategy {
+        Strategy::Lease => vec![(table.clone(), false)],
+        Strategy::RowLock => vec![(table.clone(), false), (table.fences(), true)],
+    }
+}
+
+/// Creates the tables when `create` and they are missing, then checks that each one carries
+/// this crate's schema version for `strategy`.
+pub(crate) async fn ensure(
+    pool: &MySqlPool,
+    table: &TableName,
+    strategy: Strategy,
+    create: bool,
+) -> Result<(), LockError> {
+    if create {
+        for ddl in create_table_sql(table, strategy) {
+            sqlx::raw_sql(AssertSqlSafe(ddl))
+                .execute(pool)
+                .await
+                .map_err(|e| lock_error(&format!("creating the lock table `{table}`"), e))?;
+        }
+    }
+    for (name, fences) in tables(table, strategy) {
+        let found: Option<String> = sqlx::query(
+            "SELECT TABLE_COMMENT FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        )
+        .bind(name.as_str())
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| lock_error(&format!("reading the comment of table `{name}`"), e))?
+        .map(|row| row.try_get::<String, _>(0))
+        .transpose()
+        .map_err(|e| lock_error(&format!("reading the comment of table `{name}`"), e))?;
+        check(&name, strategy, fences, found.as_deref())?;
+    }
+    Ok(())
+}
+
+/// Judges a table's comment (`None`: the table does not exist).
+fn check(
+    table: &TableName,
+    strategy: Strategy,
+    fences: bool,
+    comment: Option<&str>,
+) -> Result<(), LockError> {
+    let expected = kind(strategy, fences);
+    let fail = |message: String| LockError::Backend {
+        message,
+        source: None,
+    };
+    let Some(comment) = comment else {
+        return Err(fail(format!(
+            "the lock table `{table}` does not exist; create it with lock_mysql::create_table_sql or set create_table"
+        )));
+    };
+    let Some((version, found_kind)) = comment
+        .strip_prefix(COMMENT_PREFIX)
+        .and_then(|rest| rest.split_once(": "))
+    else {
+        return Err(fail(format!(
+            "table `{table}` exists but was not created by lock-mysql (its comment is {comment:?}); \
+             configure another table name"
+        )));
+    };
+    let Ok(version) = version.parse::<u32>() else {
+        return Err(fail(format!(
+            "table `{table}` has an unreadable lock-mysql schema comment {comment:?}"
+        )));
+    };
+    if version > SCHEMA_VERSION {
+        return Err(fail(format!(
+            "table `{table}` has lock-mysql schema {version}, newer than the {SCHEMA_VERSION} this version understands; upgrade lock-mysql"
+        )));
+    }
+    // Version 1 is the first layout: there is nothing older to migrate from yet.
+    if found_kind != expected {
+        return Err(fail(format!(
+            "table `{table}` serves the {found_kind} strategy, not {expected}; configure another table for this strategy"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str) -> TableName {
+        TableName::new(name).unwrap()
+    }
+
+    #[test]
+    fn ddl_names_tables_and_versions() {
+        let lease = create_table_sql(&t("a"), Strategy::Lease);
+        assert!(lease[0].starts_with("CREATE TABLE IF NOT EXISTS `a` ("));
+        assert!(lease[0].contains("COMMENT='lock-mysql schema 1: lease'"));
+        assert!(lease[0].contains("expires_at DATETIME(6)"));
+        let rows = create_table_sql(&t("b"), Strategy::RowLock);
+        assert!(rows[0].contains("COMMENT='lock-mysql schema 1: row-lock'"));
+        assert!(rows[1].contains("`b_fences`"));
+        assert!(rows[1].contains("COMMENT='lock-mysql schema 1: row-lock fences'"));
+    }
+
+    #[test]
+    fn comments_are_judged() {
+        let a = t("a");
+        check(
+            &a,
+            Strategy::Lease,
+            false,
+            Some("lock-mysql schema 1: lease"),
+        )
+        .unwrap();
+        check(
+            &a,
+            Strategy::RowLock,
+            true,
+            Some("lock-mysql schema 1: row-lock fences"),
+        )
+        .unwrap();
+        let cases = [
+            (None, "does not exist"),
+            (Some(""), "not created by lock-mysql"),
+            (Some("orders"), "not created by lock-mysql"),
+            (Some("lock-mysql schema x: lease"), "unreadable"),
+            (Some("lock-mysql schema 2: lease"), "newer"),
+            (
+                Some("lock-mysql schema 1: row-lock"),
+                "serves the row-lock strategy",
+            ),
+        ];
+        for (comment, why) in cases {
+            let err = check(&a, Strategy::Lease, false, comment).unwrap_err();
+            assert!(err.to_string().contains(why), "{comment:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,1114 @@
+//! Faults specific to MySQL/MariaDB, run one after another (some restart the server):
+//!
+//! - `KILL CONNECTION` of a holder's connection: row lock: `lost()` fires and a waiter gets the
+//!   lock at once; lease: the lock survives until its TTL (and, renewed, beyond);
+//! - a row locked by a long foreign transaction (lock-wait timeout 1205) and a renewal batch
+//!   chosen as a deadlock victim (1213): classified, retried where safe;
+//! - wait budgets below a second on the row-lock strategy: on time, and no statement is left
+//!   waiting on the server; a waiting `acquire` dropped mid-wait leaves nothing behind;
+//! - an unreachable server and a refused login: typed errors;
+//! - a server restart while locks are held and waited for: typed errors, then recovery with
+//!   no manual clean-up;
+//! - the client clock: every statement the library sends is captured on the wire, and none
+//!   carries a time computed by the client: expiry is `NOW(6) + INTERVAL <ttl>` on the server.
+//!
+//! Needs `LOCK_TEST_MYSQL_URL` and `LOCK_TEST_SERVICES_DIR` (`cargo xtask test` sets both);
+//! without them every case fails. Arguments filter cases by substring.
+
+#[macro_use]
+mod support;
+
+use support::Case;
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use lock_core::{
+    Holder, LockBackend, LockClient, LockError, LockGuard, LockName, LockOptions, LossReason,
+};
+use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
+use support::MySqlStore;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+/// The client-to-server bytes of one connection.
+type Stream = Arc<Mutex<Vec<u8>>>;
+
+fn main() -> ExitCode {
+    let cases: Vec<Case> = vec![
+        ("row_lock/kill_holder_connection", || {
+            Box::pin(row_lock_kill_holder())
+        }),
+        ("lease/kill_holder_connection", || {
+            Box::pin(lease_kill_holder())
+        }),
+        ("lease/row_locked_by_long_transaction", || {
+            Box::pin(lease_lock_wait_timeout())
+        }),
+        ("lease/renewal_batch_deadlock_is_retried", || {
+            Box::pin(lease_deadlock_retried())
+        }),
+        ("row_lock/sub_second_budgets", || {
+            Box::pin(row_lock_sub_second_budgets())
+        }),
+        ("row_lock/dropped_waiter_leaves_nothing", || {
+            Box::pin(row_lock_dropped_waiter())
+        }),
+        ("errors/unreachable_and_refused", || {
+            Box::pin(unreachable_and_refused())
+        }),
+        ("restart/held_and_waited_locks", || {
+            Box::pin(restart_with_locks())
+        }),
+        ("clock/client_sends_no_time", || {
+            Box::pin(client_sends_no_time())
+        }),
+        ("clock/source_never_reads_the_wall_clock", || {
+            Box::pin(source_never_reads_wall_clock())
+        }),
+    ];
+    support::run_cases("faults", cases)
+}
+
+/// A waiter: `client` acquires `name` for a new holder in the background.
+fn spawn_acquire(
+    client: &LockClient,
+    name: &LockName,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    let (client, name) = (client.clone(), name.clone());
+    tokio::spawn(async move { client.acquire(&Holder::new(), &name, &options).await })
+}
+
+fn name(tag: &str) -> Result<LockName, String> {
+    LockName::new(format!("faults/{tag}/{:016x}", rand::random::<u64>())).map_err(|e| e.to_string())
+}
+
+fn hex(name: &LockName) -> String {
+    name.as_str().bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+async fn client(config: &MySqlConfig) -> Result<LockClient, String> {
+    Ok(LockClient::new(
+        MySqlBackend::connect(config).await.map_err(err)?,
+    ))
+}
+
+async fn admin_conn() -> Result<MySqlConnection, String> {
+    let mut conn = MySqlConnection::connect(&support::url()?)
+        .await
+        .map_err(err)?;
+    sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 10, lock_wait_timeout = 10")
+        .execute(&mut conn)
+        .await
+        .map_err(err)?;
+    Ok(conn)
+}
+
+async fn kill_connection(id: u64) -> Result<(), String> {
+    let mut admin = admin_conn().await?;
+    sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+        .execute(&mut admin)
+        .await
+        .map_err(|e| format!("KILL CONNECTION {id}: {e}"))?;
+    Ok(())
+}
+
+/// Waits until a statement mentioning `name` (other than this probe) is waiting on the server.
+async fn until_waiting(name: &LockName) -> Result<(), String> {
+    let mut admin = admin_conn().await?;
+    let pattern = format!("%{}%", hex(name));
+    for _ in 0..200 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
+        )
+        .bind(&pattern)
+        .fetch_one(&mut admin)
+        .await
+        .map_err(err)?;
+        if waiting > 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(format!(
+        "no statement on `{name}` started waiting within 2 s"
+    ))
+}
+
+/// How many statements mentioning `name` run on the server now (besides the probe).
+async fn statements_on(name: &LockName) -> Result<i64, String> {
+    let mut admin = admin_conn().await?;
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
+    )
+    .bind(format!("%{}%", hex(name)))
+    .fetch_one(&mut admin)
+    .await
+    .map_err(err)
+}
+
+/// Row lock: killing the holder's connection rolls its transaction back: the waiter queued in
+/// InnoDB gets the lock at once, with a larger fence, and the holder's `lost()` fires.
+async fn row_lock_kill_holder() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::RowLock).await?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let name = name("kill-row")?;
+    let ttl = Duration::from_secs(2);
+    let options = LockOptions::new().ttl(ttl).wait(Duration::ZERO);
+    let held = a
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(err)?;
+    let waiter = spawn_acquire(&b, &name, options.clone().wait(Duration::from_secs(20)));
+    until_waiting(&name).await?;
+    let id = store
+        .holder_connection(&name)
+        .await
+        .map_err(err)?
+        .ok_or("the holder recorded no connection id")?;
+    kill_connection(id).await?;
+    let killed = Instant::now();
+    let next = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| format!("the waiter failed: {e}"))?;
+    let handed = killed.elapsed();
+    ensure!(
+        handed <= Duration::from_millis(500),
+        "the waiter got the lock {handed:?} after the holder's connection was killed"
+    );
+    ensure!(
+        next.fence() > held.fence(),
+        "fence {} after {}",
+        next.fence(),
+        held.fence()
+    );
+    let reason = tokio::time::timeout(ttl, held.lost())
+        .await
+        .map_err(|_| format!("lost() did not fire within {ttl:?} of the kill"))?;
+    ensure!(reason == LossReason::SessionEnded, "lost() said {reason:?}");
+    ensure!(!held.is_held(), "is_held() after the connection was killed");
+    let late = held.release().await;
+    ensure!(
+        matches!(late, Err(LockError::Lost { .. })),
+        "release after the kill: {late:?}"
+    );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// The connection id of the only connection of a one-connection pool.
+async fn pool_connection_id(backend: &MySqlBackend) -> Result<u64, String> {
+    let mut last = String::new();
+    for _ in 0..3 {
+        match sqlx::query_scalar::<_, u64>("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
+            .fetch_one(backend.pool())
+            .await
+        {
+            Ok(id) => return Ok(id),
+            // A connection killed earlier is found dead on first use and replaced.
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(last)
+}
+
+/// Lease: the hold does not live in a connection. Killed, its holder's connection takes
+/// nothing with it: the lease lasts until its TTL (watchdog off) or for as long as the
+/// watchdog renews it through a new connection.
+async fn lease_kill_holder() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::Lease).await?;
+    let single = store.config().clone().pool_size(1);
+    let backend = MySqlBackend::connect(&single).await.map_err(err)?;
+    let a = LockClient::new(backend.clone());
+    let b = client(store.config()).await?;
+    let ttl = Duration::from_secs(2);
+
+    let name1 = name("kill-lease")?;
+    let start = Instant::now();
+    let held = a
+        .acquire(
+            &Holder::new(),
+            &name1,
+            &LockOptions::new().ttl(ttl).watchdog(false),
+        )
+        .await
+        .map_err(err)?;
+    kill_connection(pool_connection_id(&backend).await?).await?;
+    let busy = b
+        .try_acquire(&Holder::new(), &name1, &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(err)?;
+    ensure!(
+        busy.is_none(),
+        "the lease ended with its holder's connection"
+    );
+    let info = b.inspect(&name1).await.map_err(err)?;
+    ensure!(
+        info.is_some_and(|i| i.token == *held.lease().token()),
+        "inspect does not show the holder after the kill"
+    );
+    let next = b
+        .acquire(
+            &Holder::new(),
+            &name1,
+            &LockOptions::new().ttl(ttl).wait(ttl * 3),
+        )
+        .await
+        .map_err(err)?;
+    let took = start.elapsed();
+    ensure!(
+        took >= ttl.mul_f64(0.95),
+        "the lease ended after {took:?}, before its {ttl:?} TTL"
+    );
+    ensure!(
+        took <= ttl + Duration::from_millis(800),
+        "the lease ended only after {took:?}"
+    );
+    ensure!(
+        next.fence() > held.fence(),
+        "fence {} after {}",
+        next.fence(),
+        held.fence()
+    );
+    next.release().await.map_err(err)?;
+    drop(held);
+
+    let name2 = name("kill-lease-renewed")?;
+    let ttl = Duration::from_secs(1);
+    let renewed = a
+        .acquire(&Holder::new(), &name2, &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(err)?;
+    kill_connection(pool_connection_id(&backend).await?).await?;
+    let start = Instant::now();
+    while start.elapsed() < ttl * 3 {
+        ensure!(
+            renewed.is_held(),
+            "lost {:?} after its connection was killed",
+            start.elapsed()
+        );
+        tokio::time::sleep(ttl / 4).await;
+    }
+    let busy = b
+        .try_acquire(&Holder::new(), &name2, &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(err)?;
+    ensure!(
+        busy.is_none(),
+        "another client got a lease the watchdog kept renewing"
+    );
+    renewed.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// A foreign transaction keeps the lease row locked past `innodb_lock_wait_timeout` (1205):
+/// a renewal reports `Unavailable` (retryable) and changes nothing; a waiter keeps polling
+/// within its budget and gets the lock once the row is free and the lease expired.
+async fn lease_lock_wait_timeout() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::Lease).await?;
+    let mut config = store.config().clone();
+    config.lock_wait_timeout = Duration::from_secs(1);
+    let (a, b) = (client(&config).await?, client(&config).await?);
+    let name = name("lock-wait")?;
+    let ttl = Duration::from_secs(2);
+    let start = Instant::now();
+    let held = a
+        .acquire(
+            &Holder::new(),
+            &name,
+            &LockOptions::new().ttl(ttl).watchdog(false),
+        )
+        .await
+        .map_err(err)?;
+    let mut admin = admin_conn().await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "START TRANSACTION; SELECT fence FROM `{}` WHERE name = X'{}' FOR UPDATE",
+        config.table().map_err(err)?,
+        hex(&name)
+    )))
+    .execute(&mut admin)
+    .await
+    .map_err(err)?;
+    let renewed = a.renew_lease(&held.lease(), ttl).await;
+    ensure!(
+        matches!(&renewed, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+        "a renewal blocked past the lock-wait timeout returned {renewed:?}, expected Unavailable"
+    );
+    let waiter = spawn_acquire(
+        &b,
+        &name,
+        LockOptions::new().ttl(ttl).wait(Duration::from_secs(8)),
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let next = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| format!("the waiter failed: {e}"))?;
+    ensure!(
+        start.elapsed() >= ttl,
+        "the waiter got the lock before the TTL"
+    );
+    ensure!(
+        next.fence() > held.fence(),
+        "fence {} after {}",
+        next.fence(),
+        held.fence()
+    );
+    next.release().await.map_err(err)?;
+    drop(held);
+    Ok(())
+}
+
+/// A renewal batch chosen as a deadlock victim (1213) is run again and succeeds.
+async fn lease_deadlock_retried() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::Lease).await?;
+    let config = store.config().clone();
+    let table = config.table().map_err(err)?;
+    let backend = MySqlBackend::connect(&config).await.map_err(err)?;
+    let a = LockClient::new(backend.clone());
+    let base = name("deadlock")?;
+    // The batch locks rows in name order: x before y.
+    let (x, y) = (
+        LockName::new(format!("{base}/x")).map_err(err)?,
+        LockName::new(format!("{base}/y")).map_err(err)?,
+    );
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .watchdog(false);
+    let gx = a.acquire(&Holder::new(), &x, &options).await.map_err(err)?;
+    let gy = a.acquire(&Holder::new(), &y, &options).await.map_err(err)?;
+    let mut admin = admin_conn().await?;
+    // The administrator's transaction writes rows first, so InnoDB picks the batch (one row
+    // changed) as the victim; then it locks y.
+    let mut setup = String::from("START TRANSACTION; ");
+    for i in 0..5 {
+        setup.push_str(&format!(
+            "INSERT INTO `{table}` (name, fence) VALUES (X'{}', 0); ",
+            hex(&LockName::new(format!("{base}/weight{i}")).map_err(err)?)
+        ));
+    }
+    setup.push_str(&format!(
+        "SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
+        hex(&y)
+    ));
+    sqlx::raw_sql(AssertSqlSafe(setup))
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let leases = vec![gx.lease(), gy.lease()];
+    let batch = tokio::spawn({
+        let backend = backend.clone();
+        async move { backend.renew_many(&leases).await }
+    });
+    until_waiting(&y).await?;
+    // Now the batch holds x and waits for y: asking for x closes the cycle.
+    let closing = sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
+        hex(&x)
+    )))
+    .execute(&mut admin)
+    .await;
+    ensure!(
+        closing.is_ok(),
+        "the administrator's transaction was the deadlock victim ({closing:?}); the batch's retry was not exercised"
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let results = batch.await.map_err(err)?;
+    ensure!(results.len() == 2, "{} results for 2 leases", results.len());
+    for result in results {
+        ensure!(
+            result.is_ok(),
+            "a renewal of the retried batch failed: {result:?}"
+        );
+    }
+    gx.release().await.map_err(err)?;
+    gy.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Waits up to a second for no statement on `name` to run on the server.
+async fn until_no_statement(name: &LockName) -> Result<(), String> {
+    for _ in 0..100 {
+        if statements_on(name).await? == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(format!(
+        "{} statements on `{name}` still run on the server",
+        statements_on(name).await?
+    ))
+}
+
+/// Row lock: an `acquire` future dropped while it waits in InnoDB leaves no statement and no
+/// transaction behind: once the holder releases, a third client gets the lock at once, with
+/// the next fence (the dropped waiter took none).
+async fn row_lock_dropped_waiter() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::RowLock).await?;
+    let (a, b, c) = (
+        client(store.config()).await?,
+        client(store.config()).await?,
+        client(store.config()).await?,
+    );
+    let name = name("dropped-waiter")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(10));
+    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    let (waiter, wait) = (Holder::new(), long.clone().wait(Duration::from_secs(10)));
+    let mut waiting = Box::pin(b.acquire(&waiter, &name, &wait));
+    tokio::select! {
+        got = &mut waiting => return Err(format!("the waiter got a held lock: {got:?}")),
+        queued = until_waiting(&name) => queued?,
+    }
+    // Dropped while its statement waits in InnoDB.
+    drop(waiting);
+    until_no_statement(&name).await?;
+    let held_fence = held.fence().get();
+    held.release().await.map_err(err)?;
+    let next = c
+        .acquire(
+            &Holder::new(),
+            &name,
+            &long.clone().wait(Duration::from_secs(2)),
+        )
+        .await
+        .map_err(err)?;
+    ensure!(
+        next.fence().get() == held_fence + 1,
+        "fence {} after {held_fence}: the dropped waiter took one",
+        next.fence()
+    );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Row lock: budgets below `innodb_lock_wait_timeout`'s one-second grain end on time, the
+/// killed waits leave no statement behind, and the client works normally afterwards.
+async fn row_lock_sub_second_budgets() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::RowLock).await?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let name = name("budgets")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(10));
+    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    for ms in [0, 50, 120, 400, 1300] {
+        let budget = Duration::from_millis(ms);
+        let start = Instant::now();
+        let result = b
+            .acquire(&Holder::new(), &name, &long.clone().wait(budget))
+            .await;
+        let took = start.elapsed();
+        ensure!(
+            matches!(result, Err(LockError::Timeout { .. })),
+            "budget {budget:?}: {result:?}, expected Timeout"
+        );
+        ensure!(
+            took >= budget.mul_f64(0.9),
+            "budget {budget:?}: gave up after {took:?}"
+        );
+        ensure!(
+            took <= budget + Duration::from_millis(150),
+            "budget {budget:?}: Timeout only after {took:?}"
+        );
+        let mut left = statements_on(&name).await?;
+        for _ in 0..100 {
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            left = statements_on(&name).await?;
+        }
+        ensure!(
+            left == 0,
+            "budget {budget:?}: {left} statements still wait on the server"
+        );
+    }
+    held.release().await.map_err(err)?;
+    let after = b
+        .try_acquire(&Holder::new(), &name, &long)
+        .await
+        .map_err(err)?
+        .ok_or("the lock was not free after release")?;
+    after.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// A server nobody listens on is `Unavailable` (retryable) within the connect timeout; a
+/// refused login is a `Backend` error (retrying will not help).
+async fn unreachable_and_refused() -> Result<(), String> {
+    // A port just bound and released: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(err)?
+        .port();
+    let timeout = Duration::from_secs(1);
+    let down = MySqlConfig::new(format!("mysql://lock:x@127.0.0.1:{port}/locktest"))
+        .connect_timeout(timeout);
+    let start = Instant::now();
+    let result = MySqlBackend::connect(&down).await;
+    let took = start.elapsed();
+    ensure!(
+        matches!(&result, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+        "an unreachable server gave {result:?}"
+    );
+    ensure!(
+        took <= timeout + Duration::from_millis(500),
+        "took {took:?}"
+    );
+    let mut url = url::Url::parse(&support::url()?).map_err(err)?;
+    url.set_password(Some("wrong-password"))
+        .map_err(|()| "cannot set a password")?;
+    let refused =
+        MySqlBackend::connect(&MySqlConfig::new(url.as_str()).connect_timeout(timeout)).await;
+    ensure!(
+        matches!(&refused, Err(LockError::Backend { .. })),
+        "a refused login gave {refused:?}"
+    );
+    let shown = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    ensure!(
+        !shown.contains("wrong-password"),
+        "the error shows the password: {shown}"
+    );
+    Ok(())
+}
+
+fn service_script(which: &str) -> Result<PathBuf, String> {
+    let dir = std::env::var_os("LOCK_TEST_SERVICES_DIR")
+        .ok_or("LOCK_TEST_SERVICES_DIR is not set; run `cargo xtask test`")?;
+    let path = PathBuf::from(dir).join("mariadb").join(which);
+    ensure!(path.exists(), "{} does not exist", path.display());
+    Ok(path)
+}
+
+async fn run_script(path: &PathBuf) -> Result<(), String> {
+    let status = tokio::process::Command::new("sh")
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .status()
+        .await
+        .map_err(|e| format!("running {}: {e}", path.display()))?;
+    ensure!(status.success(), "{} failed: {status}", path.display());
+    Ok(())
+}
+
+/// Locks held and waited for on both strategies while MariaDB stops and starts again.
+async fn restart_with_locks() -> Result<(), String> {
+    let (stop, start) = (service_script("stop")?, service_script("start")?);
+    let lease_store = MySqlStore::new(Strategy::Lease).await?;
+    let row_store = MySqlStore::new(Strategy::RowLock).await?;
+    let short = |c: &MySqlConfig| c.clone().connect_timeout(Duration::from_secs(2));
+    let (la, lb) = (
+        client(&short(lease_store.config())).await?,
+        client(&short(lease_store.config())).await?,
+    );
+    let (ra, rb) = (
+        client(&short(row_store.config())).await?,
+        client(&short(row_store.config())).await?,
+    );
+    let (ln, rn) = (name("restart-lease")?, name("restart-row")?);
+    let ttl = Duration::from_secs(3);
+    let options = LockOptions::new().ttl(ttl);
+    let lg = la
+        .acquire(&Holder::new(), &ln, &options)
+        .await
+        .map_err(err)?;
+    let rg = ra
+        .acquire(&Holder::new(), &rn, &options)
+        .await
+        .map_err(err)?;
+    let wait = options.clone().wait(Duration::from_secs(60));
+    let lw = spawn_acquire(&lb, &ln, wait.clone());
+    let rw = spawn_acquire(&rb, &rn, wait);
+    until_waiting(&rn).await?;
+
+    run_script(&stop).await?;
+    let outage = async {
+        let waited = tokio::time::timeout(Duration::from_secs(10), rw)
+            .await
+            .map_err(|_| "the row-lock waiter hung after the server stopped")?
+            .map_err(err)?;
+        ensure!(
+            matches!(&waited, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+            "the row-lock waiter got {waited:?}, expected Unavailable"
+        );
+        let polled = tokio::time::timeout(Duration::from_secs(10), lw)
+            .await
+            .map_err(|_| "the lease waiter hung after the server stopped")?
+            .map_err(err)?;
+        ensure!(
+            matches!(&polled, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+            "the lease waiter got {polled:?}, expected Unavailable"
+        );
+        let reason = tokio::time::timeout(ttl + Duration::from_secs(1), rg.lost())
+            .await
+            .map_err(|_| "the row-lock holder's lost() did not fire while the server was down")?;
+        ensure!(
+            reason == LossReason::SessionEnded,
+            "row-lock lost() said {reason:?}"
+        );
+        let began = Instant::now();
+        let fresh = lb
+            .acquire(&Holder::new(), &name("restart-down")?, &options)
+            .await;
+        ensure!(
+            matches!(&fresh, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+            "an acquire while the server is down gave {fresh:?}"
+        );
+        ensure!(
+            began.elapsed() <= Duration::from_secs(4),
+            "it took {:?}",
+            began.elapsed()
+        );
+        Ok::<(), String>(())
+    }
+    .await;
+    // Start the server again whatever happened above.
+    let restarted = run_script(&start).await;
+    outage?;
+    restarted?;
+
+    // Recovery with the same clients and no clean-up: the server rolled the row lock back.
+    let next_row = rb
+        .acquire(
+            &Holder::new(),
+            &rn,
+            &options.clone().wait(Duration::from_secs(5)),
+        )
+        .await
+        .map_err(|e| format!("the row lock after the restart: {e}"))?;
+    ensure!(
+        next_row.fence() > rg.fence(),
+        "fence {} after {}",
+        next_row.fence(),
+        rg.fence()
+    );
+    let late = rg.release().await;
+    ensure!(
+        matches!(late, Err(LockError::Lost { .. })),
+        "the old row-lock guard released: {late:?}"
+    );
+    next_row.release().await.map_err(err)?;
+    let lease_fence = lg.fence();
+    // The lease survived in the table: its holder either renewed it after the restart (and
+    // releases it now) or lost it at its local deadline (and it expires at its TTL).
+    match lg.release().await {
+        Ok(()) | Err(LockError::Lost { .. }) => {}
+        Err(other) => return Err(format!("releasing the lease after the restart: {other}")),
+    }
+    let next_lease = lb
+        .acquire(
+            &Holder::new(),
+            &ln,
+            &options.clone().wait(ttl + Duration::from_secs(2)),
+        )
+        .await
+        .map_err(|e| format!("the lease after the restart: {e}"))?;
+    ensure!(
+        next_lease.fence() > lease_fence,
+        "fence {} after {lease_fence}",
+        next_lease.fence()
+    );
+    next_lease.release().await.map_err(err)?;
+    ensure!(
+        ra.inspect(&rn).await.map_err(err)?.is_none(),
+        "the row lock shows held"
+    );
+    Ok(())
+}
+
+/// Everything the client sends, per connection, through a recording TCP proxy.
+#[derive(Clone, Default)]
+struct Recording(Arc<Mutex<Vec<Stream>>>);
+
+impl Recording {
+    /// Every command the client sent: statement texts (`COM_QUERY`, `COM_STMT_PREPARE`) and
+    /// the payloads of `COM_STMT_EXECUTE`, which carry the bound parameter values.
+    fn commands(&self) -> (Vec<String>, Vec<Vec<u8>>) {
+        let streams = self.0.lock().map(|s| s.clone()).unwrap_or_default();
+        let (mut texts, mut executes) = (Vec::new(), Vec::new());
+        for stream in streams {
+            let bytes = stream.lock().map(|b| b.clone()).unwrap_or_default();
+            let mut at = 0;
+            while at + 4 <= bytes.len() {
+                let len = usize::from(bytes[at])
+                    | usize::from(bytes[at + 1]) << 8
+                    | usize::from(bytes[at + 2]) << 16;
+                let seq = bytes[at + 3];
+                let payload = &bytes[(at + 4).min(bytes.len())..(at + 4 + len).min(bytes.len())];
+                if seq == 0 {
+                    match payload.first() {
+                        Some(0x03 | 0x16) => {
+                            texts.push(String::from_utf8_lossy(&payload[1..]).into_owned());
+                        }
+                        Some(0x17) => executes.push(payload[1..].to_vec()),
+                        _ => {}
+                    }
+                }
+                at += 4 + len;
+            }
+        }
+        (texts, executes)
+    }
+}
+
+/// Current time in seconds, milliseconds, microseconds and nanoseconds, each with a day's
+/// window around it.
+fn now_windows() -> [(u128, u128); 4] {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let day = 86_400u128;
+    [
+        (now.as_secs().into(), day),
+        (now.as_millis(), day * 1_000),
+        (now.as_micros(), day * 1_000_000),
+        (now.as_nanos(), day * 1_000_000_000),
+    ]
+}
+
+/// Why the bound parameters of one `COM_STMT_EXECUTE` carry a time, if they do: any 4- or
+/// 8-byte little-endian integer near the current time, or a date written as text.
+fn client_time_in_parameters(payload: &[u8]) -> Option<String> {
+    let near = now_windows();
+    for width in [4usize, 8] {
+        for window in payload.windows(width) {
+            let mut value = 0u128;
+            for (i, b) in window.iter().enumerate() {
+                value |= u128::from(*b) << (8 * i);
+            }
+            if near.iter().any(|(t, w)| value.abs_diff(*t) <= *w) {
+                return Some(format!(
+                    "a bound {width}-byte integer {value}, a time near now"
+                ));
+            }
+        }
+    }
+    date_literal(payload).then(|| "a date written as text".to_owned())
+}
+
+/// Whether `bytes` contain `dddd-dd-dd`.
+fn date_literal(bytes: &[u8]) -> bool {
+    bytes.windows(10).any(|w| {
+        let d = |i: usize| w[i].is_ascii_digit();
+        d(0) && d(1) && d(2) && d(3) && w[4] == b'-' && d(5) && d(6) && w[7] == b'-' && d(8) && d(9)
+    })
+}
+
+async fn proxy(upstream: SocketAddr, recording: Recording) -> Result<SocketAddr, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(upstream).await else {
+                continue;
+            };
+            let log = Arc::new(Mutex::new(Vec::new()));
+            if let Ok(mut all) = recording.0.lock() {
+                all.push(log.clone());
+            }
+            let (mut client_rx, mut client_tx) = client.into_split();
+            let (mut server_rx, mut server_tx) = server.into_split();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = client_rx.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut log) = log.lock() {
+                        log.extend_from_slice(&buf[..n]);
+                    }
+                    if server_tx.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = server_tx.shutdown().await;
+            });
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut server_rx, &mut client_tx).await;
+                let _ = client_tx.shutdown().await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// Whether `operand` (upper case, what follows `column =` or a comparison) is a time the
+/// server computes: `NOW(6)`, `NOW(6) + INTERVAL <ttl> MICROSECOND` (spliced or bound),
+/// `NULL`, the column itself, or an `IF(condition, a, b)` of such.
+fn server_time(operand: &str, column: &str, ttls_us: &[u64]) -> bool {
+    if let Some(rest) = operand.strip_prefix("IF(") {
+        let args = top_level_args(rest);
+        return args.len() == 3
+            && server_time(args[1], column, ttls_us)
+            && server_time(args[2], column, ttls_us);
+    }
+    let with_ttl = operand.starts_with("NOW(6) + INTERVAL ? MICROSECOND")
+        || ttls_us
+            .iter()
+            .any(|us| operand.starts_with(&format!("NOW(6) + INTERVAL {us} MICROSECOND")));
+    let plain_now = operand.starts_with("NOW(6)")
+        && !operand.starts_with("NOW(6) +")
+        && !operand.starts_with("NOW(6) -");
+    let itself = operand.strip_prefix(column).is_some_and(|rest| {
+        rest.trim_start().is_empty() || rest.trim_start().starts_with([',', ')'])
+    });
+    with_ttl || plain_now || itself || operand.starts_with("NULL")
+}
+
+/// The comma-separated arguments of a call whose opening parenthesis precedes `rest`.
+fn top_level_args(rest: &str) -> Vec<&str> {
+    let (mut depth, mut start, mut args) = (0usize, 0, Vec::new());
+    for (i, c) in rest.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth == 0 => {
+                args.push(rest[start..i].trim());
+                return args;
+            }
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                args.push(rest[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    args
+}
+
+/// Why `sql` carries a time the client computed, if it does.
+fn client_time_in(sql: &str, ttls_us: &[u64]) -> Option<String> {
+    let upper = sql.to_ascii_uppercase();
+    for function in [
+        "CURRENT_TIMESTAMP",
+        "SYSDATE",
+        "UTC_TIMESTAMP",
+        "FROM_UNIXTIME",
+        "CURDATE",
+        "CURTIME",
+        "LOCALTIME",
+        "TIMESTAMP =",
+        "@@TIMESTAMP",
+        "SET TIMESTAMP",
+    ] {
+        if upper.contains(function) {
+            return Some(format!("uses {function}"));
+        }
+    }
+    for (i, _) in upper.match_indices("UNIX_TIMESTAMP(") {
+        if !upper[i..].starts_with("UNIX_TIMESTAMP(EXPIRES_AT)") {
+            return Some("converts something other than the stored expiry to epoch time".into());
+        }
+    }
+    // Every comparison or assignment of a time column is against NOW(6) or NULL.
+    for column in ["EXPIRES_AT", "ACQUIRED_AT"] {
+        for (i, _) in upper.match_indices(column) {
+            let rest = upper[i + column.len()..].trim_start();
+            let operand = ["<=", ">=", "=", "<", ">"]
+                .iter()
+                .find_map(|op| rest.strip_prefix(op))
+                .map(str::trim_start);
+            if let Some(operand) = operand
+                && !server_time(operand, column, ttls_us)
+            {
+                return Some(format!("sets or compares {column} with {operand:.40}"));
+            }
+        }
+    }
+    // No date literal and no number near the current time in s, ms, µs or ns.
+    if date_literal(sql.as_bytes()) {
+        return Some("contains a date literal".into());
+    }
+    let near = now_windows();
+    let mut in_hex = false;
+    let mut number = String::new();
+    let mut prev = ' ';
+    for c in sql.chars().chain(std::iter::once(' ')) {
+        if !in_hex && c == '\'' && prev == 'X' {
+            in_hex = true;
+        } else if in_hex && c == '\'' {
+            in_hex = false;
+        } else if !in_hex
+            && c.is_ascii_digit()
+            && (!number.is_empty() || !prev.is_ascii_alphanumeric())
+        {
+            number.push(c);
+        } else {
+            if let Ok(n) = number.parse::<u128>()
+                && near.iter().any(|(t, window)| n.abs_diff(*t) <= *window)
+            {
+                return Some(format!("contains the number {n}, a time near now"));
+            }
+            number.clear();
+        }
+        prev = c;
+    }
+    None
+}
+
+/// Both strategies through a proxy that records what the client sends: acquisitions,
+/// contention, renewals, extension, release and inspection. No statement carries a time the
+/// client computed; every expiry is `NOW(6) + INTERVAL <ttl>` evaluated by the server, and
+/// every expiry comparison is against the server's `NOW(6)`. So a client whose clock is
+/// minutes off sends exactly the same statements as one whose clock is right, and cannot
+/// cause a double grant. (This proves it from the traffic; it does not run a process with a
+/// skewed clock.)
+async fn client_sends_no_time() -> Result<(), String> {
+    let mut url = url::Url::parse(&support::url()?).map_err(err)?;
+    let upstream: SocketAddr = format!(
+        "{}:{}",
+        url.host_str().unwrap_or("127.0.0.1"),
+        url.port().unwrap_or(3306)
+    )
+    .parse()
+    .map_err(err)?;
+    let recording = Recording::default();
+    let addr = proxy(upstream, recording.clone()).await?;
+    url.set_port(Some(addr.port()))
+        .map_err(|()| "cannot set the port")?;
+    url.query_pairs_mut().append_pair("ssl-mode", "disabled");
+    let ttls = [Duration::from_millis(1500), Duration::from_secs(4)];
+    let ttls_us: Vec<u64> = ttls.iter().map(|t| t.as_micros() as u64).collect();
+    let mut acquisitions = 0;
+    for strategy in [Strategy::Lease, Strategy::RowLock] {
+        MySqlStore::new(strategy).await?; // creates this run's table directly
+        let config = support::config(strategy)?;
+        let mut proxied = MySqlConfig::new(url.as_str())
+            .strategy(strategy)
+            .pool_size(2);
+        proxied.table = config.table.clone();
+        let (a, b) = (client(&proxied).await?, client(&proxied).await?);
+        let name = name("clock")?;
+        let options = LockOptions::new().ttl(ttls[0]);
+        let held = a
+            .acquire(&Holder::new(), &name, &options)
+            .await
+            .map_err(err)?;
+        let waiter = spawn_acquire(&b, &name, options.clone().wait(Duration::from_secs(5)));
+        tokio::time::sleep(ttls[0]).await; // the watchdog renews meanwhile
+        held.extend(ttls[1]).await.map_err(err)?;
+        b.inspect(&name).await.map_err(err)?;
+        held.release().await.map_err(err)?;
+        let next = waiter.await.map_err(err)?.map_err(err)?;
+        next.release().await.map_err(err)?;
+        acquisitions += 2;
+    }
+    let (statements, executes) = recording.commands();
+    let granting = statements
+        .iter()
+        .filter(|s| s.contains("INTERVAL") || s.contains("FOR UPDATE"))
+        .count();
+    ensure!(
+        granting >= 2 && executes.len() >= acquisitions,
+        "captured {} statements ({granting} granting) and {} executions: the proxy saw too little",
+        statements.len(),
+        executes.len()
+    );
+    for sql in &statements {
+        if let Some(why) = client_time_in(sql, &ttls_us) {
+            return Err(format!(
+                "the client sent a time of its own ({why}): {sql:.300}"
+            ));
+        }
+    }
+    for payload in &executes {
+        if let Some(why) = client_time_in_parameters(payload) {
+            return Err(format!("the client bound a time of its own ({why})"));
+        }
+    }
+    // The parameters are really seen: the TTLs travel as bound microseconds.
+    let bound_ttl = ttls_us.iter().any(|us| {
+        let le = us.to_le_bytes();
+        executes.iter().any(|p| p.windows(8).any(|w| w == le))
+    });
+    ensure!(
+        bound_ttl,
+        "no bound TTL seen in {} executions",
+        executes.len()
+    );
+    // The checker itself catches a client-computed expiry.
+    let bad = "UPDATE t SET expires_at = '2026-11-21 10:00:00.000000' WHERE name = X'61'";
+    ensure!(
+        client_time_in(bad, &ttls_us).is_some(),
+        "the checker misses a date literal"
+    );
+    let epoch = format!(
+        "UPDATE t SET expires_at = FROM_UNIXTIME({})",
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+    );
+    ensure!(
+        client_time_in(&epoch, &ttls_us).is_some(),
+        "the checker misses an epoch time"
+    );
+    let shifted = "UPDATE t SET expires_at = NOW(6) + INTERVAL 999 MICROSECOND";
+    ensure!(
+        client_time_in(shifted, &ttls_us).is_some(),
+        "the checker misses a foreign interval"
+    );
+    let bound_if = "UPDATE t SET expires_at = IF(token = ?, ?, expires_at) WHERE name = ?";
+    ensure!(
+        client_time_in(bound_if, &ttls_us).is_some(),
+        "the checker misses a bound expiry inside IF()"
+    );
+    let mut bound = vec![0u8; 9];
+    bound.extend_from_slice(&(now_windows()[2].0 as u64).to_le_bytes());
+    ensure!(
+        client_time_in_parameters(&bound).is_some(),
+        "the checker misses a bound epoch in microseconds"
+    );
+    Ok(())
+}
+
+/// The library's source never reads the wall clock: times come from the server, and the
+/// client keeps only monotonic instants for its own deadlines.
+async fn source_never_reads_wall_clock() -> Result<(), String> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut read = 0;
+    for entry in std::fs::read_dir(&dir).map_err(err)? {
+        let path = entry.map_err(err)?.path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(err)?;
+        read += 1;
+        for clock in [
+            "SystemTime::now",
+            "Utc::now",
+            "Local::now",
+            "OffsetDateTime::now",
+            "chrono::",
+        ] {
+            ensure!(!text.contains(clock), "{} uses {clock}", path.display());
+        }
+    }
+    ensure!(
+        read >= 5,
+        "read only {read} source files in {}",
+        dir.display()
+    );
+    Ok(())
+}

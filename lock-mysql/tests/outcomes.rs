@@ -1,0 +1,278 @@
+//! The lease strategy judges the outcome of acquire and release from the value the server
+//! returns with the statement (`LAST_INSERT_ID(fence ...)`, set only on the row it changed)
+//! and from re-reading the row. These cases put a row in every state this library can meet,
+//! run the operation, and check its answer against the row as read before and after by an
+//! administrator's connection: a grant means the row now shows that grant; any other answer
+//! means the row did not change.
+//!
+//! Needs `LOCK_TEST_MYSQL_URL` (`cargo xtask test` sets it); without it every case fails.
+
+#[macro_use]
+mod support;
+
+use std::time::Duration;
+
+use lock_core::{
+    AcquireRequest, Fence, Lease, LeaseToken, LockBackend, LockError, LockName, LockOptions,
+};
+use lock_mysql::{MySqlBackend, Strategy};
+use sqlx::AssertSqlSafe;
+use support::{Case, MySqlStore};
+
+fn main() -> std::process::ExitCode {
+    let cases: Vec<Case> = vec![
+        ("lease/acquire_answer_matches_the_row", || {
+            Box::pin(acquire_matches_row())
+        }),
+        ("lease/release_answer_matches_the_row", || {
+            Box::pin(release_matches_row())
+        }),
+    ];
+    support::run_cases("outcomes", cases)
+}
+
+/// A row as an administrator reads it: hex token, fence, expiry, acquired_at, live.
+type Snapshot = Option<(
+    Option<String>,
+    u64,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+)>;
+
+async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, String> {
+    let table = store.config().table().map_err(|e| e.to_string())?;
+    sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT LOWER(HEX(token)), fence, CAST(expires_at AS CHAR(26)), \
+         CAST(acquired_at AS CHAR(26)), expires_at > NOW(6) FROM `{table}` WHERE name = ?"
+    )))
+    .bind(name.as_str().as_bytes())
+    .fetch_optional(store.admin())
+    .await
+    .map_err(|e| format!("reading the row: {e}"))
+}
+
+fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn name(tag: &str) -> Result<LockName, String> {
+    LockName::new(format!("outcomes/{tag}/{:016x}", rand::random::<u64>()))
+        .map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Acquired(u64),
+    Busy,
+    Foreign,
+}
+
+const VALID: &str = "'0123456789abcdef0123456789abcdef'";
+
+async fn acquire_matches_row() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::Lease).await?;
+    let backend = MySqlBackend::connect(store.config())
+        .await
+        .map_err(|e| e.to_string())?;
+    let table = store.config().table().map_err(|e| e.to_string())?;
+    let past = "NOW(6) - INTERVAL 1 SECOND";
+    let cases: [(&str, Option<String>, Expect); 11] = [
+        ("missing row", None, Expect::Acquired(1)),
+        (
+            "released",
+            Some("NULL, 5, NULL, NOW(6)".into()),
+            Expect::Acquired(6),
+        ),
+        (
+            "released, never acquired",
+            Some("NULL, 3, NULL, NULL".into()),
+            Expect::Acquired(4),
+        ),
+        (
+            "expired lease",
+            Some(format!("{VALID}, 6, {past}, {past}")),
+            Expect::Acquired(7),
+        ),
+        (
+            "live lease",
+            Some(format!("{VALID}, 7, NOW(6) + INTERVAL 1 HOUR, NOW(6)")),
+            Expect::Busy,
+        ),
+        (
+            "expired foreign token",
+            Some(format!("'not-a-lock-mysql-token', 2, {past}, {past}")),
+            Expect::Foreign,
+        ),
+        (
+            "expired uppercase token",
+            Some(format!(
+                "'0123456789ABCDEF0123456789ABCDEF', 2, {past}, {past}"
+            )),
+            Expect::Foreign,
+        ),
+        (
+            "token without expiry",
+            Some(format!("{VALID}, 2, NULL, {past}")),
+            Expect::Foreign,
+        ),
+        (
+            "expiry without token",
+            Some(format!("NULL, 2, {past}, {past}")),
+            Expect::Foreign,
+        ),
+        (
+            "expired, no acquired_at",
+            Some(format!("{VALID}, 2, {past}, NULL")),
+            Expect::Foreign,
+        ),
+        (
+            "released, fence at its maximum",
+            Some("NULL, 18446744073709551615, NULL, NULL".into()),
+            Expect::Foreign,
+        ),
+    ];
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::ZERO);
+    for (label, setup, expect) in cases {
+        let name = name("acquire")?;
+        if let Some(values) = setup {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO `{table}` (name, token, fence, expires_at, acquired_at) VALUES (?, {values})"
+            )))
+            .bind(name.as_str().as_bytes())
+            .execute(store.admin())
+            .await
+            .map_err(|e| format!("{label}: setting up: {e}"))?;
+        }
+        let before = snapshot(&store, &name).await?;
+        let request = AcquireRequest::new(name.clone(), &options).map_err(|e| e.to_string())?;
+        let answer = backend.acquire(&request).await;
+        let after = snapshot(&store, &name).await?;
+        match (&answer, expect) {
+            (Ok(grant), Expect::Acquired(fence)) => {
+                ensure!(
+                    grant.lease.fence() == Fence::new(fence),
+                    "{label}: granted fence {}, expected {fence}",
+                    grant.lease.fence()
+                );
+                let shows = after.as_ref().is_some_and(|(token, f, _, acquired, live)| {
+                    token.as_deref() == Some(hex(grant.lease.token().as_str()).as_str())
+                        && *f == fence
+                        && acquired.is_some()
+                        && *live == Some(1)
+                });
+                ensure!(
+                    shows,
+                    "{label}: granted, but the row shows {after:?} (before {before:?})"
+                );
+            }
+            (Err(LockError::Timeout { .. }), Expect::Busy)
+            | (Err(LockError::Foreign { .. }), Expect::Foreign) => {
+                ensure!(
+                    after == before,
+                    "{label}: refused ({answer:?}), but the row changed from {before:?} to {after:?}"
+                );
+            }
+            _ => {
+                return Err(format!(
+                    "{label}: answered {answer:?}, expected {expect:?}; row {before:?} -> {after:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn release_matches_row() -> Result<(), String> {
+    let store = MySqlStore::new(Strategy::Lease).await?;
+    let backend = MySqlBackend::connect(store.config())
+        .await
+        .map_err(|e| e.to_string())?;
+    let table = store.config().table().map_err(|e| e.to_string())?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::ZERO);
+    let acquire = |name: &LockName, options: &LockOptions| {
+        let request = AcquireRequest::new(name.clone(), options);
+        let backend = backend.clone();
+        async move {
+            let request = request.map_err(|e| e.to_string())?;
+            backend
+                .acquire(&request)
+                .await
+                .map(|grant| grant.lease)
+                .map_err(|e| e.to_string())
+        }
+    };
+    // Each release must answer NotHeld and leave the row as it was, or answer Ok and leave
+    // it released with the same fence.
+    async fn check(
+        store: &MySqlStore,
+        backend: &MySqlBackend,
+        label: &str,
+        lease: &Lease,
+        ok: bool,
+    ) -> Result<(), String> {
+        let before = snapshot(store, lease.name()).await?;
+        let answer = backend.release(lease).await;
+        let after = snapshot(store, lease.name()).await?;
+        if ok {
+            ensure!(answer.is_ok(), "{label}: answered {answer:?}, expected Ok");
+            let released = after.as_ref().is_some_and(|(token, fence, expires, _, _)| {
+                token.is_none() && expires.is_none() && *fence == lease.fence().get()
+            });
+            ensure!(released, "{label}: Ok, but the row shows {after:?}");
+        } else {
+            ensure!(
+                matches!(answer, Err(LockError::NotHeld { .. })),
+                "{label}: answered {answer:?}, expected NotHeld"
+            );
+            ensure!(
+                after == before,
+                "{label}: NotHeld, but the row changed from {before:?} to {after:?}"
+            );
+        }
+        Ok(())
+    }
+
+    let name1 = name("release")?;
+    let lease = acquire(&name1, &options).await?;
+    let forged = Lease::new(
+        name1.clone(),
+        LeaseToken::random(),
+        lease.fence(),
+        lease.ttl(),
+    );
+    check(&store, &backend, "forged token", &forged, false).await?;
+    let wrong_fence = Lease::new(
+        name1.clone(),
+        lease.token().clone(),
+        Fence::new(lease.fence().get() + 1),
+        lease.ttl(),
+    );
+    check(&store, &backend, "wrong fence", &wrong_fence, false).await?;
+    check(&store, &backend, "current lease", &lease, true).await?;
+    check(&store, &backend, "released again", &lease, false).await?;
+
+    let name2 = name("release-expired")?;
+    let expired = acquire(&name2, &options).await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE `{table}` SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE name = ?"
+    )))
+    .bind(name2.as_str().as_bytes())
+    .execute(store.admin())
+    .await
+    .map_err(|e| e.to_string())?;
+    check(&store, &backend, "expired lease", &expired, false).await?;
+
+    let name3 = name("release-taken-over")?;
+    let old = acquire(&name3, &options.clone().ttl(Duration::from_millis(50))).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let new = acquire(&name3, &options).await?;
+    ensure!(new.fence() > old.fence(), "no takeover after expiry");
+    check(&store, &backend, "lease taken over", &old, false).await?;
+    check(&store, &backend, "the new holder's lease", &new, true).await?;
+    Ok(())
+}

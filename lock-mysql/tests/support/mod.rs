@@ -1,0 +1,370 @@
+//! What the MySQL test binaries share: the server from `LOCK_TEST_MYSQL_URL`, per-run tables,
+//! and the conformance suite's [`TestStore`] with its administrator's tools.
+//!
+//! Each test process works in its own tables (`t<pid>_lease`, `t<pid>_rows`), dropped when it
+//! ends, so runs never see each other's rows. A holder process started by the conformance
+//! runner uses its parent's tables.
+
+// Each test binary uses part of this module.
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance_tests::TestStore;
+use lock_core::{LockClient, LockError, LockName};
+use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
+use sqlx::{
+    AssertSqlSafe, MySqlPool, Row,
+    mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPoolOptions},
+};
+
+/// The variable naming the test server.
+pub const URL_VAR: &str = "LOCK_TEST_MYSQL_URL";
+
+/// The test server's URL, or the error every MySQL test reports without it.
+pub fn url() -> Result<String, String> {
+    std::env::var(URL_VAR).map_err(|_| format!("{URL_VAR} is not set; run `cargo xtask test`"))
+}
+
+/// This run's table for `strategy` (the parent's, in a conformance holder process).
+pub fn run_table(strategy: Strategy) -> TableName {
+    let pid = if std::env::var_os(conformance_tests::HOLDER_STORE_VAR).is_some() {
+        std::os::unix::process::parent_id()
+    } else {
+        std::process::id()
+    };
+    let suffix = match strategy {
+        Strategy::Lease => "lease",
+        _ => "rows",
+    };
+    TableName::new(format!("t{pid}_{suffix}")).unwrap_or_else(|_| strategy.default_table())
+}
+
+/// The config of this run's clients.
+pub fn config(strategy: Strategy) -> Result<MySqlConfig, String> {
+    Ok(MySqlConfig::new(url()?)
+        .strategy(strategy)
+        .with_table(run_table(strategy))
+        .pool_size(4)
+        .connect_timeout(Duration::from_secs(3)))
+}
+
+/// A pool for the administrator's statements (outside the library).
+pub async fn admin_pool() -> Result<MySqlPool, String> {
+    let options: MySqlConnectOptions = url()?
+        .parse()
+        .map_err(|e| format!("{URL_VAR} is not a MySQL URL: {e}"))?;
+    MySqlPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(3))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 10, lock_wait_timeout = 10")
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_with(options)
+        .await
+        .map_err(|e| format!("the MySQL server at {URL_VAR} does not answer: {e}"))
+}
+
+/// Drops this run's tables.
+pub async fn drop_run_tables() -> Result<(), String> {
+    let admin = admin_pool().await?;
+    for strategy in [Strategy::Lease, Strategy::RowLock] {
+        let table = run_table(strategy);
+        let sql = format!("DROP TABLE IF EXISTS `{0}`, `{0}_fences`", table.as_str());
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&admin)
+            .await
+            .map_err(|e| format!("dropping the test table `{table}`: {e}"))?;
+    }
+    admin.close().await;
+    Ok(())
+}
+
+fn sql_error(what: &str) -> impl Fn(sqlx::Error) -> LockError + '_ {
+    move |e| LockError::backend(format!("test store: {what}"), e)
+}
+
+/// The conformance suite's view of one strategy on the test server.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    config: MySqlConfig,
+    table: TableName,
+    admin: MySqlPool,
+}
+
+impl MySqlStore {
+    /// Connects (creating this run's table) or says why it cannot.
+    pub async fn new(strategy: Strategy) -> Result<Self, String> {
+        let config = config(strategy)?;
+        let admin = admin_pool().await?;
+        // Creates and checks the table, so the administrator's statements find it.
+        MySqlBackend::connect(&config)
+            .await
+            .map_err(|e| format!("the MySQL server at {URL_VAR} does not answer: {e}"))?;
+        Ok(Self {
+            table: run_table(strategy),
+            config,
+            admin,
+        })
+    }
+
+    /// The administrator's pool.
+    pub fn admin(&self) -> &MySqlPool {
+        &self.admin
+    }
+
+    /// The config clients are made with.
+    pub fn config(&self) -> &MySqlConfig {
+        &self.config
+    }
+
+    /// The connection id written (uncommitted) by the current row-lock holder of `name`.
+    pub async fn holder_connection(&self, name: &LockName) -> Result<Option<u64>, LockError> {
+        let sql = format!(
+            "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
+             SELECT connection_id FROM `{}` WHERE name = X'{}'; COMMIT",
+            self.table,
+            hex(name)
+        );
+        let mut conn = self
+            .admin
+            .acquire()
+            .await
+            .map_err(sql_error("no admin connection"))?;
+        let rows = sqlx::raw_sql(AssertSqlSafe(sql))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(sql_error("reading the holder"))?;
+        Ok(rows
+            .first()
+            .map(|row| row.try_get::<Option<u64>, _>(0))
+            .transpose()
+            .map_err(sql_error("decoding the holder"))?
+            .flatten())
+    }
+}
+
+fn hex(name: &LockName) -> String {
+    name.as_str().bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+#[async_trait]
+impl TestStore for MySqlStore {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        Ok(LockClient::new(MySqlBackend::connect(&self.config).await?))
+    }
+
+    /// Lease: the administrator clears the row's token and expiry (`DELETE` would also reset
+    /// its fence counter). Row lock: the administrator kills the holder's connection (the
+    /// connection id the holder recorded), which rolls its transaction back, and deletes the
+    /// row (the fence counter is in the `_fences` table).
+    async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
+        let t = &self.table;
+        if self.config.strategy == Strategy::Lease {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE `{t}` SET token = NULL, expires_at = NULL WHERE name = ?"
+            )))
+            .bind(name.as_str().as_bytes())
+            .execute(&self.admin)
+            .await
+            .map_err(sql_error("revoking"))?;
+            return Ok(());
+        }
+        if let Some(id) = self.holder_connection(name).await? {
+            let killed = sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                .execute(&self.admin)
+                .await;
+            if let Err(error) = killed {
+                // 1094: the connection ended meanwhile.
+                let gone = error
+                    .as_database_error()
+                    .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
+                    .is_some_and(|e| e.number() == 1094);
+                if !gone {
+                    return Err(sql_error("killing the holder")(error));
+                }
+            }
+        }
+        sqlx::query(AssertSqlSafe(format!("DELETE FROM `{t}` WHERE name = ?")))
+            .bind(name.as_str().as_bytes())
+            .execute(&self.admin)
+            .await
+            .map_err(sql_error("deleting the row"))?;
+        Ok(())
+    }
+
+    async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
+        let t = &self.table;
+        let n = hex(name);
+        let mut found = Vec::new();
+        if self.config.strategy == Strategy::Lease {
+            let sql = format!(
+                "SELECT token, expires_at IS NOT NULL, fence FROM `{t}` WHERE name = X'{n}'"
+            );
+            for row in sqlx::raw_sql(AssertSqlSafe(sql))
+                .fetch_all(&self.admin)
+                .await
+                .map_err(sql_error("reading leftovers"))?
+            {
+                let token: Option<Vec<u8>> = row.try_get(0).map_err(sql_error("decoding"))?;
+                let expires: i64 = row.try_get(1).map_err(sql_error("decoding"))?;
+                let fence: u64 = row.try_get(2).map_err(sql_error("decoding"))?;
+                if token.is_some() || expires != 0 {
+                    found.push(format!(
+                        "a row with fence {fence}, token {:?}, expiry set: {}",
+                        token.map(|t| String::from_utf8_lossy(&t).into_owned()),
+                        expires != 0
+                    ));
+                }
+            }
+            return Ok(found);
+        }
+        let sql = format!(
+            "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
+             SELECT 'current', token, connection_id FROM `{t}` WHERE name = X'{n}'; COMMIT; \
+             SELECT 'committed', token, fence, acquired_at IS NOT NULL, connection_id FROM `{t}` WHERE name = X'{n}'"
+        );
+        let mut conn = self
+            .admin
+            .acquire()
+            .await
+            .map_err(sql_error("no admin connection"))?;
+        for row in sqlx::raw_sql(AssertSqlSafe(sql))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(sql_error("reading leftovers"))?
+        {
+            let tag: String = row.try_get(0).map_err(sql_error("decoding"))?;
+            if tag == "current" {
+                let token: Option<Vec<u8>> = row.try_get(1).map_err(sql_error("decoding"))?;
+                let conn: Option<u64> = row.try_get(2).map_err(sql_error("decoding"))?;
+                if token.is_some() {
+                    found.push(format!("a live hold by connection {conn:?}"));
+                }
+            } else {
+                let token: Option<Vec<u8>> = row.try_get(1).map_err(sql_error("decoding"))?;
+                let fence: u64 = row.try_get(2).map_err(sql_error("decoding"))?;
+                let acquired: i64 = row.try_get(3).map_err(sql_error("decoding"))?;
+                let conn: Option<u64> = row.try_get(4).map_err(sql_error("decoding"))?;
+                if token.is_some() || fence != 0 || acquired != 0 || conn.is_some() {
+                    found.push(format!(
+                        "committed values: token {:?}, fence {fence}, connection {conn:?}",
+                        token.map(|t| String::from_utf8_lossy(&t).into_owned())
+                    ));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    async fn plant_foreign(&self, name: &LockName) -> Result<(), LockError> {
+        let t = &self.table;
+        let sql = if self.config.strategy == Strategy::Lease {
+            format!(
+                "INSERT INTO `{t}` (name, token, fence, expires_at, acquired_at) \
+                 VALUES (?, 'not-a-lock-mysql-token', 7, NOW(6) + INTERVAL 1 HOUR, NOW(6))"
+            )
+        } else {
+            format!(
+                "INSERT INTO `{t}` (name, token, fence, acquired_at) \
+                 VALUES (?, 'not-a-lock-mysql-token', 7, NOW(6))"
+            )
+        };
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(name.as_str().as_bytes())
+            .execute(&self.admin)
+            .await
+            .map_err(sql_error("planting a foreign row"))?;
+        Ok(())
+    }
+
+    fn can_plant_foreign(&self) -> bool {
+        true
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+/// A boxed test case.
+pub type CaseFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+/// A named test case of a `harness = false` binary.
+pub type Case = (&'static str, fn() -> CaseFuture);
+
+/// Fails the case with a formatted message unless the condition holds.
+#[allow(unused_macros)] // not every binary uses it
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+/// Runs `cases` one after another (those whose name contains a command-line argument, when
+/// there are any), each limited to two minutes, prints a line per case and a summary, drops
+/// this run's tables, and returns the exit code.
+pub fn run_cases(label: &str, cases: Vec<Case>) -> std::process::ExitCode {
+    use std::time::Instant;
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cannot start a Tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let (mut passed, mut failed) = (0, 0);
+    for (name, case) in cases {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let start = Instant::now();
+        let result = runtime.block_on(async {
+            match tokio::time::timeout(Duration::from_secs(120), tokio::spawn(case())).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(join)) => Err(format!("panicked: {join}")),
+                Err(_) => Err("hung for 120 s".into()),
+            }
+        });
+        let ms = start.elapsed().as_millis();
+        match result {
+            Ok(()) => {
+                passed += 1;
+                println!("  pass  {name} ({ms} ms)");
+            }
+            Err(why) => {
+                failed += 1;
+                println!("  FAIL  {name} ({ms} ms): {why}");
+            }
+        }
+    }
+    if url().is_ok()
+        && let Err(error) = runtime.block_on(drop_run_tables())
+    {
+        println!("  FAIL  cleaning up: {error}");
+        failed += 1;
+    }
+    println!("{label}: {passed} passed, {failed} failed");
+    if failed == 0 {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}

@@ -132,11 +132,11 @@ impl Runner {
                     }
                 }
             };
-            if let Some(dir) = &report_dir {
-                if let Err(e) = report.write_json(dir) {
-                    println!("  cannot write the report to {}: {e}", dir.display());
-                    failed += 1;
-                }
+            if let Some(dir) = &report_dir
+                && let Err(e) = report.write_json(dir)
+            {
+                println!("  cannot write the report to {}: {e}", dir.display());
+                failed += 1;
             }
             println!(
                 "  `{label}`: {} passed, {} failed, {} not applicable",

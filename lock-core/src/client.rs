@@ -123,11 +123,11 @@ impl LockClient {
                 Ok(guard) => guard,
                 Err(_) => return Err(request.timeout_error()),
             };
-        if let Some(hold) = slot_guard.upgrade() {
-            if hold.enter() {
-                tracing::debug!(depth = hold.depth(), "lock re-entered");
-                return Ok(LockGuard::new(hold));
-            }
+        if let Some(hold) = slot_guard.upgrade()
+            && hold.enter()
+        {
+            tracing::debug!(depth = hold.depth(), "lock re-entered");
+            return Ok(LockGuard::new(hold));
         }
         let grant = match self.shared.backend.acquire(&request).await {
             Ok(grant) => grant,

@@ -212,12 +212,12 @@ impl Hold {
         if self.status() != Status::Held {
             return Plan::Sleep(far);
         }
-        if let Some(end) = state.hard_end {
-            if now + drift(state.lease.ttl()) >= end {
-                drop(state);
-                self.mark_lost(LossReason::MaxHold);
-                return Plan::End(self.lease());
-            }
+        if let Some(end) = state.hard_end
+            && now + drift(state.lease.ttl()) >= end
+        {
+            drop(state);
+            self.mark_lost(LossReason::MaxHold);
+            return Plan::End(self.lease());
         }
         if now >= state.deadline {
             // The store expires the lease by itself a drift margin later; releasing it here

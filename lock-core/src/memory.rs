@@ -82,10 +82,10 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut slots = self.slots();
         let slot = slots.entry(name.clone()).or_default();
-        if let Some(current) = &slot.current {
-            if current.expires > now {
-                return Try::Busy(current.expires);
-            }
+        if let Some(current) = &slot.current
+            && current.expires > now
+        {
+            return Try::Busy(current.expires);
         }
         slot.fence += 1;
         let token = LeaseToken::random();

@@ -121,21 +121,21 @@ impl LockOptions {
                 self.wait
             )));
         }
-        if let Some(every) = self.renew_every {
-            if every.is_zero() || every >= self.ttl {
-                return Err(LockError::invalid_options(format!(
-                    "renew_every is {every:?} with a ttl of {:?}; it must be above zero and shorter than the ttl",
-                    self.ttl
-                )));
-            }
+        if let Some(every) = self.renew_every
+            && (every.is_zero() || every >= self.ttl)
+        {
+            return Err(LockError::invalid_options(format!(
+                "renew_every is {every:?} with a ttl of {:?}; it must be above zero and shorter than the ttl",
+                self.ttl
+            )));
         }
-        if let Some(max_hold) = self.max_hold {
-            if max_hold < self.ttl {
-                return Err(LockError::invalid_options(format!(
-                    "max_hold is {max_hold:?}, shorter than the ttl of {:?}; use a ttl no longer than max_hold",
-                    self.ttl
-                )));
-            }
+        if let Some(max_hold) = self.max_hold
+            && max_hold < self.ttl
+        {
+            return Err(LockError::invalid_options(format!(
+                "max_hold is {max_hold:?}, shorter than the ttl of {:?}; use a ttl no longer than max_hold",
+                self.ttl
+            )));
         }
         self.backoff.validate()
     }

@@ -40,16 +40,43 @@ impl std::error::Error for ZkError {
 pub(crate) fn is_session_end(error: &zk::Error) -> bool {
     matches!(
         error,
-        zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed
+        zk::Error::SessionExpired
+            | zk::Error::SessionMoved
+            | zk::Error::ClientClosed
+            | zk::Error::AuthFailed
     )
 }
 
-/// Whether retrying the same request on the same session may succeed.
-pub(crate) fn is_transient(error: &zk::Error) -> bool {
+/// Whether the server answered the request itself (with an error code that retrying on the
+/// same state does not change).
+fn is_server_answer(error: &zk::Error) -> bool {
     matches!(
         error,
-        zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::NoHosts | zk::Error::Throttled
+        zk::Error::NoNode
+            | zk::Error::NodeExists
+            | zk::Error::BadVersion
+            | zk::Error::NoAuth
+            | zk::Error::NotEmpty
+            | zk::Error::NoChildrenForEphemerals
+            | zk::Error::InvalidAcl
+            | zk::Error::BadArguments(_)
+            | zk::Error::Unimplemented
+            | zk::Error::QuotaExceeded
+            | zk::Error::MarshallingError
+            | zk::Error::ReconfigDisabled
+            | zk::Error::NotReadOnly
+            | zk::Error::NoWatcher
+            | zk::Error::RuntimeInconsistent
+            | zk::Error::UnexpectedErrorCode(_)
     )
+}
+
+/// Whether retrying the same request on the same session may succeed: the connection failed
+/// (the client fails requests in flight with the connection's own error: `ConnectionLoss`, a
+/// time-out, an I/O error) or the server was busy; the request may or may not have been
+/// applied.
+pub(crate) fn is_transient(error: &zk::Error) -> bool {
+    !is_session_end(error) && !is_server_answer(error)
 }
 
 impl From<ZkError> for LockError {

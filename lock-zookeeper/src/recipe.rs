@@ -28,6 +28,10 @@ const RETRIES: usize = 16;
 /// while it reconnects, so this only spaces out retries of throttled or timed-out requests).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
+/// The first pause before trying again to establish a session while acquiring (doubling up
+/// to 16 times this).
+const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
+
 /// A granted hold: our node is the lowest contender.
 #[derive(Debug)]
 pub(crate) struct Granted {
@@ -66,8 +70,22 @@ pub(crate) async fn acquire(
     lock_path: &str,
     request: &AcquireRequest,
 ) -> Result<Granted, LockError> {
+    let mut reconnects = 0;
     loop {
-        let conn = sessions.live().await?;
+        let conn = match sessions.live().await {
+            Ok(conn) => conn,
+            // No session now; the budget allows waiting for the ensemble to come back.
+            Err(error) => {
+                let pause = RECONNECT_PAUSE * (1 << reconnects.min(4));
+                if Instant::now() + pause >= request.deadline() {
+                    return Err(error);
+                }
+                tracing::debug!(lock = %request.name(), %error, "no ZooKeeper session; trying again");
+                reconnects += 1;
+                sleep(pause).await;
+                continue;
+            }
+        };
         let stop = match attempt(&conn, &sessions.config().root, lock_path, request).await {
             Ok(granted) => return Ok(granted),
             Err(Stop::Fail(error)) => return Err(error),

@@ -14,7 +14,9 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn main() -> std::process::ExitCode {
     conformance_tests::Runner::new()
-        .store("zookeeper", || ZkStore::from_env(STANDALONE_VAR, SESSION_TIMEOUT))
+        .store("zookeeper", || {
+            ZkStore::from_env(STANDALONE_VAR, SESSION_TIMEOUT)
+        })
         .store("zookeeper-ensemble(3)", || {
             ZkStore::from_env(ENSEMBLE_VAR, SESSION_TIMEOUT)
         })

@@ -35,7 +35,9 @@ pub(crate) async fn raw_client(hosts: &str, session_timeout: Duration) -> Result
     match tokio::time::timeout(Duration::from_secs(10), connect).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(format!("ZooKeeper at `{hosts}` does not answer: {e}")),
-        Err(_) => Err(format!("ZooKeeper at `{hosts}` does not answer within 10 s")),
+        Err(_) => Err(format!(
+            "ZooKeeper at `{hosts}` does not answer within 10 s"
+        )),
     }
 }
 

@@ -45,7 +45,9 @@ impl fmt::Display for Stats {
 }
 
 fn histogram() -> Result<Histogram<u64>, String> {
-    Histogram::new(3).map_err(|e| e.to_string())
+    // Bounded from 1 ns to 1 h: `Histogram::new` starts with a top of 2 and
+    // `saturating_record` clamps to the top instead of growing, so every sample read 2 ns.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).map_err(|e| e.to_string())
 }
 
 fn record(h: &mut Histogram<u64>, d: Duration) {
@@ -273,6 +275,18 @@ pub fn render_line(line: &Line) -> String {
 mod tests {
     use super::*;
     use lock_core::MemoryBackend;
+
+    #[tokio::test]
+    async fn samples_keep_their_size() {
+        let stats = time_op(5, || async {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert!(stats.p50 >= Duration::from_millis(2), "{stats}");
+        assert!(stats.mean >= Duration::from_millis(2), "{stats}");
+    }
 
     #[tokio::test]
     async fn measures_memory_backend() {

@@ -16,7 +16,10 @@ use lock_core::Capabilities;
 use crate::services;
 
 /// The conformance test binaries, as (package, test target), in column order.
-const SUITES: &[(&str, &str)] = &[("conformance-tests", "memory")];
+const SUITES: &[(&str, &str)] = &[
+    ("conformance-tests", "memory"),
+    ("lock-zookeeper", "conformance"),
+];
 
 /// Runs the comparison.
 pub(crate) fn run() -> Result<()> {

@@ -278,7 +278,17 @@ impl LockBackend for ZkBackend {
     /// `sync`, so a follower's lag does not show a released lock as held.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
         let conn = self.inner.sessions.live().await?;
-        recipe::inspect(&conn, &self.lock_path(name), name).await
+        let limit = conn.timeout().max(Duration::from_secs(1));
+        let lock_path = self.lock_path(name);
+        match tokio::time::timeout(limit, recipe::inspect(&conn, &lock_path, name)).await {
+            Ok(info) => info,
+            Err(_) => Err(LockError::Unavailable {
+                message: format!(
+                    "ZooKeeper did not answer within {limit:?} while inspecting `{name}`"
+                ),
+                source: None,
+            }),
+        }
     }
 }
 

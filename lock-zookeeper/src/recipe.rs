@@ -538,3 +538,27 @@ async fn remove(conn: &Conn, lock_path: &str, uuid_prefix: &str, node: Option<&s
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_carry_the_secret_of_our_nodes_only() {
+        let node = "_c_6c3b1f7e-0b9e-4d5c-9d1e-2f0a8c7b6e5d-lock-0000000001";
+        let secret = LeaseToken::random();
+        let ours = token_of(node, secret.as_str().as_bytes());
+        assert_eq!(ours.as_str(), format!("{node}/{}", secret.as_str()));
+        assert_eq!(token_of(node, b"10.0.0.7").as_str(), node);
+        assert_eq!(token_of(node, &[0xff, 0xfe]).as_str(), node);
+    }
+
+    #[test]
+    fn negative_zxids_are_errors_not_panics() {
+        assert!(matches!(
+            fence(-1, "n"),
+            Err(Stop::Fail(LockError::Backend { .. }))
+        ));
+        assert!(matches!(fence(7, "n"), Ok(f) if f.get() == 7));
+    }
+}

@@ -17,6 +17,8 @@
 //! Arguments filter cases by substring.
 
 mod support;
+#[path = "support/trace.rs"]
+mod trace;
 
 use std::{
     future::Future,
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    trace::install();
     let mut failed = 0;
     let mut passed = 0;
     for (name, case) in cases {
@@ -89,6 +92,10 @@ fn main() -> ExitCode {
             Err(why) => {
                 failed += 1;
                 println!("  FAIL  faults/{name} ({millis} ms): {why}");
+                println!("        the last events before the failure:");
+                for line in trace::last(400) {
+                    println!("        {line}");
+                }
             }
         }
     }
@@ -487,6 +494,7 @@ async fn server_paused() -> Outcome {
 
     let mut paused = Paused::new(&server)?;
     let paused_at = Instant::now();
+    tracing::info!("test: server paused");
     let reason = tokio::time::timeout(timeout * 2, guard.lost())
         .await
         .map_err(|_| format!("lost() did not fire within {:?} of the pause", timeout * 2))?;
@@ -508,12 +516,23 @@ async fn server_paused() -> Outcome {
     }
     paused.resume()?;
     let resumed_at = Instant::now();
+    tracing::info!("test: server resumed");
 
-    let next = tokio::time::timeout(Duration::from_secs(20), waiting)
-        .await
-        .map_err(|_| "the waiter did not get the lock within 20 s of the resume")?
-        .map_err(text)?
-        .map_err(|e| format!("the waiter failed: {e}"))?;
+    let mut waiting = waiting;
+    let next = match tokio::time::timeout(Duration::from_secs(20), &mut waiting).await {
+        Ok(joined) => joined
+            .map_err(text)?
+            .map_err(|e| format!("the waiter failed: {e}"))?,
+        Err(_) => {
+            let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(10)).await?;
+            let children = store.children(&name).await.map_err(text)?;
+            waiting.abort();
+            return Err(format!(
+                "the waiter did not get the lock within 20 s of the resume; the lock node has {children:?}; waiter {waiter_backend:?} sent {:?}",
+                waiter_backend.operations()
+            ));
+        }
+    };
     let took = resumed_at.elapsed();
     ensure!(
         next.fence() > fence,
@@ -528,6 +547,12 @@ async fn server_paused() -> Outcome {
     ensure!(
         matches!(released, Err(LockError::Lost { .. })),
         "releasing the lost hold returned {released:?}, expected Lost"
+    );
+    // The late release changed nothing for the new holder.
+    let info = holder.inspect(&name).await.map_err(text)?;
+    ensure!(
+        info.is_some_and(|i| i.token == *next.lease().token()) && next.is_held(),
+        "the lost holder's late release disturbed the new holder"
     );
     next.release().await.map_err(text)?;
     // The old holder's backend opens a new session for its next acquisition.

@@ -19,13 +19,18 @@ use lock_core::Capabilities;
 use crate::services;
 
 /// The benchmarks, as (package, bench target); each writes one JSON report per store.
-const BENCHES: &[(&str, &str)] = &[("lock-redis", "redis"), ("lock-mysql", "mysql")];
+const BENCHES: &[(&str, &str)] = &[
+    ("lock-redis", "redis"),
+    ("lock-mysql", "mysql"),
+    ("lock-zookeeper", "zookeeper"),
+];
 
 /// The conformance test binaries, as (package, test target), in column order.
 const SUITES: &[(&str, &str)] = &[
     ("conformance-tests", "memory"),
     ("lock-redis", "conformance"),
     ("lock-mysql", "conformance"),
+    ("lock-zookeeper", "conformance"),
 ];
 
 /// Runs the comparison.

@@ -1,0 +1,169 @@
+//! Benchmark (not a test): the ZooKeeper backend against the raw floor measured in the same
+//! run, on the standalone server and on the 3-node ensemble.
+//!
+//! - uncontended acquire + release cycle vs the raw floor: `create` + `delete` of an
+//!   EPHEMERAL_SEQUENTIAL node with the same session (target <= 1.5x: an acquisition needs a
+//!   `create` and a `getChildren`, the floor does not list);
+//! - 16 tasks (16 sessions) on one lock: hand-off latency (release start to the next holder's
+//!   `acquire` returning) p50/p99 vs one raw `create` (target p50 <= 3x), and acquisitions per
+//!   second.
+//!
+//! Run with `cargo bench -p lock-zookeeper` (servers from `cargo xtask services up`, variables
+//! from `cargo xtask services env`). `LOCK_BENCH_N` sets the number of cycles (default 1000).
+
+use std::{process::ExitCode, time::Duration};
+
+use conformance_tests::bench::{self, Report, Stats};
+use lock_core::{LockClient, LockOptions};
+use lock_zookeeper::{ZkBackend, ZkConfig};
+use zookeeper_client::{Acls, Client, CreateMode};
+
+const TASKS: usize = 16;
+
+fn text(error: impl std::fmt::Display) -> String {
+    error.to_string()
+}
+
+fn hosts(var: &str) -> Result<String, String> {
+    std::env::var(var).map_err(|_| {
+        format!(
+            "{var} is not set; run `cargo xtask services up` and export `cargo xtask services env`"
+        )
+    })
+}
+
+/// The raw floor's node prefix under a container of its own, next to the locks.
+async fn floor_prefix(raw: &Client, config: &ZkConfig) -> Result<String, String> {
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    match raw.mkdir(&config.root, &persistent).await {
+        Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+        Err(e) => return Err(text(e)),
+    }
+    let dir = format!("{}/bench-floor-{:016x}", config.root, rand_u64());
+    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+    raw.create(&dir, &[], &container).await.map_err(text)?;
+    Ok(format!(
+        "{dir}/_c_00000000-0000-4000-8000-000000000000-lock-"
+    ))
+}
+
+fn rand_u64() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    nanos as u64 ^ u64::from(std::process::id()).rotate_left(40)
+}
+
+const DATA: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+async fn raw_create(raw: &Client, prefix: &str) -> Result<String, String> {
+    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let (_, sequence) = raw.create(prefix, DATA, &options).await.map_err(text)?;
+    Ok(format!("{prefix}{sequence}"))
+}
+
+async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
+    let config = ZkConfig::new(hosts(var)?).session_timeout(Duration::from_secs(10));
+    let backend = ZkBackend::connect(config.clone()).await.map_err(text)?;
+    let client = LockClient::new(backend.clone());
+    // The same session the backend uses.
+    let raw = backend.zookeeper().await.map_err(text)?;
+    let prefix = floor_prefix(&raw, &config).await?;
+    let (raw, prefix) = (&raw, prefix.as_str());
+
+    let floor = bench::time_op(n, || async move {
+        let path = raw_create(raw, prefix).await?;
+        raw.delete(&path, None).await.map_err(text)
+    })
+    .await?;
+    let created = std::sync::Mutex::new(Vec::with_capacity(n + n / 10));
+    let create = bench::time_op(n, || async {
+        let path = raw_create(raw, prefix).await?;
+        created
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(path);
+        Ok(())
+    })
+    .await?;
+    let created = created
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    futures::future::try_join_all(created.iter().map(|path| raw.delete(path, None)))
+        .await
+        .map_err(text)?;
+
+    let options = LockOptions::new().wait(Duration::from_secs(60));
+    let cycle = bench::uncontended(&client, &options, n).await?;
+
+    let mut clients = Vec::with_capacity(TASKS);
+    for _ in 0..TASKS {
+        clients.push(LockClient::new(
+            ZkBackend::connect(config.clone()).await.map_err(text)?,
+        ));
+    }
+    let contended = bench::contended(&clients, &options, TASKS, n).await?;
+
+    let mut report = Report::new(label);
+    report.stats("raw create + delete (floor)", &floor);
+    report.stats("raw create", &create);
+    report.stats("acquire + release", &cycle);
+    report.ratio("cycle / floor, p50", cycle.p50, floor.p50, Some(1.5));
+    report.ratio("cycle / floor, mean", cycle.mean, floor.mean, Some(1.5));
+    report.stats(&format!("hand-off, {TASKS} tasks"), &contended.handoff);
+    report.ratio(
+        "hand-off p50 / raw create p50",
+        contended.handoff.p50,
+        create.p50,
+        Some(3.0),
+    );
+    report.ratio(
+        "hand-off p99 / raw create p99",
+        contended.handoff.p99,
+        create.p99,
+        None,
+    );
+    report.rate(
+        &format!("acquisitions per second, {TASKS} tasks"),
+        contended.per_second,
+    );
+    report.rate("raw create + delete per second", per_second(&floor));
+    report.finish().map_err(text)
+}
+
+fn per_second(stats: &Stats) -> f64 {
+    1.0 / stats.mean.as_secs_f64().max(f64::MIN_POSITIVE)
+}
+
+fn main() -> ExitCode {
+    let n = std::env::var("LOCK_BENCH_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1000);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cannot start a Tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut failed = false;
+    for (label, var) in [
+        ("zookeeper", "LOCK_TEST_ZK_ADDR"),
+        ("zookeeper-ensemble(3)", "LOCK_TEST_ZK_ENSEMBLE"),
+    ] {
+        if let Err(error) = runtime.block_on(run(label, var, n)) {
+            eprintln!("{label}: benchmark failed: {error}");
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

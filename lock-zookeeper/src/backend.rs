@@ -1,0 +1,304 @@
+//! [`ZkBackend`]: the lock contract on ZooKeeper.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use lock_core::{
+    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
+    LockBackend, LockError, LockInfo, LockName, LossReason, WaitOrder, Wakeup, async_trait,
+};
+use zookeeper_client::{self as zk, SessionId, SessionState};
+
+use crate::{
+    OpCounts, ZkConfig,
+    error::{ZkError, is_session_end},
+    recipe::{self, Deleted},
+    session::{Conn, Sessions},
+};
+
+/// The lock contract on ZooKeeper: one session per backend, shared by all its locks.
+///
+/// Each lock is the container node `<root>/<encoded name>`; each acquisition creates an
+/// EPHEMERAL_SEQUENTIAL child in Curator's protected layout `_c_<uuid>-lock-<sequence>`. The
+/// lowest sequence holds the lock; every other contender watches only the node just before it.
+/// See the crate documentation for the whole recipe, what a lease means here and what
+/// `extend` does.
+///
+/// Clones share the session. Dropping the last clone closes the session, and the server
+/// deletes its nodes at once.
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sessions: Sessions,
+    /// Nodes this backend holds, by lease token: leases are bound to the session that created
+    /// their node, so only this backend can renew or release them.
+    held: Mutex<HashMap<LeaseToken, Held>>,
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    name: LockName,
+    path: String,
+    session: SessionId,
+}
+
+impl ZkBackend {
+    /// Validates `config` and establishes the backend's session.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] for a bad configuration; [`LockError::Unavailable`] when
+    /// no server answered within [`ZkConfig::connect_timeout`].
+    pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
+        let sessions = Sessions::connect(config).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                sessions,
+                held: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        self.inner.sessions.config()
+    }
+
+    /// The node path of `name`'s lock (see [`ZkConfig::lock_path`]).
+    pub fn lock_path(&self, name: &LockName) -> String {
+        self.config().lock_path(name)
+    }
+
+    /// The current session's negotiated timeout: the TTL of every lease this backend grants.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.sessions.peek().timeout()
+    }
+
+    /// The current session's id (it changes when an expired session is replaced).
+    pub fn session_id(&self) -> i64 {
+        self.inner.sessions.peek().id().0
+    }
+
+    /// The ZooKeeper requests this backend sent so far, by kind.
+    pub fn operations(&self) -> OpCounts {
+        self.inner.sessions.counts()
+    }
+
+    /// The ZooKeeper client of the backend's live session (a new session if the last one
+    /// ended), for requests of your own on the same session. Its requests are not counted in
+    /// [`ZkBackend::operations`].
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when a new session was needed and could not be established.
+    pub async fn zookeeper(&self) -> Result<zk::Client, LockError> {
+        Ok(self.inner.sessions.live().await?.client().clone())
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<LeaseToken, Held>> {
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The node of `lease`, if this backend holds it.
+    fn held(&self, lease: &Lease) -> Result<Held, LockError> {
+        self.table()
+            .get(lease.token())
+            .filter(|held| held.name == *lease.name())
+            .cloned()
+            .ok_or_else(|| LockError::not_held(lease.name()))
+    }
+
+    fn forget(&self, lease: &Lease) {
+        self.table().remove(lease.token());
+    }
+
+    /// The current session, if `held`'s node belongs to it and it is still alive.
+    fn session_of(&self, held: &Held) -> Result<Conn, LockError> {
+        let conn = self.inner.sessions.peek();
+        if conn.id() != held.session || conn.is_ended() {
+            return Err(session_ended(&held.name));
+        }
+        Ok(conn)
+    }
+}
+
+fn session_ended(name: &LockName) -> LockError {
+    LockError::Lost {
+        name: name.to_string(),
+        reason: LossReason::SessionEnded,
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZkBackend {
+    fn capabilities(&self) -> Capabilities {
+        let config = self.config();
+        let failover = config.effective_failover();
+        let acks = match failover {
+            // A write is acknowledged by a majority: the leader and half the others.
+            Failover::Quorum => u32::try_from(config.host_count() / 2).unwrap_or(u32::MAX),
+            _ => 0,
+        };
+        Capabilities::new(
+            Fencing::Strict,
+            Expiry::Session,
+            Wakeup::Push,
+            WaitOrder::Fifo,
+            Clock::None,
+        )
+        .with_portable_lease(false)
+        .with_failover(failover)
+        .with_replica_acks(acks)
+    }
+
+    /// Queues a contender node and waits until it is the lowest (see the crate docs). The
+    /// request's TTL is not used: the hold lasts as long as the session, and the lease's TTL is
+    /// the session timeout.
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        let lock_path = self.lock_path(request.name());
+        // Beyond the budget, only a server that does not answer keeps us: give up then.
+        let grace = self.session_timeout().max(Duration::from_secs(1));
+        let limit = request.deadline() + grace;
+        let acquiring = recipe::acquire(&self.inner.sessions, &lock_path, request);
+        let granted = match tokio::time::timeout_at(limit.into(), acquiring).await {
+            Ok(granted) => granted?,
+            Err(_) => {
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "ZooKeeper did not answer within the wait budget of {:?} plus {grace:?} while acquiring `{}`",
+                        request.wait(),
+                        request.name()
+                    ),
+                    source: None,
+                });
+            }
+        };
+        let lease = Lease::new(
+            request.name().clone(),
+            granted.token.clone(),
+            granted.fence,
+            granted.ttl,
+        );
+        self.table().insert(
+            granted.token,
+            Held {
+                name: request.name().clone(),
+                path: granted.path,
+                session: granted.session,
+            },
+        );
+        Ok(Grant::new(lease, granted.valid_from))
+    }
+
+    /// Checks that the lease's node still exists and belongs to the backend's live session
+    /// (one `exists`). `ttl` is not used: the lease's TTL stays the session timeout.
+    ///
+    /// # Errors
+    /// [`LockError::NotHeld`] when the node is gone or the lease is not this backend's;
+    /// [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session ended;
+    /// [`LockError::Unavailable`] while disconnected (the session may still be alive).
+    async fn renew(&self, lease: &Lease, _ttl: Duration) -> Result<Grant, LockError> {
+        let held = self.held(lease)?;
+        let conn = self.session_of(&held)?;
+        if conn.state() == SessionState::Disconnected {
+            return Err(LockError::Unavailable {
+                message: format!(
+                    "disconnected from ZooKeeper; the session holding `{}` may still be alive",
+                    held.name
+                ),
+                source: None,
+            });
+        }
+        let sent = Instant::now();
+        match conn.exists(&held.path).await {
+            Ok(Some(stat))
+                if stat.ephemeral_owner == held.session.0
+                    && u64::try_from(stat.czxid).ok() == Some(lease.fence().get()) =>
+            {
+                let renewed = lease.clone().with_ttl(conn.timeout());
+                Ok(Grant::new(renewed, sent))
+            }
+            Ok(_) => {
+                self.forget(lease);
+                Err(LockError::not_held(lease.name()))
+            }
+            Err(e) if is_session_end(&e) => Err(session_ended(&held.name)),
+            Err(e) => Err(ZkError::new("exists", held.path, e).into()),
+        }
+    }
+
+    /// Renews every lease at once: the checks are sent together and answered in one round
+    /// trip.
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+        futures::future::join_all(leases.iter().map(|lease| self.renew(lease, lease.ttl()))).await
+    }
+
+    /// Deletes the lease's node (retried until it is gone or the session is).
+    ///
+    /// # Errors
+    /// [`LockError::NotHeld`] when the node was already gone or the lease is not this
+    /// backend's; [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session
+    /// ended (the server deletes its nodes).
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        let held = self.held(lease)?;
+        let conn = match self.session_of(&held) {
+            Ok(conn) => conn,
+            Err(error) => {
+                self.forget(lease);
+                return Err(error);
+            }
+        };
+        match recipe::delete(&conn, &held.path).await {
+            Ok(Deleted::Now | Deleted::Probably) => {
+                self.forget(lease);
+                Ok(())
+            }
+            Ok(Deleted::Missing) => {
+                self.forget(lease);
+                Err(LockError::not_held(lease.name()))
+            }
+            Err(e) if is_session_end(&e) => {
+                self.forget(lease);
+                Err(session_ended(&held.name))
+            }
+            Err(e) => Err(ZkError::new("delete", held.path, e).into()),
+        }
+    }
+
+    /// The lowest contender: its token (for nodes of this library, the lease token; for
+    /// Curator's, the node name), its creation zxid as the fence, no expiry. Reads after a
+    /// `sync`, so a follower's lag does not show a released lock as held.
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        let conn = self.inner.sessions.live().await?;
+        let limit = conn.timeout().max(Duration::from_secs(1));
+        let lock_path = self.lock_path(name);
+        match tokio::time::timeout(limit, recipe::inspect(&conn, &lock_path, name)).await {
+            Ok(info) => info,
+            Err(_) => Err(LockError::Unavailable {
+                message: format!(
+                    "ZooKeeper did not answer within {limit:?} while inspecting `{name}`"
+                ),
+                source: None,
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let conn = self.inner.sessions.peek();
+        f.debug_struct("ZkBackend")
+            .field("config", self.config())
+            .field("session", &conn.id())
+            .field("state", &conn.state())
+            .finish()
+    }
+}

@@ -1,0 +1,564 @@
+//! The lock recipe: ephemeral sequential contender nodes under the lock's container node, the
+//! lowest sequence holds, every other contender watches only its immediate predecessor.
+//!
+//! An acquisition sends `create` and `getChildren` together (requests of one session are
+//! applied in order, so the listing includes the new node): an uncontended lock costs one round
+//! trip. A contender that is not first watches the node just before it and lists again when
+//! that node goes, so a release wakes exactly one waiter. A `create` whose reply was lost is
+//! resolved by finding the node again by its UUID, never by creating a second one. Until a
+//! node is known to be granted or deleted, a [`Cleanup`] guard owns it: dropping the acquire
+//! future deletes the node in the background.
+
+use std::time::{Duration, Instant};
+
+use lock_core::{AcquireRequest, Fence, LeaseToken, LockError, LockInfo, LockName};
+use tokio::time::sleep;
+use uuid::Uuid;
+use zookeeper_client::{self as zk, EventType, SessionId};
+
+use crate::{
+    error::{ZkError, is_session_end, is_transient},
+    node,
+    session::{CONTENDER, Conn, Sessions},
+};
+
+/// How often one request is retried on a transient failure before giving up.
+const RETRIES: usize = 16;
+/// The pause before retrying a request that failed transiently (the client queues requests
+/// while it reconnects, so this only spaces out retries of throttled or timed-out requests).
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// The first pause before trying again to establish a session while acquiring (doubling up
+/// to 16 times this).
+const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
+
+/// A granted hold: our node is the lowest contender.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) path: String,
+    pub(crate) token: LeaseToken,
+    pub(crate) fence: Fence,
+    pub(crate) session: SessionId,
+    pub(crate) ttl: Duration,
+    pub(crate) valid_from: Instant,
+}
+
+/// Why one attempt ended without a grant.
+enum Stop {
+    /// The session ended: its nodes are gone (or going); try again on a new session.
+    SessionEnded,
+    /// Our node disappeared while we waited (someone deleted it): try again with a new one.
+    Vanished,
+    /// Give up with this error.
+    Fail(LockError),
+}
+
+impl From<ZkError> for Stop {
+    fn from(error: ZkError) -> Self {
+        if is_session_end(&error.source) {
+            Self::SessionEnded
+        } else {
+            Self::Fail(error.into())
+        }
+    }
+}
+
+/// Acquires the lock at `lock_path` for `request`, on the backend's live session (a new one
+/// after the current one ended, while the budget lasts).
+pub(crate) async fn acquire(
+    sessions: &Sessions,
+    lock_path: &str,
+    request: &AcquireRequest,
+) -> Result<Granted, LockError> {
+    let mut reconnects = 0;
+    loop {
+        let conn = match sessions.live().await {
+            Ok(conn) => conn,
+            // No session now; the budget allows waiting for the ensemble to come back.
+            Err(error) => {
+                let pause = RECONNECT_PAUSE * (1 << reconnects.min(4));
+                if Instant::now() + pause >= request.deadline() {
+                    return Err(error);
+                }
+                tracing::debug!(lock = %request.name(), %error, "no ZooKeeper session; trying again");
+                reconnects += 1;
+                sleep(pause).await;
+                continue;
+            }
+        };
+        let stop = match attempt(&conn, &sessions.config().root, lock_path, request).await {
+            Ok(granted) => return Ok(granted),
+            Err(Stop::Fail(error)) => return Err(error),
+            Err(stop) => stop,
+        };
+        if Instant::now() >= request.deadline() {
+            return Err(match stop {
+                Stop::SessionEnded => LockError::Unavailable {
+                    message: format!(
+                        "the ZooKeeper session ended while acquiring `{}`; a new session is opened on the next try",
+                        request.name()
+                    ),
+                    source: None,
+                },
+                _ => request.timeout_error(),
+            });
+        }
+        match stop {
+            Stop::SessionEnded => {
+                tracing::debug!(lock = %request.name(), "session ended while acquiring; retrying on a new session")
+            }
+            _ => {
+                tracing::debug!(lock = %request.name(), "contender node vanished while waiting; queueing again")
+            }
+        }
+    }
+}
+
+/// One contender node from creation to grant, time-out or failure.
+async fn attempt(
+    conn: &Conn,
+    root: &str,
+    lock_path: &str,
+    request: &AcquireRequest,
+) -> Result<Granted, Stop> {
+    let uuid = Uuid::new_v4();
+    let secret = LeaseToken::random();
+    let mut cleanup = Cleanup::new(conn.clone(), lock_path, node::uuid_prefix(&uuid));
+    let created = create(conn, root, lock_path, &uuid, secret.as_str().as_bytes()).await?;
+    cleanup.node = Some(created.path.clone());
+    let fence = match fence(created.czxid, &created.name) {
+        Ok(fence) => fence,
+        Err(stop) => {
+            cleanup.discard().await;
+            return Err(stop);
+        }
+    };
+    let mut listed = created.listed;
+    let mut transient_failures = 0;
+    loop {
+        let (children, sent) = match listed.take() {
+            Some(listed) => listed,
+            None => {
+                let sent = Instant::now();
+                match conn.list(lock_path).await {
+                    Ok(children) => (children, sent),
+                    // The container went, so our node went with it.
+                    Err(zk::Error::NoNode) => return Err(Stop::Vanished),
+                    Err(e) if is_transient(&e) && transient_failures < RETRIES => {
+                        transient_failures += 1;
+                        sleep(RETRY_PAUSE).await;
+                        continue;
+                    }
+                    Err(e) => {
+                        let error = ZkError::new("list", lock_path, e);
+                        if !is_session_end(&error.source) {
+                            cleanup.discard().await;
+                        }
+                        return Err(error.into());
+                    }
+                }
+            }
+        };
+        let queue = match node::contenders(&children) {
+            Ok(queue) => queue,
+            Err(foreign) => {
+                cleanup.discard().await;
+                return Err(Stop::Fail(foreign_error(
+                    request.name(),
+                    lock_path,
+                    &foreign,
+                )));
+            }
+        };
+        let Some(at) = queue.iter().position(|c| c.name == created.name) else {
+            cleanup.disarm();
+            return Err(Stop::Vanished);
+        };
+        let Some(predecessor) = at.checked_sub(1).and_then(|i| queue.get(i)) else {
+            cleanup.disarm();
+            return Ok(Granted {
+                path: created.path,
+                token: LeaseToken::from_store(format!("{}/{}", created.name, secret.as_str())),
+                fence,
+                session: conn.id(),
+                ttl: conn.timeout(),
+                // The listing proved the session alive when the server answered it, so the
+                // session lasts at least its timeout from when the request was sent.
+                valid_from: sent,
+            });
+        };
+        let deadline = request.deadline();
+        if Instant::now() >= deadline {
+            cleanup.discard().await;
+            return Err(Stop::Fail(request.timeout_error()));
+        }
+        let predecessor = format!("{lock_path}/{}", predecessor.name);
+        let watcher = match conn.watch(&predecessor).await {
+            Ok((_, _, watcher)) => watcher,
+            // Gone already: look again.
+            Err(zk::Error::NoNode) => continue,
+            Err(e) if is_transient(&e) && transient_failures < RETRIES => {
+                transient_failures += 1;
+                sleep(RETRY_PAUSE).await;
+                continue;
+            }
+            Err(e) => {
+                let error = ZkError::new("watch", &predecessor, e);
+                if !is_session_end(&error.source) {
+                    cleanup.discard().await;
+                }
+                return Err(error.into());
+            }
+        };
+        tokio::select! {
+            event = watcher.changed() => {
+                if event.event_type == EventType::Session && event.session_state.is_terminated() {
+                    return Err(Stop::SessionEnded);
+                }
+                // Deleted (or its data changed): list again, whoever is first now.
+            }
+            () = tokio::time::sleep_until(deadline.into()) => {
+                cleanup.discard().await;
+                return Err(Stop::Fail(request.timeout_error()));
+            }
+        }
+    }
+}
+
+/// A contender node we created (or found again after a lost reply).
+struct Created {
+    name: String,
+    path: String,
+    czxid: i64,
+    /// The children listed right after the creation, and when that listing was sent.
+    listed: Option<(Vec<String>, Instant)>,
+}
+
+/// Creates our contender node, creating the container (and root) when missing and resolving a
+/// lost reply by the node's UUID.
+async fn create(
+    conn: &Conn,
+    root: &str,
+    lock_path: &str,
+    uuid: &Uuid,
+    data: &[u8],
+) -> Result<Created, Stop> {
+    let prefix = format!("{lock_path}/{}", node::prefix(uuid));
+    let uuid_prefix = node::uuid_prefix(uuid);
+    for _ in 0..RETRIES {
+        let sent = Instant::now();
+        // Both are sent now, in this order: the listing includes the created node.
+        let created = conn.create(&prefix, data, &CONTENDER);
+        let listed = conn.list(lock_path);
+        let (created, listed) = tokio::join!(created, listed);
+        match created {
+            Ok((stat, sequence)) => {
+                let path = format!("{prefix}{sequence}");
+                let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                return Ok(Created {
+                    name,
+                    path,
+                    czxid: stat.czxid,
+                    listed: listed.ok().map(|children| (children, sent)),
+                });
+            }
+            Err(zk::Error::NoNode) => conn.ensure_lock_path(root, lock_path).await?,
+            Err(zk::Error::NoChildrenForEphemerals) => {
+                return Err(Stop::Fail(LockError::Foreign {
+                    name: lock_path.to_owned(),
+                    found: format!(
+                        "`{lock_path}` is an ephemeral node, not a lock's container node"
+                    ),
+                }));
+            }
+            Err(e) if is_transient(&e) => {
+                // The reply was lost, not necessarily the request: look for our node first.
+                if let Some(found) = find_own(conn, lock_path, &uuid_prefix).await? {
+                    tracing::debug!(node = %found.path, "found the contender node again after a lost reply");
+                    return Ok(found);
+                }
+                sleep(RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(ZkError::new("create", &prefix, e).into()),
+        }
+    }
+    Err(Stop::Fail(LockError::Unavailable {
+        message: format!(
+            "could not create a contender node under `{lock_path}` after {RETRIES} tries"
+        ),
+        source: None,
+    }))
+}
+
+/// Our node, found by its UUID prefix, if the server created it.
+async fn find_own(
+    conn: &Conn,
+    lock_path: &str,
+    uuid_prefix: &str,
+) -> Result<Option<Created>, Stop> {
+    let sent = Instant::now();
+    let children = match retry(|| conn.list(lock_path)).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(e) => return Err(ZkError::new("list", lock_path, e).into()),
+    };
+    let Some(name) = children
+        .iter()
+        .find(|c| c.starts_with(uuid_prefix))
+        .cloned()
+    else {
+        return Ok(None);
+    };
+    let path = format!("{lock_path}/{name}");
+    match retry(|| conn.exists(&path)).await {
+        Ok(Some(stat)) if stat.ephemeral_owner == conn.id().0 => Ok(Some(Created {
+            name,
+            path,
+            czxid: stat.czxid,
+            listed: Some((children, sent)),
+        })),
+        Ok(_) => Ok(None),
+        Err(e) => Err(ZkError::new("exists", &path, e).into()),
+    }
+}
+
+/// Runs `request` again while it fails transiently.
+async fn retry<T, F, Fut>(mut request: F) -> Result<T, zk::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match request().await {
+            Err(e) if is_transient(&e) && tries < RETRIES => {
+                tries += 1;
+                sleep(RETRY_PAUSE).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Deletes a node of ours, retrying while the connection comes back; says whether it was
+/// there.
+pub(crate) async fn delete(conn: &Conn, path: &str) -> Result<Deleted, zk::Error> {
+    let mut ambiguous = false;
+    let mut tries = 0;
+    loop {
+        match conn.delete(path).await {
+            Ok(()) => return Ok(Deleted::Now),
+            Err(zk::Error::NoNode) if ambiguous => return Ok(Deleted::Probably),
+            Err(zk::Error::NoNode) => return Ok(Deleted::Missing),
+            Err(e) if is_transient(&e) && tries < RETRIES => {
+                ambiguous = true;
+                tries += 1;
+                sleep(RETRY_PAUSE).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What [`delete`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deleted {
+    /// Our request deleted the node.
+    Now,
+    /// The node is gone; a request of ours whose reply was lost probably deleted it.
+    Probably,
+    /// The node was not there.
+    Missing,
+}
+
+/// Who holds the lock at `lock_path`, as the leader last committed it.
+pub(crate) async fn inspect(
+    conn: &Conn,
+    lock_path: &str,
+    name: &LockName,
+) -> Result<Option<LockInfo>, LockError> {
+    // A follower may lag behind the leader; `sync` makes it catch up before we read.
+    match conn.sync(lock_path).await {
+        Ok(()) | Err(zk::Error::NoNode) => {}
+        Err(e) => return Err(ZkError::new("sync", lock_path, e).into()),
+    }
+    for _ in 0..RETRIES {
+        let children = match retry(|| conn.list(lock_path)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(ZkError::new("list", lock_path, e).into()),
+        };
+        let queue = node::contenders(&children).map_err(|f| foreign_error(name, lock_path, &f))?;
+        let Some(first) = queue.first() else {
+            return Ok(None);
+        };
+        let path = format!("{lock_path}/{}", first.name);
+        match retry(|| conn.read(&path)).await {
+            Ok((data, stat)) => {
+                let token = token_of(first.name, &data);
+                let fence = fence(stat.czxid, first.name).map_err(|stop| match stop {
+                    Stop::Fail(e) => e,
+                    _ => LockError::not_held(name),
+                })?;
+                return Ok(Some(LockInfo::new(name.clone(), token, fence, None)));
+            }
+            // Released between the listing and the read: look again.
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(ZkError::new("read", &path, e).into()),
+        }
+    }
+    Err(LockError::Unavailable {
+        message: format!("`{name}` changed hands too often to be inspected; try again"),
+        source: None,
+    })
+}
+
+/// The owner token of a contender: its name, plus the 128-bit secret our nodes carry as data.
+fn token_of(node_name: &str, data: &[u8]) -> LeaseToken {
+    match std::str::from_utf8(data) {
+        Ok(secret) if LeaseToken::is_random_format(secret) => {
+            LeaseToken::from_store(format!("{node_name}/{secret}"))
+        }
+        // A Curator contender (its data is the client's address) or another writer's node.
+        _ => LeaseToken::from_store(node_name),
+    }
+}
+
+fn fence(czxid: i64, node_name: &str) -> Result<Fence, Stop> {
+    u64::try_from(czxid).map(Fence::new).map_err(|_| {
+        Stop::Fail(LockError::Backend {
+            message: format!("contender `{node_name}` has a negative creation zxid {czxid}"),
+            source: None,
+        })
+    })
+}
+
+fn foreign_error(name: &LockName, lock_path: &str, foreign: &[&str]) -> LockError {
+    LockError::Foreign {
+        name: name.to_string(),
+        found: format!(
+            "`{lock_path}` has children that are not lock contenders in Curator's layout `_c_<uuid>-lock-<sequence>`: {}",
+            foreign.join(", ")
+        ),
+    }
+}
+
+/// Owns a contender node until it is granted or deleted; dropped while armed (the acquire
+/// future was dropped, or failed without deleting) it deletes the node in the background.
+struct Cleanup {
+    conn: Conn,
+    lock_path: String,
+    uuid_prefix: String,
+    /// The node's path once the create's reply arrived; before that it is found by UUID.
+    node: Option<String>,
+    armed: bool,
+}
+
+impl Cleanup {
+    fn new(conn: Conn, lock_path: &str, uuid_prefix: String) -> Self {
+        Self {
+            conn,
+            lock_path: lock_path.to_owned(),
+            uuid_prefix,
+            node: None,
+            armed: true,
+        }
+    }
+
+    /// The node is granted or gone: nothing to clean up.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Deletes the node now (if this future is dropped meanwhile, `Drop` takes over).
+    async fn discard(&mut self) {
+        if self.armed {
+            remove(
+                &self.conn,
+                &self.lock_path,
+                &self.uuid_prefix,
+                self.node.as_deref(),
+            )
+            .await;
+            self.armed = false;
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (conn, lock_path, uuid_prefix, node) = (
+            self.conn.clone(),
+            std::mem::take(&mut self.lock_path),
+            std::mem::take(&mut self.uuid_prefix),
+            self.node.take(),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    remove(&conn, &lock_path, &uuid_prefix, node.as_deref()).await;
+                });
+            }
+            Err(_) => {
+                // No runtime to talk to the server: the node ends with the session, at the
+                // latest when the backend is dropped.
+                tracing::debug!(lock = %lock_path, "acquire dropped without a runtime; the contender node ends with the session");
+            }
+        }
+    }
+}
+
+/// Deletes our contender node: `node` if its name is known, else the child with our UUID.
+async fn remove(conn: &Conn, lock_path: &str, uuid_prefix: &str, node: Option<&str>) {
+    if conn.is_ended() {
+        // The server deletes the ephemeral nodes of an ended session by itself.
+        return;
+    }
+    let path = match node {
+        Some(path) => path.to_owned(),
+        None => {
+            // Requests are applied in order: if the create was sent, this listing sees it.
+            let children = match retry(|| conn.list(lock_path)).await {
+                Ok(children) => children,
+                Err(_) => return,
+            };
+            match children.into_iter().find(|c| c.starts_with(uuid_prefix)) {
+                Some(name) => format!("{lock_path}/{name}"),
+                None => return,
+            }
+        }
+    };
+    match delete(conn, &path).await {
+        Ok(_) => tracing::debug!(node = %path, "abandoned contender node deleted"),
+        Err(error) => {
+            tracing::debug!(node = %path, %error, "abandoned contender node not deleted; it ends with the session");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_carry_the_secret_of_our_nodes_only() {
+        let node = "_c_6c3b1f7e-0b9e-4d5c-9d1e-2f0a8c7b6e5d-lock-0000000001";
+        let secret = LeaseToken::random();
+        let ours = token_of(node, secret.as_str().as_bytes());
+        assert_eq!(ours.as_str(), format!("{node}/{}", secret.as_str()));
+        assert_eq!(token_of(node, b"10.0.0.7").as_str(), node);
+        assert_eq!(token_of(node, &[0xff, 0xfe]).as_str(), node);
+    }
+
+    #[test]
+    fn negative_zxids_are_errors_not_panics() {
+        assert!(matches!(
+            fence(-1, "n"),
+            Err(Stop::Fail(LockError::Backend { .. }))
+        ));
+        assert!(matches!(fence(7, "n"), Ok(f) if f.get() == 7));
+    }
+}

@@ -1,0 +1,162 @@
+//! What the conformance suite and the fault tests share: the [`ZkStore`] test store and raw
+//! ZooKeeper access.
+
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use conformance_tests::TestStore;
+use lock_core::{LockClient, LockError, LockName, async_trait};
+use lock_zookeeper::{ZkBackend, ZkConfig};
+use zookeeper_client::{Acls, Client, CreateMode};
+
+/// The standalone server's variable.
+pub(crate) const STANDALONE_VAR: &str = "LOCK_TEST_ZK_ADDR";
+/// The 3-node ensemble's variable.
+pub(crate) const ENSEMBLE_VAR: &str = "LOCK_TEST_ZK_ENSEMBLE";
+/// Where `cargo xtask services` keeps each server's `pid`, `start` and `stop`.
+pub(crate) const SERVICES_DIR_VAR: &str = "LOCK_TEST_SERVICES_DIR";
+
+/// The connect string in `var`, or the error that says how to get it.
+pub(crate) fn hosts(var: &str) -> Result<String, String> {
+    match std::env::var(var) {
+        Ok(hosts) if !hosts.trim().is_empty() => Ok(hosts),
+        _ => Err(format!("{var} is not set; run `cargo xtask test`")),
+    }
+}
+
+/// A raw client (a session of its own), or why the server does not answer.
+pub(crate) async fn raw_client(hosts: &str, session_timeout: Duration) -> Result<Client, String> {
+    let connect = Client::connector()
+        .with_session_timeout(session_timeout)
+        .with_fail_eagerly()
+        .connect(hosts);
+    match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(format!("ZooKeeper at `{hosts}` does not answer: {e}")),
+        Err(_) => Err(format!(
+            "ZooKeeper at `{hosts}` does not answer within 10 s"
+        )),
+    }
+}
+
+fn raw_error(what: &str, path: &str, e: zookeeper_client::Error) -> LockError {
+    LockError::backend(format!("test store: {what} `{path}`"), e)
+}
+
+/// A ZooKeeper server or ensemble under test: every client is a backend with its own session;
+/// an administrator's session of its own removes, lists and plants nodes.
+pub(crate) struct ZkStore {
+    config: ZkConfig,
+    admin: Client,
+}
+
+impl ZkStore {
+    /// The store of the servers in `var`, with sessions of `session_timeout`.
+    pub(crate) async fn from_env(var: &str, session_timeout: Duration) -> Result<Self, String> {
+        let hosts = hosts(var)?;
+        let admin = raw_client(&hosts, session_timeout).await?;
+        let config = ZkConfig::new(hosts).session_timeout(session_timeout);
+        Ok(Self { config, admin })
+    }
+
+    /// The backends' configuration.
+    pub(crate) fn config(&self) -> &ZkConfig {
+        &self.config
+    }
+
+    /// The administrator's raw client.
+    pub(crate) fn admin(&self) -> &Client {
+        &self.admin
+    }
+
+    /// A new backend with its own session.
+    pub(crate) async fn backend(&self) -> Result<ZkBackend, LockError> {
+        ZkBackend::connect(self.config.clone()).await
+    }
+
+    /// The children of `name`'s lock node, as the leader has them.
+    pub(crate) async fn children(&self, name: &LockName) -> Result<Vec<String>, LockError> {
+        let path = self.config.lock_path(name);
+        match self.admin.sync(&path).await {
+            Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+            Err(e) => return Err(raw_error("sync", &path, e)),
+        }
+        match self.admin.list_children(&path).await {
+            Ok(mut children) => {
+                children.sort();
+                Ok(children)
+            }
+            Err(zookeeper_client::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(raw_error("list", &path, e)),
+        }
+    }
+
+    /// Creates `name`'s lock node (and the root) if missing, as a container.
+    pub(crate) async fn ensure_lock_node(&self, name: &LockName) -> Result<String, LockError> {
+        let path = self.config.lock_path(name);
+        let root = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        match self.admin.mkdir(&self.config.root, &root).await {
+            Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => return Err(raw_error("create", &self.config.root, e)),
+        }
+        let container = CreateMode::Container.with_acls(Acls::anyone_all());
+        match self.admin.create(&path, &[], &container).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(path),
+            Err(e) => Err(raw_error("create", &path, e)),
+        }
+    }
+}
+
+#[async_trait]
+impl TestStore for ZkStore {
+    async fn client(&self) -> Result<LockClient, LockError> {
+        Ok(LockClient::new(self.backend().await?))
+    }
+
+    /// Deletes every child of the lock node.
+    async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
+        let path = self.config.lock_path(name);
+        for child in self.children(name).await? {
+            let child = format!("{path}/{child}");
+            match self.admin.delete(&child, None).await {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+                Err(e) => return Err(raw_error("delete", &child, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The children of the lock node. The empty container node itself is not a leftover:
+    /// the server deletes it at its next container check.
+    async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
+        let path = self.config.lock_path(name);
+        Ok(self
+            .children(name)
+            .await?
+            .into_iter()
+            .map(|child| format!("node {path}/{child}"))
+            .collect())
+    }
+
+    /// A persistent child outside the contender layout.
+    async fn plant_foreign(&self, name: &LockName) -> Result<(), LockError> {
+        let path = self.ensure_lock_node(name).await?;
+        let child = format!("{path}/planted-by-the-conformance-suite");
+        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        match self.admin.create(&child, b"not a lock", &persistent).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(raw_error("create", &child, e)),
+        }
+    }
+
+    fn can_plant_foreign(&self) -> bool {
+        true
+    }
+
+    /// The negotiated session timeout (the TTL of every lease).
+    fn ttl(&self) -> Duration {
+        self.admin.session_timeout()
+    }
+}

@@ -86,8 +86,9 @@ impl LockGuard {
 
     /// Extends the lease to `ttl` from now (the watchdog then keeps renewing at the new TTL).
     ///
-    /// On session stores the hold already lasts as long as the session; `extend` confirms the
-    /// session is alive and records the new TTL for the local deadline.
+    /// On session stores (capabilities say `Expiry::Session`) the hold lasts as long as the
+    /// session and `ttl` cannot change that: `extend` only confirms the hold is still there,
+    /// and the lease keeps the session timeout as its TTL.
     ///
     /// # Errors
     /// [`LockError::InvalidOptions`] for a TTL out of range (nothing changes);

@@ -13,6 +13,7 @@
 //! deliberately broken wrappers of [`lock_core::MemoryBackend`] and checks each is caught.
 
 pub mod bench;
+mod cases;
 mod counting;
 mod report;
 mod runner;
@@ -20,6 +21,7 @@ mod scenario;
 mod scenarios;
 mod store;
 
+pub use cases::{CaseFuture, Cases};
 pub use counting::{CountingBackend, Counts};
 pub use report::{ScenarioResult, SuiteReport, Verdict};
 pub use runner::{
@@ -28,6 +30,18 @@ pub use runner::{
 pub use scenario::{Applies, Ctx, Failure, HolderProcess, Outcome, Scenario, ScenarioFuture};
 pub use scenarios::all as all_scenarios;
 pub use store::{MemoryStore, TestStore};
+
+/// The multi-threaded Tokio runtime (2 workers) the test binaries run on.
+///
+/// # Errors
+/// When the runtime cannot be built, as text.
+pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a Tokio runtime: {e}"))
+}
 
 /// The workspace README's example, compiled and run as a doc test.
 #[cfg(doctest)]

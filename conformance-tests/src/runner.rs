@@ -87,14 +87,10 @@ impl Runner {
     ///
     /// Command-line arguments that do not start with `-` filter scenarios by substring.
     pub fn main(self) -> ExitCode {
-        let runtime = match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-        {
+        let runtime = match crate::runtime() {
             Ok(runtime) => runtime,
             Err(e) => {
-                eprintln!("cannot start a Tokio runtime: {e}");
+                eprintln!("{e}");
                 return ExitCode::FAILURE;
             }
         };

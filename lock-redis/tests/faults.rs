@@ -5,9 +5,7 @@
 //! restarts whatever a case stopped, even when it fails.
 
 use std::{
-    future::Future,
     path::PathBuf,
-    pin::Pin,
     process::{Command, ExitCode, Stdio},
     time::{Duration, Instant},
 };
@@ -594,63 +592,34 @@ async fn unreachable_server_is_unavailable() -> Outcome {
     Ok(())
 }
 
-type Case = (&'static str, fn() -> Pin<Box<dyn Future<Output = Outcome>>>);
-
 fn main() -> ExitCode {
-    let cases: [Case; 9] = [
-        ("lost_release_message_strands_no_waiter", || {
+    conformance_tests::Cases::<Failure>::new("redis faults")
+        .case("lost_release_message_strands_no_waiter", || {
             Box::pin(lost_release_message_strands_no_waiter())
-        }),
-        ("waiters_share_one_pubsub_connection", || {
+        })
+        .case("waiters_share_one_pubsub_connection", || {
             Box::pin(waiters_share_one_pubsub_connection())
-        }),
-        ("unreachable_server_is_unavailable", || {
+        })
+        .case("unreachable_server_is_unavailable", || {
             Box::pin(unreachable_server_is_unavailable())
-        }),
-        ("batched_renewal_survives_a_flushed_script_cache", || {
+        })
+        .case("batched_renewal_survives_a_flushed_script_cache", || {
             Box::pin(batched_renewal_survives_a_flushed_script_cache())
-        }),
-        ("redlock_survives_two_of_five_down", || {
+        })
+        .case("redlock_survives_two_of_five_down", || {
             Box::pin(redlock_survives_two_of_five_down())
-        }),
-        ("redlock_fails_cleanly_with_three_of_five_down", || {
+        })
+        .case("redlock_fails_cleanly_with_three_of_five_down", || {
             Box::pin(redlock_fails_cleanly_with_three_of_five_down())
-        }),
-        ("restart_while_held_fires_lost", || {
+        })
+        .case("restart_while_held_fires_lost", || {
             Box::pin(restart_while_held_fires_lost())
-        }),
-        ("foreign_values_are_reported_not_taken", || {
+        })
+        .case("foreign_values_are_reported_not_taken", || {
             Box::pin(foreign_values_are_reported_not_taken())
-        }),
-        ("replica_acknowledgements_are_required", || {
+        })
+        .case("replica_acknowledgements_are_required", || {
             Box::pin(replica_acknowledgements_are_required())
-        }),
-    ];
-    let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    else {
-        eprintln!("cannot start a runtime");
-        return ExitCode::FAILURE;
-    };
-    let (mut passed, mut failed) = (0, 0);
-    for (label, case) in cases {
-        let start = Instant::now();
-        match runtime.block_on(case()) {
-            Ok(()) => {
-                passed += 1;
-                println!("  pass  {label} ({:?})", start.elapsed());
-            }
-            Err(failure) => {
-                failed += 1;
-                println!("  FAIL  {label}: {failure}");
-            }
-        }
-    }
-    println!("redis faults: {passed} passed, {failed} failed");
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+        })
+        .main()
 }

@@ -24,7 +24,6 @@ use std::{
     future::Future,
     net::SocketAddr,
     path::PathBuf,
-    pin::Pin,
     process::ExitCode,
     sync::{
         Arc, Mutex,
@@ -44,67 +43,22 @@ use tokio::{
 use zookeeper_client::{Acls, Client, CreateMode};
 
 type Outcome = Result<(), String>;
-type Case = fn() -> Pin<Box<dyn Future<Output = Outcome>>>;
 
 fn main() -> ExitCode {
-    let cases: [(&str, Case); 5] = [
-        ("leader_killed", || Box::pin(leader_killed())),
-        ("server_paused", || Box::pin(server_paused())),
-        ("no_herd", || Box::pin(no_herd())),
-        ("curator_interop", || Box::pin(curator_interop())),
-        ("lost_create_reply", || Box::pin(lost_create_reply())),
-    ];
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("cannot start a Tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     trace::install();
-    let mut failed = 0;
-    let mut passed = 0;
-    for (name, case) in cases {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let start = Instant::now();
-        let outcome = runtime.block_on(async {
-            match tokio::time::timeout(Duration::from_secs(180), case()).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err("hung for 180 s".into()),
+    conformance_tests::Cases::<String>::new("faults")
+        .case("leader_killed", || Box::pin(leader_killed()))
+        .case("server_paused", || Box::pin(server_paused()))
+        .case("no_herd", || Box::pin(no_herd()))
+        .case("curator_interop", || Box::pin(curator_interop()))
+        .case("lost_create_reply", || Box::pin(lost_create_reply()))
+        .on_failure(|| {
+            println!("        the last events before the failure:");
+            for line in trace::last(400) {
+                println!("        {line}");
             }
-        });
-        let millis = start.elapsed().as_millis();
-        match outcome {
-            Ok(()) => {
-                passed += 1;
-                println!("  pass  faults/{name} ({millis} ms)");
-            }
-            Err(why) => {
-                failed += 1;
-                println!("  FAIL  faults/{name} ({millis} ms): {why}");
-                println!("        the last events before the failure:");
-                for line in trace::last(400) {
-                    println!("        {line}");
-                }
-            }
-        }
-    }
-    println!("faults: {passed} passed, {failed} failed");
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+        })
+        .main()
 }
 
 macro_rules! ensure {

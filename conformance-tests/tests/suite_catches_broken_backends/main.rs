@@ -10,14 +10,10 @@ use broken::{BrokenStore, Fault};
 use conformance_tests::run_suite;
 
 fn main() -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match conformance_tests::runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("cannot start a runtime: {e}");
+            eprintln!("{e}");
             return ExitCode::FAILURE;
         }
     };

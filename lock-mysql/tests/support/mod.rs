@@ -294,8 +294,7 @@ impl TestStore for MySqlStore {
 }
 
 /// A boxed test case.
-pub type CaseFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+pub type CaseFuture = conformance_tests::CaseFuture<String>;
 
 /// A named test case of a `harness = false` binary.
 pub type Case = (&'static str, fn() -> CaseFuture);
@@ -310,61 +309,22 @@ macro_rules! ensure {
     };
 }
 
-/// Runs `cases` one after another (those whose name contains a command-line argument, when
-/// there are any), each limited to two minutes, prints a line per case and a summary, drops
-/// this run's tables, and returns the exit code.
+/// Runs `cases` one after another (see [`conformance_tests::Cases`]), each limited to two
+/// minutes, then drops this run's tables; returns the exit code.
 pub fn run_cases(label: &str, cases: Vec<Case>) -> std::process::ExitCode {
-    use std::time::Instant;
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("cannot start a Tokio runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let (mut passed, mut failed) = (0, 0);
-    for (name, case) in cases {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let start = Instant::now();
-        let result = runtime.block_on(async {
-            match tokio::time::timeout(Duration::from_secs(120), tokio::spawn(case())).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(join)) => Err(format!("panicked: {join}")),
-                Err(_) => Err("hung for 120 s".into()),
-            }
+    let runner = conformance_tests::Cases::new(label)
+        .limit(Duration::from_secs(120))
+        .finally(|| {
+            Box::pin(async {
+                if url().is_ok() {
+                    drop_run_tables().await
+                } else {
+                    Ok(())
+                }
+            })
         });
-        let ms = start.elapsed().as_millis();
-        match result {
-            Ok(()) => {
-                passed += 1;
-                println!("  pass  {name} ({ms} ms)");
-            }
-            Err(why) => {
-                failed += 1;
-                println!("  FAIL  {name} ({ms} ms): {why}");
-            }
-        }
-    }
-    if url().is_ok()
-        && let Err(error) = runtime.block_on(drop_run_tables())
-    {
-        println!("  FAIL  cleaning up: {error}");
-        failed += 1;
-    }
-    println!("{label}: {passed} passed, {failed} failed");
-    if failed == 0 {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::FAILURE
-    }
+    cases
+        .into_iter()
+        .fold(runner, |runner, (name, run)| runner.case(name, run))
+        .main()
 }

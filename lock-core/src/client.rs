@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use crate::{
     AcquireRequest, Capabilities, Holder, Lease, LockBackend, LockError, LockGuard, LockInfo,
-    LockName, LockOptions, hold::Hold, watchdog::Watchdog,
+    LockName, LockOptions, hold::Hold, holder::SlotUse, watchdog::Watchdog,
 };
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
@@ -117,12 +117,16 @@ impl LockClient {
         request: AcquireRequest,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let slot = holder.slot(self.shared.id, request.name());
-        let mut slot_guard =
-            match tokio::time::timeout_at(request.deadline().into(), slot.lock()).await {
-                Ok(guard) => guard,
-                Err(_) => return Err(request.timeout_error()),
-            };
+        let slot_use = SlotUse::new(holder, self.shared.id, request.name());
+        let mut slot_guard = match tokio::time::timeout_at(
+            request.deadline().into(),
+            slot_use.slot().lock(),
+        )
+        .await
+        {
+            Ok(guard) => guard,
+            Err(_) => return Err(request.timeout_error()),
+        };
         if let Some(hold) = slot_guard.upgrade()
             && hold.enter()
         {
@@ -197,5 +201,57 @@ impl fmt::Debug for LockClient {
         f.debug_struct("LockClient")
             .field("backend", &self.shared.backend)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryBackend;
+
+    /// A holder keeps a slot per name only while it holds or waits for that name: failed,
+    /// timed-out and cancelled acquisitions leave nothing behind.
+    #[tokio::test]
+    async fn holders_keep_no_slot_for_locks_they_do_not_hold() {
+        let client = LockClient::new(MemoryBackend::new());
+        let (owner, prober) = (Holder::new(), Holder::new());
+        let options = LockOptions::new().ttl(Duration::from_secs(30));
+        let mut guards = Vec::new();
+        for i in 0..50 {
+            let name = LockName::new(format!("slot/{i}")).unwrap();
+            guards.push(client.acquire(&owner, &name, &options).await.unwrap());
+            assert!(
+                client
+                    .try_acquire(&prober, &name, &options)
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+        }
+        assert_eq!(prober.slot_count(), 0, "failed tries left slots");
+        let (busy, waiting_options) = (
+            LockName::new("slot/0").unwrap(),
+            options.clone().wait(Duration::from_secs(10)),
+        );
+        let waiting = client.acquire(&prober, &busy, &waiting_options);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), waiting)
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            prober.slot_count(),
+            0,
+            "a cancelled acquisition left its slot"
+        );
+        assert_eq!(
+            owner.slot_count(),
+            50,
+            "held locks must keep their slots for reentrancy"
+        );
+        for guard in guards {
+            guard.release().await.unwrap();
+        }
+        assert_eq!(owner.slot_count(), 0, "released locks left slots");
     }
 }

@@ -154,7 +154,7 @@ pub(crate) async fn end_hold(hold: Arc<Hold>) -> Result<(), LockError> {
     let status = hold.status();
     let result = hold.client.backend.release(&lease).await;
     hold.mark_released();
-    hold.holder.forget_slot(hold.client.id, lease.name());
+    hold.holder.forget_slot(hold.client.id, lease.name(), 0);
     match (status, result) {
         (Status::Lost(reason), _) => Err(lost(&lease, reason)),
         (_, Ok(())) => {
@@ -184,7 +184,7 @@ impl Drop for LockGuard {
                 // No runtime to talk to the store: stop renewing; the lease ends at its TTL.
                 hold.mark_released();
                 let lease = hold.lease();
-                hold.holder.forget_slot(hold.client.id, lease.name());
+                hold.holder.forget_slot(hold.client.id, lease.name(), 0);
                 tracing::debug!(lock = %lease.name(), "guard dropped without a runtime; lease will expire");
             }
         }

@@ -69,7 +69,7 @@ impl Holder {
         self.inner.id
     }
 
-    pub(crate) fn slot(&self, client: u64, name: &LockName) -> Arc<Slot> {
+    fn slot(&self, client: u64, name: &LockName) -> Arc<Slot> {
         let mut slots = self
             .inner
             .slots
@@ -81,17 +81,65 @@ impl Holder {
             .clone()
     }
 
-    /// Forgets the slot of a hold that ended, unless someone is using it.
-    pub(crate) fn forget_slot(&self, client: u64, name: &LockName) {
+    /// How many (client, name) slots the holder keeps.
+    #[cfg(test)]
+    pub(crate) fn slot_count(&self) -> usize {
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Forgets the (client, name) slot when it is idle: nobody but the caller (who holds
+    /// `own` references to it) is using or waiting on it, and it remembers no hold with live
+    /// guards (that hold must stay reachable for reentry).
+    pub(crate) fn forget_slot(&self, client: u64, name: &LockName, own: usize) {
         let mut slots = self
             .inner
             .slots
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let key = (client, name.clone());
-        if slots.get(&key).is_some_and(|s| Arc::strong_count(s) == 1) {
+        let idle = slots.get(&key).is_some_and(|slot| {
+            Arc::strong_count(slot) == 1 + own
+                && slot
+                    .try_lock()
+                    .is_ok_and(|hold| hold.upgrade().is_none_or(|hold| hold.depth() == 0))
+        });
+        if idle {
             slots.remove(&key);
         }
+    }
+}
+
+/// A holder's use of one slot during an acquisition: forgets the slot when the acquisition
+/// ends, whichever way (granted, refused, failed, or cancelled by dropping the future).
+pub(crate) struct SlotUse {
+    holder: Holder,
+    client: u64,
+    name: LockName,
+    slot: Arc<Slot>,
+}
+
+impl SlotUse {
+    pub(crate) fn new(holder: &Holder, client: u64, name: &LockName) -> Self {
+        Self {
+            holder: holder.clone(),
+            client,
+            name: name.clone(),
+            slot: holder.slot(client, name),
+        }
+    }
+
+    pub(crate) fn slot(&self) -> &Slot {
+        &self.slot
+    }
+}
+
+impl Drop for SlotUse {
+    fn drop(&mut self) {
+        self.holder.forget_slot(self.client, &self.name, 1);
     }
 }
 

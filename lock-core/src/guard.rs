@@ -38,13 +38,13 @@ impl LockGuard {
     }
 
     /// The lock's name.
-    pub fn name(&self) -> LockName {
-        self.hold.lease().name().clone()
+    pub fn name(&self) -> &LockName {
+        &self.hold.name
     }
 
     /// The fencing token of this hold: pass it to the protected resource.
     pub fn fence(&self) -> Fence {
-        self.hold.lease().fence()
+        self.hold.fence
     }
 
     /// The current lease (its expiry moves with every renewal).
@@ -148,17 +148,26 @@ fn lost(lease: &Lease, reason: LossReason) -> LockError {
     }
 }
 
-/// Ends a hold whose last guard left: releases the store lease and forgets the reentrancy slot.
+/// Ends a hold whose last guard left: releases the store lease (unless the store can no longer
+/// have it) and forgets the reentrancy slot.
 pub(crate) async fn end_hold(hold: Arc<Hold>) -> Result<(), LockError> {
     let lease = hold.lease();
     let status = hold.status();
-    let result = hold.client.backend.release(&lease).await;
+    // After "not held", a session's end, or the watchdog's release at max_hold, a release
+    // could only answer "not held": spare the round trip. A hold that passed its local
+    // deadline may still be in the store, so it is released.
+    let result = match status {
+        Status::Lost(LossReason::NotHeld | LossReason::SessionEnded | LossReason::MaxHold) => {
+            Err(LockError::not_held(&hold.name))
+        }
+        _ => hold.client.backend.release(&lease).await,
+    };
     hold.mark_released();
-    hold.holder.forget_slot(hold.client.id, lease.name(), 0);
+    hold.holder.forget_slot(hold.client.id, &hold.name, 0);
     match (status, result) {
         (Status::Lost(reason), _) => Err(lost(&lease, reason)),
         (_, Ok(())) => {
-            tracing::debug!(lock = %lease.name(), fence = %lease.fence(), "lock released");
+            tracing::debug!(lock = %hold.name, fence = %hold.fence, "lock released");
             Ok(())
         }
         (_, Err(LockError::NotHeld { .. })) => Err(lost(&lease, LossReason::NotHeld)),
@@ -183,9 +192,8 @@ impl Drop for LockGuard {
             Err(_) => {
                 // No runtime to talk to the store: stop renewing; the lease ends at its TTL.
                 hold.mark_released();
-                let lease = hold.lease();
-                hold.holder.forget_slot(hold.client.id, lease.name(), 0);
-                tracing::debug!(lock = %lease.name(), "guard dropped without a runtime; lease will expire");
+                hold.holder.forget_slot(hold.client.id, &hold.name, 0);
+                tracing::debug!(lock = %hold.name, "guard dropped without a runtime; lease will expire");
             }
         }
     }
@@ -193,10 +201,9 @@ impl Drop for LockGuard {
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let lease = self.hold.lease();
         f.debug_struct("LockGuard")
-            .field("name", lease.name())
-            .field("fence", &lease.fence())
+            .field("name", &self.hold.name)
+            .field("fence", &self.hold.fence)
             .field("held", &self.is_held())
             .finish()
     }

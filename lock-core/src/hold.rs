@@ -8,7 +8,9 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::{Grant, Holder, Lease, LockError, LockOptions, LossReason, client::ClientShared};
+use crate::{
+    Fence, Grant, Holder, Lease, LockError, LockName, LockOptions, LossReason, client::ClientShared,
+};
 
 /// Where a hold stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +29,9 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 pub(crate) struct Hold {
     pub(crate) client: Arc<ClientShared>,
     pub(crate) holder: Holder,
+    /// Fixed for the life of the hold (renewals keep both), so read without the lock.
+    pub(crate) name: LockName,
+    pub(crate) fence: Fence,
     state: Mutex<HoldState>,
     status: watch::Sender<Status>,
 }
@@ -88,6 +93,8 @@ impl Hold {
         Arc::new(Self {
             client,
             holder,
+            name: state.lease.name().clone(),
+            fence: state.lease.fence(),
             state: Mutex::new(state),
             status: watch::channel(Status::Held).0,
         })
@@ -191,8 +198,7 @@ impl Hold {
             }
         });
         if changed {
-            let lease = self.lease();
-            tracing::warn!(lock = %lease.name(), fence = %lease.fence(), %reason, "lock lost");
+            tracing::warn!(lock = %self.name, fence = %self.fence, %reason, "lock lost");
         }
         changed
     }
@@ -268,7 +274,7 @@ impl Hold {
                 self.mark_lost(reason);
             }
             Err(error) => {
-                tracing::debug!(lock = %self.lease().name(), %error, "renewal failed; retrying");
+                tracing::debug!(lock = %self.name, %error, "renewal failed; retrying");
                 self.retry_soon(sent);
             }
         }

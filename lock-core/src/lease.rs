@@ -57,7 +57,7 @@ pub struct Lease {
     name: LockName,
     token: LeaseToken,
     fence: Fence,
-    #[serde(with = "millis")]
+    #[serde(with = "humantime_serde")]
     ttl: Duration,
     expires_at: Option<SystemTime>,
 }
@@ -162,20 +162,6 @@ impl LockInfo {
             fence,
             expires_in,
         }
-    }
-}
-
-mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
     }
 }
 

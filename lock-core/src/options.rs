@@ -19,6 +19,8 @@ pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 ///
 /// Defaults (documented choices, see the crate docs): TTL 30 s, wait budget 10 s, renewal every
 /// TTL/3 by a background watchdog, no `max_hold`, back-off from 10 ms to 500 ms with jitter.
+/// Serialized durations are text such as `"500ms"` or `"1m 30s"` (as in every config of this
+/// workspace); missing fields take their defaults.
 ///
 /// ```
 /// use std::time::Duration;
@@ -36,12 +38,16 @@ pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 #[non_exhaustive]
 pub struct LockOptions {
     /// How long a lease lasts unless renewed.
+    #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// How long `acquire` may wait for the lock; zero means one try.
+    #[serde(with = "humantime_serde")]
     pub wait: Duration,
     /// How often the watchdog renews; `None` means TTL/3.
+    #[serde(with = "humantime_serde")]
     pub renew_every: Option<Duration>,
     /// The longest the watchdog keeps the lock; `None` means as long as the guard lives.
+    #[serde(with = "humantime_serde")]
     pub max_hold: Option<Duration>,
     /// Whether a background watchdog renews the lease.
     pub watchdog: bool,
@@ -160,8 +166,10 @@ pub fn validate_ttl(ttl: Duration) -> Result<(), LockError> {
 #[non_exhaustive]
 pub struct Backoff {
     /// The first delay.
+    #[serde(with = "humantime_serde")]
     pub min: Duration,
     /// The largest delay.
+    #[serde(with = "humantime_serde")]
     pub max: Duration,
     /// Whether delays are randomised (recommended: it spreads contending clients).
     pub jitter: bool,
@@ -258,6 +266,19 @@ mod tests {
             assert!(matches!(err, LockError::InvalidOptions { .. }));
             assert!(err.to_string().contains(word), "{err} should name {word}");
         }
+    }
+
+    #[test]
+    fn durations_read_as_text() {
+        let options: LockOptions =
+            serde_json::from_str(r#"{"ttl": "5s", "wait": "250ms", "max_hold": "1m"}"#).unwrap();
+        assert_eq!(options.ttl, Duration::from_secs(5));
+        assert_eq!(options.wait, Duration::from_millis(250));
+        assert_eq!(options.max_hold, Some(Duration::from_secs(60)));
+        assert_eq!(options.backoff, Backoff::default());
+        let json = serde_json::to_string(&options).unwrap();
+        assert!(json.contains(r#""ttl":"5s""#), "{json}");
+        assert_eq!(serde_json::from_str::<LockOptions>(&json).unwrap(), options);
     }
 
     #[test]

@@ -103,14 +103,14 @@ pub struct MySqlConfig {
     /// Connections in the pool for short statements (default 8, at least 1).
     pub pool_size: u32,
     /// How long to wait for a connection (new or from the pool) before the store counts as
-    /// unavailable (default 5 s), in milliseconds in serialized form.
-    #[serde(with = "millis")]
+    /// unavailable (default 5 s); serialized as text such as `"5s"`.
+    #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// `innodb_lock_wait_timeout` of pooled connections, in whole seconds (default 5 s): how
     /// long one short statement may wait for a row another transaction locks (the lease
-    /// strategy locks a row only for the duration of one statement or batch). Milliseconds in
-    /// serialized form; rounded up to whole seconds.
-    #[serde(with = "millis")]
+    /// strategy locks a row only for the duration of one statement or batch). Serialized as text
+    /// such as `"5s"`; rounded up to whole seconds.
+    #[serde(with = "humantime_serde")]
     pub lock_wait_timeout: Duration,
     /// Create the table if it is missing (default true). When false, a missing table is an
     /// error; see [`create_table_sql`](crate::create_table_sql) for the DDL.
@@ -327,20 +327,6 @@ fn number<T: FromStr>(key: &str, value: &str) -> Result<T, LockError> {
     value
         .parse()
         .map_err(|_| invalid(format!("URL parameter {key}={value:?} is not a number")))
-}
-
-mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
-    }
 }
 
 #[cfg(test)]

@@ -29,8 +29,10 @@ pub struct RedisConfig {
     /// server only. 0 = none.
     pub replica_acks: u32,
     /// How long to wait for those acknowledgements.
+    #[serde(with = "humantime_serde")]
     pub replica_timeout: Duration,
     /// Time-out of one request to the server.
+    #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
 }
 
@@ -126,6 +128,7 @@ pub struct RedlockConfig {
     /// Prefix of every key (no `{`, `}` or control characters).
     pub key_prefix: String,
     /// Time-out of one request to one server; a slow server counts as a failed vote.
+    #[serde(with = "humantime_serde")]
     pub node_timeout: Duration,
 }
 
@@ -262,5 +265,15 @@ mod tests {
         let config: RedisConfig = serde_json::from_str(r#"{"urls":["redis://h:1"]}"#).unwrap();
         assert_eq!(config.key_prefix, "lock");
         assert!(!config.cluster);
+        let config: RedlockConfig = serde_json::from_str(
+            r#"{"urls":["redis://a","redis://b","redis://c"],"node_timeout":"80ms"}"#,
+        )
+        .unwrap();
+        assert_eq!(config.node_timeout, Duration::from_millis(80));
+        let json = serde_json::to_string(&config).unwrap();
+        assert_eq!(
+            serde_json::from_str::<RedlockConfig>(&json).unwrap(),
+            config
+        );
     }
 }

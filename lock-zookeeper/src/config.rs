@@ -10,14 +10,15 @@ use crate::encoding::{encode_name, percent_decode};
 
 /// How to reach ZooKeeper and where to keep locks.
 ///
-/// Serde reads every field with a default (`#[serde(default)]`), durations in milliseconds:
+/// Serde reads every field with a default (`#[serde(default)]`), durations as text such as
+/// `"4s"` (as in every config of this workspace):
 ///
 /// ```
 /// use std::time::Duration;
 /// use lock_zookeeper::ZkConfig;
 ///
 /// let config: ZkConfig = serde_json::from_str(
-///     r#"{ "hosts": "10.0.0.1:2181,10.0.0.2:2181", "session_timeout_ms": 4000 }"#,
+///     r#"{ "hosts": "10.0.0.1:2181,10.0.0.2:2181", "session_timeout": "4s" }"#,
 /// )?;
 /// assert_eq!(config.root, "/locks");
 /// assert_eq!(config.session_timeout, Duration::from_secs(4));
@@ -42,10 +43,10 @@ pub struct ZkConfig {
     /// The session timeout asked of the server (default 10 s). The server clamps it to its
     /// `minSessionTimeout..=maxSessionTimeout` (by default 2 to 20 ticks); leases carry the
     /// negotiated value.
-    #[serde(rename = "session_timeout_ms", with = "millis")]
+    #[serde(with = "humantime_serde")]
     pub session_timeout: Duration,
     /// How long establishing a session may take before `connect` gives up (default 10 s).
-    #[serde(rename = "connect_timeout_ms", with = "millis")]
+    #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// What [`Capabilities::failover`](lock_core::Capabilities::failover) declares; `None`
     /// derives it from the connect string: one host is a single server, several are a quorum.
@@ -293,20 +294,6 @@ impl fmt::Debug for ZkAuth {
     }
 }
 
-mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,12 +337,12 @@ mod tests {
     }
 
     #[test]
-    fn serde_round_trip_in_milliseconds() {
+    fn serde_round_trip_with_text_durations() {
         let config = ZkConfig::new("h:1")
             .session_timeout(Duration::from_millis(2500))
             .auth(ZkAuth::digest("u", "p"));
         let json = serde_json::to_string(&config).unwrap();
-        assert!(json.contains("\"session_timeout_ms\":2500"), "{json}");
+        assert!(json.contains(r#""session_timeout":"2s 500ms""#), "{json}");
         let back: ZkConfig = serde_json::from_str(&json).unwrap();
         assert_eq!(back, config);
         let partial: ZkConfig = serde_json::from_str("{}").unwrap();

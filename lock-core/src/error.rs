@@ -124,12 +124,68 @@ impl LockError {
         }
     }
 
+    /// A copy of this error, for reporting one failure once per item of a batch (a batched
+    /// renewal that failed as a whole): the same variant, fields and message; a source error
+    /// is kept as its text.
+    pub fn duplicate(&self) -> Self {
+        let source = |source: &Option<BoxError>| -> Option<BoxError> {
+            source
+                .as_ref()
+                .map(|e| Box::new(SourceText(e.to_string())) as BoxError)
+        };
+        match self {
+            Self::Timeout { name, waited } => Self::Timeout {
+                name: name.clone(),
+                waited: *waited,
+            },
+            Self::NotHeld { name } => Self::NotHeld { name: name.clone() },
+            Self::Lost { name, reason } => Self::Lost {
+                name: name.clone(),
+                reason: *reason,
+            },
+            Self::InvalidName { reason } => Self::InvalidName {
+                reason: reason.clone(),
+            },
+            Self::InvalidOptions { reason } => Self::InvalidOptions {
+                reason: reason.clone(),
+            },
+            Self::InvalidLease { reason } => Self::InvalidLease {
+                reason: reason.clone(),
+            },
+            Self::Foreign { name, found } => Self::Foreign {
+                name: name.clone(),
+                found: found.clone(),
+            },
+            Self::Unsupported { what } => Self::Unsupported { what: what.clone() },
+            Self::Unavailable { message, source: s } => Self::Unavailable {
+                message: message.clone(),
+                source: source(s),
+            },
+            Self::Backend { message, source: s } => Self::Backend {
+                message: message.clone(),
+                source: source(s),
+            },
+        }
+    }
+
     pub(crate) fn invalid_options(reason: impl Into<String>) -> Self {
         Self::InvalidOptions {
             reason: reason.into(),
         }
     }
 }
+
+/// A source error kept as its text (see [`LockError::duplicate`]).
+#[derive(Debug)]
+struct SourceText(String);
+
+impl fmt::Display for SourceText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SourceText {}
 
 /// Why a hold can no longer be trusted (the value [`LockGuard::lost`](crate::LockGuard::lost)
 /// resolves to).
@@ -159,5 +215,26 @@ impl fmt::Display for LossReason {
             Self::MaxHold => "the hold reached its max_hold",
             Self::Released => "the lock was released",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_keep_variant_message_and_source_text() {
+        let original = LockError::backend("table dropped", SourceText("no such table".into()));
+        let copy = original.duplicate();
+        assert!(matches!(copy, LockError::Backend { .. }));
+        assert!(!copy.is_retryable());
+        assert_eq!(copy.to_string(), original.to_string());
+        let source = std::error::Error::source(&copy).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("no such table"));
+        assert!(
+            LockError::unavailable("down", SourceText("refused".into()))
+                .duplicate()
+                .is_retryable()
+        );
     }
 }

@@ -253,15 +253,9 @@ impl LockBackend for RedisBackend {
                     message: format!("{} replies to {} renewals", replies.len(), leases.len()),
                     source: None,
                 };
-                leases
-                    .iter()
-                    .map(|_| Err(ops::batch_failed(&error)))
-                    .collect()
+                leases.iter().map(|_| Err(error.duplicate())).collect()
             }
-            Err(error) => leases
-                .iter()
-                .map(|_| Err(ops::batch_failed(&error)))
-                .collect(),
+            Err(error) => leases.iter().map(|_| Err(error.duplicate())).collect(),
         }
     }
 

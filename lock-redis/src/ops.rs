@@ -198,27 +198,6 @@ pub(crate) async fn renew_batch<C: ConnectionLike + Send>(
     }
 }
 
-/// The same failure for every lease of a batch (the batch failed as a whole).
-pub(crate) fn batch_failed(error: &LockError) -> LockError {
-    let message = match error {
-        LockError::Unavailable { message, .. } | LockError::Backend { message, .. } => {
-            message.clone()
-        }
-        other => other.to_string(),
-    };
-    if error.is_retryable() {
-        LockError::Unavailable {
-            message,
-            source: None,
-        }
-    } else {
-        LockError::Backend {
-            message,
-            source: None,
-        }
-    }
-}
-
 /// Releases if the key holds `token`; true when it did.
 pub(crate) async fn release<C: ConnectionLike + Send>(
     conn: &mut C,

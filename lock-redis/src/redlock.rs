@@ -268,7 +268,7 @@ impl LockBackend for RedlockBackend {
                     .iter()
                     .map(|node| match node {
                         Ok(replies) => Ok(replies.get(i).and_then(ops::renewed_at)),
-                        Err(e) => Err(ops::batch_failed(e)),
+                        Err(e) => Err(e.duplicate()),
                     })
                     .collect();
                 self.judge_renewal(lease, lease.ttl(), start, votes)

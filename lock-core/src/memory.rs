@@ -115,7 +115,6 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        crate::validate_ttl(request.ttl())?;
         loop {
             // Register for the release notification before looking, so a release between the
             // look and the wait cannot be missed.

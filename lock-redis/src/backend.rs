@@ -154,7 +154,6 @@ impl LockBackend for RedisBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        lock_core::validate_ttl(request.ttl())?;
         let keys = self.keys(request.name());
         let token = LeaseToken::random();
         let mut conn = self.inner.conn.clone();

@@ -8,8 +8,9 @@ use std::{
 
 use futures::future::join_all;
 use lock_core::{
-    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
-    LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
+    AcquireRequest, Attempt, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease,
+    LeaseToken, LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
+    poll_until_acquired,
 };
 use redis::Value;
 
@@ -28,7 +29,8 @@ use crate::{
 ///   is valid for `ttl - elapsed - drift` with `drift = ttl * 0.01 + 2 ms`, and the lease's
 ///   local deadline is computed the same way.
 /// - A failed attempt releases on every server (a timed-out server may have granted), then
-///   retries after a random delay (jittered back-off bounded by the holder's TTL).
+///   retries after a random delay: `lock_core::poll_until_acquired`'s jittered back-off,
+///   bounded by the holder's TTL and the wait budget.
 /// - Renewal must reach a majority within the validity.
 /// - **Fences are best effort**: the fence is the maximum of the per-server counters of the
 ///   granting majority. Two majorities share a server, so it grows while servers keep their
@@ -108,6 +110,71 @@ impl RedlockBackend {
             .filter(|v| !v.is_zero())
     }
 
+    /// One round of Redlock: asks every server, keeps the lock if a majority granted it within
+    /// its validity, else undoes the round everywhere. A majority that cannot be reached once
+    /// the budget is spent is `Unavailable` rather than a `Timeout`.
+    async fn vote(
+        &self,
+        request: &AcquireRequest,
+        keys: &Keys,
+        token: &LeaseToken,
+    ) -> Result<Attempt, LockError> {
+        let (name, ttl) = (request.name(), request.ttl());
+        let start = Instant::now();
+        let votes = self
+            .everywhere("acquire", |mut conn| async move {
+                ops::try_acquire(&mut conn, name, keys, token, ttl).await
+            })
+            .await;
+        let mut granted = Vec::new();
+        let mut holder_left: Option<Duration> = None;
+        let mut foreign = None;
+        let mut failed = 0;
+        for vote in votes {
+            match vote {
+                Ok(Try::Granted { fence, server_ms }) => granted.push((fence, server_ms)),
+                Ok(Try::Busy { pttl }) => {
+                    holder_left = match (holder_left, pttl) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
+                Err(_) => failed += 1,
+            }
+        }
+        if foreign.is_none()
+            && granted.len() >= self.quorum()
+            && Self::validity(ttl, start).is_some()
+        {
+            let fence = granted.iter().map(|(f, _)| *f).max().unwrap_or_default();
+            let server_ms = granted.iter().map(|(_, t)| *t).max().unwrap_or_default();
+            return Ok(Attempt::Acquired(Grant::new(
+                ops::lease(name, token, fence, ttl, server_ms),
+                start,
+            )));
+        }
+        if !granted.is_empty() || failed > 0 {
+            self.release_everywhere(keys, token).await;
+        }
+        if let Some(error) = foreign {
+            return Err(error);
+        }
+        let nodes = self.inner.nodes.len();
+        if failed > nodes - self.quorum() && Instant::now() >= request.deadline() {
+            return Err(LockError::Unavailable {
+                message: format!(
+                    "lock `{name}`: {failed} of {nodes} servers failed to answer; a majority of {} is needed",
+                    self.quorum()
+                ),
+                source: None,
+            });
+        }
+        Ok(Attempt::Busy {
+            expires_in: holder_left,
+        })
+    }
+
     /// Judges a renewal vote: granted by a majority in time, else not held or unavailable.
     fn judge_renewal(
         &self,
@@ -165,74 +232,9 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        lock_core::validate_ttl(request.ttl())?;
-        let (name, ttl) = (request.name(), request.ttl());
-        let keys = self.keys(name);
+        let keys = self.keys(request.name());
         let token = LeaseToken::random();
-        let mut delays = request.backoff().delays();
-        loop {
-            let start = Instant::now();
-            let votes = self
-                .everywhere("acquire", |mut conn| {
-                    let (keys, token) = (&keys, &token);
-                    async move { ops::try_acquire(&mut conn, name, keys, token, ttl).await }
-                })
-                .await;
-            let mut granted = Vec::new();
-            let mut holder_left: Option<Duration> = None;
-            let mut foreign = None;
-            let mut failed = 0;
-            for vote in votes {
-                match vote {
-                    Ok(Try::Granted { fence, server_ms }) => granted.push((fence, server_ms)),
-                    Ok(Try::Busy { pttl }) => {
-                        holder_left = match (holder_left, pttl) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
-                    }
-                    Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
-                    Err(_) => failed += 1,
-                }
-            }
-            if foreign.is_none()
-                && granted.len() >= self.quorum()
-                && Self::validity(ttl, start).is_some()
-            {
-                let fence = granted.iter().map(|(f, _)| *f).max().unwrap_or_default();
-                let server_ms = granted.iter().map(|(_, t)| *t).max().unwrap_or_default();
-                return Ok(Grant::new(
-                    ops::lease(name, &token, fence, ttl, server_ms),
-                    start,
-                ));
-            }
-            if !granted.is_empty() || failed > 0 {
-                self.release_everywhere(&keys, &token).await;
-            }
-            if let Some(error) = foreign {
-                return Err(error);
-            }
-            let now = Instant::now();
-            let deadline = request.deadline();
-            if now >= deadline {
-                if failed > self.inner.nodes.len() - self.quorum() {
-                    return Err(LockError::Unavailable {
-                        message: format!(
-                            "lock `{name}`: {failed} of {} servers failed to answer; a majority of {} is needed",
-                            self.inner.nodes.len(),
-                            self.quorum()
-                        ),
-                        source: None,
-                    });
-                }
-                return Err(request.timeout_error());
-            }
-            let mut delay = delays.next().unwrap_or(request.backoff().max);
-            if let Some(left) = holder_left {
-                delay = delay.min(left + Duration::from_millis(1));
-            }
-            tokio::time::sleep_until((now + delay).min(deadline).into()).await;
-        }
+        poll_until_acquired(request, || self.vote(request, &keys, &token)).await
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {

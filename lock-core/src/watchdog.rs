@@ -106,13 +106,16 @@ async fn run(client: Arc<ClientShared>) {
         }
         let now = Instant::now();
         let mut wake_at = now + Duration::from_secs(3600);
-        let mut batch = Vec::new();
+        let (mut batch, mut leases) = (Vec::new(), Vec::new());
         let mut single = Vec::new();
         let mut ended = Vec::new();
         for hold in holds {
             match hold.plan(now) {
                 Plan::Sleep(at) => wake_at = wake_at.min(at),
-                Plan::Renew(lease, ttl) if ttl == lease.ttl() => batch.push((hold, lease)),
+                Plan::Renew(lease, ttl) if ttl == lease.ttl() => {
+                    batch.push(hold);
+                    leases.push(lease);
+                }
                 Plan::Renew(lease, ttl) => single.push((hold, lease, ttl)),
                 Plan::End(lease) => ended.push(lease),
             }
@@ -131,21 +134,20 @@ async fn run(client: Arc<ClientShared>) {
         }
         if !batch.is_empty() {
             let sent = Instant::now();
-            let leases: Vec<_> = batch.iter().map(|(_, lease)| lease.clone()).collect();
             let limit = batch
                 .iter()
-                .map(|(hold, _)| hold.deadline().saturating_duration_since(sent))
+                .map(|hold| hold.deadline().saturating_duration_since(sent))
                 .min()
                 .unwrap_or_default()
                 .max(Duration::from_millis(1));
             match tokio::time::timeout(limit, client.backend.renew_many(&leases)).await {
                 Ok(results) if results.len() == batch.len() => {
-                    for ((hold, _), result) in batch.iter().zip(results) {
+                    for (hold, result) in batch.iter().zip(results) {
                         hold.apply_renewal(result, false, sent);
                     }
                 }
                 _ => {
-                    for (hold, _) in &batch {
+                    for hold in &batch {
                         hold.retry_soon(sent);
                     }
                 }

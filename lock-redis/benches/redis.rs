@@ -240,12 +240,12 @@ async fn run() -> Result<(), String> {
 }
 
 fn main() -> std::process::ExitCode {
-    let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    else {
-        eprintln!("cannot start a runtime");
-        return std::process::ExitCode::FAILURE;
+    let runtime = match conformance_tests::runtime() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("{error}");
+            return std::process::ExitCode::FAILURE;
+        }
     };
     match runtime.block_on(run()) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -189,17 +189,10 @@ impl LeaseStrategy {
             }
             let mut renewed = match self.renew_batch(&valid).await {
                 Ok(results) => results.into_iter(),
+                // The batch failed as a whole: each lease reports the failure, with its
+                // variant (a refused statement stays a Backend error, not a retryable one).
                 Err(error) => {
-                    let message = error.to_string();
-                    let failed: Vec<_> = valid
-                        .iter()
-                        .map(|_| {
-                            Err(LockError::Unavailable {
-                                message: message.clone(),
-                                source: None,
-                            })
-                        })
-                        .collect();
+                    let failed: Vec<_> = valid.iter().map(|_| Err(error.duplicate())).collect();
                     failed.into_iter()
                 }
             };

@@ -202,7 +202,7 @@ impl RowLockStrategy {
             hex(name.as_str().as_bytes()),
         );
         let sent = Instant::now();
-        match run(&mut dedicated.conn, sql).await {
+        match run(&mut dedicated.conn, AssertSqlSafe(sql)).await {
             Ok(rows) => {
                 let token: Option<Vec<u8>> = tagged(&rows, "held")
                     .next()
@@ -261,7 +261,7 @@ impl RowLockStrategy {
         let Some(mut dedicated) = held.conn.lock().await.take() else {
             return Err(LockError::not_held(name));
         };
-        match run(&mut dedicated.conn, "ROLLBACK".to_owned()).await {
+        match run(&mut dedicated.conn, "ROLLBACK").await {
             Ok(_) => {
                 self.shared.keep(dedicated);
                 Ok(())
@@ -383,8 +383,7 @@ impl Shared {
         let rows = run(
             &mut conn,
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-             SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)"
-                .to_owned(),
+             SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)",
         )
         .await
         .map_err(|e| lock_error(what, e))?;
@@ -556,7 +555,7 @@ impl Shared {
             fence.get(),
         );
         let valid_from = Instant::now();
-        if let Err(error) = run(&mut dedicated.conn, record).await {
+        if let Err(error) = run(&mut dedicated.conn, AssertSqlSafe(record)).await {
             self.discard(dedicated);
             return Err(Failed::Error(lock_error(
                 &format!("recording the hold of `{name}`"),
@@ -587,7 +586,7 @@ impl Shared {
         tx: &mut oneshot::Sender<Result<PendingGrant, LockError>>,
     ) -> Result<Vec<MySqlRow>, (Option<Stop>, sqlx::Error)> {
         let id = dedicated.id;
-        let query = run(&mut dedicated.conn, sql);
+        let query = run(&mut dedicated.conn, AssertSqlSafe(sql));
         tokio::pin!(query);
         let deadline = tokio::time::sleep_until(deadline.into());
         tokio::pin!(deadline);
@@ -610,7 +609,7 @@ impl Shared {
 
     /// Rolls back and keeps the connection, or closes it if the rollback fails.
     async fn rollback_and_keep(&self, mut dedicated: Dedicated) {
-        match run(&mut dedicated.conn, "ROLLBACK".to_owned()).await {
+        match run(&mut dedicated.conn, "ROLLBACK").await {
             Ok(_) => self.keep(dedicated),
             Err(_) => self.discard(dedicated),
         }

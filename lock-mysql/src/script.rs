@@ -11,7 +11,7 @@
 
 use std::{fmt::Write as _, future::Future};
 
-use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, mysql::MySqlRow};
+use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, SqlSafeStr, mysql::MySqlRow};
 
 use crate::error::{Class, classify};
 
@@ -27,13 +27,13 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// Runs `sql` (one or more statements) on `conn` and returns the rows of every statement,
-/// in order.
+/// Runs `sql` (one or more statements: a `&'static str`, or a built script wrapped in
+/// [`AssertSqlSafe`]) on `conn` and returns the rows of every statement, in order.
 pub(crate) async fn run(
     conn: &mut MySqlConnection,
-    sql: String,
+    sql: impl SqlSafeStr,
 ) -> Result<Vec<MySqlRow>, sqlx::Error> {
-    sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await
+    sqlx::raw_sql(sql).fetch_all(conn).await
 }
 
 /// How many times a batch rolled back by a deadlock is run again.
@@ -72,7 +72,7 @@ pub(crate) async fn run_pooled(
     let mut attempt = 0;
     loop {
         let mut conn = pool.acquire().await?;
-        match run(&mut conn, sql.clone()).await {
+        match run(&mut conn, AssertSqlSafe(sql.clone())).await {
             Ok(rows) => return Ok(rows),
             Err(error) => {
                 let class = classify(&error);

@@ -46,7 +46,7 @@ use crate::{
     config::ceil_secs,
     error::{Class, classify, lock_error, server_code},
     lock_row::{HOLD_COLUMNS, HoldRow, HoldState},
-    script::{hex, retry_deadlocks, run, run_pooled, tagged},
+    script::{Deadlocks, hex, retry_deadlocks, run, run_pooled, tagged},
 };
 
 /// How long creating a name's row may take even when the wait budget is spent.
@@ -445,10 +445,9 @@ impl Shared {
         let (mut dedicated, mut fresh) = self.checkout().await.map_err(Failed::Error)?;
         let t = self.table.quoted();
         let n = hex(name.as_str().as_bytes());
-        // Deadlocks cannot happen on one row; the bound only guards against a surprise.
-        let mut attempts = 0;
+        // Deadlocks cannot happen on one row; retrying only guards against a surprise.
+        let mut deadlocks = Deadlocks::default();
         loop {
-            attempts += 1;
             let remaining = request.deadline().saturating_duration_since(Instant::now());
             let nowait = remaining.is_zero();
             let mut sql = String::new();
@@ -484,7 +483,7 @@ impl Shared {
                         self.rollback_and_keep(dedicated).await;
                         return Err(Failed::Stopped(Stop::Deadline));
                     }
-                    Class::Deadlock if attempts < 3 => continue,
+                    Class::Deadlock if deadlocks.retry(&error) => continue,
                     Class::Connection if !fresh => {
                         // An idle connection the server closed meanwhile: use a new one.
                         self.discard(dedicated);

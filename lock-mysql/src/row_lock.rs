@@ -75,6 +75,8 @@ struct Shared {
     table: TableName,
     /// The fence bump, prepared once per pooled connection.
     bump: Arc<str>,
+    /// The renewal's read of the holder's token, prepared once per dedicated connection.
+    held: Arc<str>,
     /// Live holds of this client, by owner token.
     holds: Mutex<HashMap<LeaseToken, Arc<Held>>>,
     /// Dedicated connections kept open for the next hold.
@@ -150,6 +152,7 @@ impl RowLockStrategy {
                     table.fences().quoted()
                 )
                 .into(),
+                held: format!("SELECT token FROM {} WHERE name = ?", table.quoted()).into(),
                 table,
                 holds: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
@@ -195,22 +198,21 @@ impl RowLockStrategy {
         let Some(dedicated) = slot.as_mut() else {
             return Err(LockError::not_held(name));
         };
-        let sql = format!(
-            "{}SELECT 'held', token FROM {} WHERE name = {}",
-            dedicated.wait_timeout_for(ttl),
-            self.shared.table.quoted(),
-            hex(name.as_str().as_bytes()),
-        );
+        let set_wait_timeout = dedicated.wait_timeout_for(ttl);
         let sent = Instant::now();
-        match run(&mut dedicated.conn, AssertSqlSafe(sql)).await {
-            Ok(rows) => {
-                let token: Option<Vec<u8>> = tagged(&rows, "held")
-                    .next()
-                    .map(|row| row.try_get(1))
-                    .transpose()
-                    .map_err(|e| lock_error(&format!("renewing `{name}`"), e))?
-                    .flatten();
-                if token.as_deref() == Some(lease.token().as_str().as_bytes()) {
+        let read = async {
+            // Only when the TTL changed (an extension): one more round trip.
+            if !set_wait_timeout.is_empty() {
+                run(&mut dedicated.conn, AssertSqlSafe(set_wait_timeout)).await?;
+            }
+            sqlx::query_scalar::<_, Option<Vec<u8>>>(AssertSqlSafe(self.shared.held.clone()))
+                .bind(name.as_str().as_bytes())
+                .fetch_optional(&mut dedicated.conn)
+                .await
+        };
+        match read.await {
+            Ok(token) => {
+                if token.flatten().as_deref() == Some(lease.token().as_str().as_bytes()) {
                     Ok(Grant::new(lease.clone().with_ttl(ttl), sent))
                 } else {
                     // Cannot happen while the transaction lives; end the hold rather than trust it.

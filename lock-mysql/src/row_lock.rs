@@ -165,10 +165,17 @@ impl RowLockStrategy {
     /// future cleans up in the background instead of abandoning a connection mid-statement.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         validate_ttl(request.ttl())?;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(LockError::Unsupported {
+                what:
+                    "acquiring a row lock outside a Tokio runtime (the wait runs in a spawned task)"
+                        .into(),
+            });
+        };
         let (tx, rx) = oneshot::channel();
         let shared = self.shared.clone();
         let task_request = request.clone();
-        tokio::spawn(async move { shared.acquire_task(task_request, tx).await });
+        runtime.spawn(async move { shared.acquire_task(task_request, tx).await });
         match rx.await {
             Ok(Ok(mut pending)) => pending.claim().ok_or_else(|| LockError::Backend {
                 message: format!("the grant of `{}` was taken twice", request.name()),
@@ -675,5 +682,37 @@ impl Drop for PendingGrant {
             tracing::debug!(lock = %grant.lease.name(), "acquire dropped as the lock was granted; releasing");
             self.shared.abandon(grant.lease.token());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lock_core::LockOptions;
+    use sqlx::mysql::MySqlPoolOptions;
+
+    use super::*;
+
+    #[test]
+    fn acquiring_outside_a_runtime_is_unsupported_not_a_panic() {
+        let options: MySqlConnectOptions = "mysql://u:p@127.0.0.1:9/db".parse().unwrap();
+        // Lazy, without maintenance: nothing is spawned or connected.
+        let pool = MySqlPoolOptions::new()
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_lazy_with(options.clone());
+        let strategy = RowLockStrategy::new(
+            pool,
+            options,
+            Duration::from_secs(1),
+            TableName::new("t").unwrap(),
+            0,
+        );
+        let request =
+            AcquireRequest::new(LockName::new("a").unwrap(), &LockOptions::new()).unwrap();
+        let result = futures::executor::block_on(strategy.acquire(&request));
+        assert!(
+            matches!(result, Err(LockError::Unsupported { .. })),
+            "{result:?}"
+        );
     }
 }

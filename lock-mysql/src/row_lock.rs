@@ -319,7 +319,7 @@ impl RowLockStrategy {
         };
         Ok(match current.judge_current(&self.shared.table, name)? {
             HoldState::Free => None,
-            HoldState::Held { token, fence, .. } => {
+            HoldState::Held { token, fence } => {
                 Some(LockInfo::new(name.clone(), token, fence, None))
             }
         })

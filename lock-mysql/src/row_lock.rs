@@ -177,10 +177,7 @@ impl RowLockStrategy {
         let task_request = request.clone();
         runtime.spawn(async move { shared.acquire_task(task_request, tx).await });
         match rx.await {
-            Ok(Ok(mut pending)) => pending.claim().ok_or_else(|| LockError::Backend {
-                message: format!("the grant of `{}` was taken twice", request.name()),
-                source: None,
-            }),
+            Ok(Ok(pending)) => Ok(pending.claim()),
             Ok(Err(error)) => Err(error),
             Err(_) => Err(LockError::Backend {
                 message: format!(
@@ -432,8 +429,9 @@ impl Shared {
     ) {
         let answer = match self.lock_row(&request, &mut tx).await {
             Ok(grant) => Ok(PendingGrant {
-                grant: Some(grant),
+                grant,
                 shared: self.clone(),
+                claimed: false,
             }),
             Err(Failed::Error(error)) => Err(error),
             Err(Failed::Stopped(Stop::Deadline)) => Err(request.timeout_error()),
@@ -666,21 +664,25 @@ impl Shared {
 /// A grant on its way to the caller: released in the background if it is dropped unclaimed
 /// (the caller's `acquire` future was dropped just as the lock was granted).
 struct PendingGrant {
-    grant: Option<Grant>,
+    grant: Grant,
     shared: Arc<Shared>,
+    claimed: bool,
 }
 
 impl PendingGrant {
-    fn claim(&mut self) -> Option<Grant> {
-        self.grant.take()
+    /// The grant, now the caller's: dropping this no longer releases it.
+    fn claim(mut self) -> Grant {
+        self.claimed = true;
+        self.grant.clone()
     }
 }
 
 impl Drop for PendingGrant {
     fn drop(&mut self) {
-        if let Some(grant) = self.grant.take() {
-            tracing::debug!(lock = %grant.lease.name(), "acquire dropped as the lock was granted; releasing");
-            self.shared.abandon(grant.lease.token());
+        if !self.claimed {
+            let lease = &self.grant.lease;
+            tracing::debug!(lock = %lease.name(), "acquire dropped as the lock was granted; releasing");
+            self.shared.abandon(lease.token());
         }
     }
 }

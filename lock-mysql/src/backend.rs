@@ -62,7 +62,7 @@ impl MySqlBackend {
     /// Dropping the future leaves nothing behind but, possibly, the created table.
     pub async fn connect(config: &MySqlConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let table = config.table()?;
+        let table = config.table();
         let options = config.connect_options()?;
         let pool = pool_options(config)
             .connect_with(options.clone())

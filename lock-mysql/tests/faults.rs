@@ -339,7 +339,7 @@ async fn lease_lock_wait_timeout() -> Result<(), String> {
     let mut admin = admin_conn().await?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "START TRANSACTION; SELECT fence FROM `{}` WHERE name = X'{}' FOR UPDATE",
-        config.table().map_err(err)?,
+        config.table(),
         hex(&name)
     )))
     .execute(&mut admin)
@@ -383,7 +383,7 @@ async fn lease_lock_wait_timeout() -> Result<(), String> {
 async fn lease_deadlock_retried() -> Result<(), String> {
     let store = MySqlStore::new(Strategy::Lease).await?;
     let config = store.config().clone();
-    let table = config.table().map_err(err)?;
+    let table = config.table();
     let backend = MySqlBackend::connect(&config).await.map_err(err)?;
     let a = LockClient::new(backend.clone());
     let base = name("deadlock")?;

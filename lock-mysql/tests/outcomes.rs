@@ -41,7 +41,7 @@ type Snapshot = Option<(
 )>;
 
 async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, String> {
-    let table = store.config().table().map_err(|e| e.to_string())?;
+    let table = store.config().table();
     sqlx::query_as(AssertSqlSafe(format!(
         "SELECT LOWER(HEX(token)), fence, CAST(expires_at AS CHAR(26)), \
          CAST(acquired_at AS CHAR(26)), expires_at > NOW(6) FROM `{table}` WHERE name = ?"
@@ -75,7 +75,7 @@ async fn acquire_matches_row() -> Result<(), String> {
     let backend = MySqlBackend::connect(store.config())
         .await
         .map_err(|e| e.to_string())?;
-    let table = store.config().table().map_err(|e| e.to_string())?;
+    let table = store.config().table();
     let past = "NOW(6) - INTERVAL 1 SECOND";
     let cases: [(&str, Option<String>, Expect); 11] = [
         ("missing row", None, Expect::Acquired(1)),
@@ -190,7 +190,7 @@ async fn release_matches_row() -> Result<(), String> {
     let backend = MySqlBackend::connect(store.config())
         .await
         .map_err(|e| e.to_string())?;
-    let table = store.config().table().map_err(|e| e.to_string())?;
+    let table = store.config().table();
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::ZERO);

@@ -90,7 +90,6 @@ impl LeaseStrategy {
     /// Acquires by polling: one statement per try, jittered back-off between tries bounded by
     /// the holder's remaining TTL as the server reports it.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        validate_ttl(request.ttl())?;
         poll_until_acquired(request, || self.try_once(request)).await
     }
 

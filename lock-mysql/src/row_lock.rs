@@ -164,7 +164,6 @@ impl RowLockStrategy {
     /// Acquires in a spawned task that owns the dedicated connection, so that dropping this
     /// future cleans up in the background instead of abandoning a connection mid-statement.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        validate_ttl(request.ttl())?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(LockError::Unsupported {
                 what:

@@ -28,7 +28,12 @@ pub fn url() -> Result<String, String> {
 }
 
 /// This run's table for `strategy` (the parent's, in a conformance holder process).
-pub fn run_table(strategy: Strategy) -> TableName {
+///
+/// # Errors
+/// When the name is not a valid table name. Never another table instead: the run's tables
+/// are dropped at the end, and falling back to, say, the library's default table would drop
+/// a user's locks.
+pub fn run_table(strategy: Strategy) -> Result<TableName, String> {
     let pid = if std::env::var_os(conformance_tests::HOLDER_STORE_VAR).is_some() {
         std::os::unix::process::parent_id()
     } else {
@@ -38,14 +43,14 @@ pub fn run_table(strategy: Strategy) -> TableName {
         Strategy::Lease => "lease",
         _ => "rows",
     };
-    TableName::new(format!("t{pid}_{suffix}")).unwrap_or_else(|_| strategy.default_table())
+    TableName::new(format!("t{pid}_{suffix}")).map_err(|e| format!("this run's table: {e}"))
 }
 
 /// The config of this run's clients.
 pub fn config(strategy: Strategy) -> Result<MySqlConfig, String> {
     Ok(MySqlConfig::new(url()?)
         .strategy(strategy)
-        .with_table(run_table(strategy))
+        .with_table(run_table(strategy)?)
         .pool_size(4)
         .connect_timeout(Duration::from_secs(3)))
 }
@@ -75,7 +80,7 @@ pub async fn admin_pool() -> Result<MySqlPool, String> {
 pub async fn drop_run_tables() -> Result<(), String> {
     let admin = admin_pool().await?;
     for strategy in [Strategy::Lease, Strategy::RowLock] {
-        let table = run_table(strategy);
+        let table = run_table(strategy)?;
         let sql = format!("DROP TABLE IF EXISTS `{0}`, `{0}_fences`", table.as_str());
         sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(&admin)
@@ -108,7 +113,7 @@ impl MySqlStore {
             .await
             .map_err(|e| format!("the MySQL server at {URL_VAR} does not answer: {e}"))?;
         Ok(Self {
-            table: run_table(strategy),
+            table: config.table(),
             config,
             admin,
         })

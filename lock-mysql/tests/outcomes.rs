@@ -7,28 +7,29 @@
 //!
 //! Needs `LOCK_TEST_MYSQL_URL` (`cargo xtask test` sets it); without it every case fails.
 
-#[macro_use]
 mod support;
 
 use std::time::Duration;
 
+use conformance_tests::{Cases, Failure, Outcome, ensure};
 use lock_core::{
     AcquireRequest, Fence, Lease, LeaseToken, LockBackend, LockError, LockName, LockOptions,
 };
 use lock_mysql::{MySqlBackend, Strategy};
 use sqlx::AssertSqlSafe;
-use support::{Case, MySqlStore};
+use support::MySqlStore;
 
 fn main() -> std::process::ExitCode {
-    let cases: Vec<Case> = vec![
-        ("lease/acquire_answer_matches_the_row", || {
+    Cases::<Failure>::new("outcomes")
+        .limit(Duration::from_secs(120))
+        .case("lease/acquire_answer_matches_the_row", || {
             Box::pin(acquire_matches_row())
-        }),
-        ("lease/release_answer_matches_the_row", || {
+        })
+        .case("lease/release_answer_matches_the_row", || {
             Box::pin(release_matches_row())
-        }),
-    ];
-    support::run_cases("outcomes", cases)
+        })
+        .finally(support::drop_tables_after_cases)
+        .main()
 }
 
 /// A row as an administrator reads it: hex token, fence, expiry, acquired_at, live.
@@ -40,7 +41,7 @@ type Snapshot = Option<(
     Option<i64>,
 )>;
 
-async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, String> {
+async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, Failure> {
     let table = store.config().table();
     sqlx::query_as(AssertSqlSafe(format!(
         "SELECT LOWER(HEX(token)), fence, CAST(expires_at AS CHAR(26)), \
@@ -49,16 +50,18 @@ async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, Strin
     .bind(name.as_str().as_bytes())
     .fetch_optional(store.admin())
     .await
-    .map_err(|e| format!("reading the row: {e}"))
+    .map_err(|e| Failure(format!("reading the row: {e}")))
 }
 
 fn hex(text: &str) -> String {
     text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
-fn name(tag: &str) -> Result<LockName, String> {
-    LockName::new(format!("outcomes/{tag}/{:016x}", rand::random::<u64>()))
-        .map_err(|e| e.to_string())
+fn name(tag: &str) -> Result<LockName, Failure> {
+    Ok(LockName::new(format!(
+        "outcomes/{tag}/{:016x}",
+        rand::random::<u64>()
+    ))?)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,11 +73,9 @@ enum Expect {
 
 const VALID: &str = "'0123456789abcdef0123456789abcdef'";
 
-async fn acquire_matches_row() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::Lease).await?;
-    let backend = MySqlBackend::connect(store.config())
-        .await
-        .map_err(|e| e.to_string())?;
+async fn acquire_matches_row() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
     let table = store.config().table();
     let past = "NOW(6) - INTERVAL 1 SECOND";
     let cases: [(&str, Option<String>, Expect); 11] = [
@@ -144,10 +145,10 @@ async fn acquire_matches_row() -> Result<(), String> {
             .bind(name.as_str().as_bytes())
             .execute(store.admin())
             .await
-            .map_err(|e| format!("{label}: setting up: {e}"))?;
+            .map_err(|e| Failure(format!("{label}: setting up: {e}")))?;
         }
         let before = snapshot(&store, &name).await?;
-        let request = AcquireRequest::new(name.clone(), &options).map_err(|e| e.to_string())?;
+        let request = AcquireRequest::new(name.clone(), &options)?;
         let answer = backend.acquire(&request).await;
         let after = snapshot(&store, &name).await?;
         match (&answer, expect) {
@@ -176,20 +177,18 @@ async fn acquire_matches_row() -> Result<(), String> {
                 );
             }
             _ => {
-                return Err(format!(
+                return Err(Failure(format!(
                     "{label}: answered {answer:?}, expected {expect:?}; row {before:?} -> {after:?}"
-                ));
+                )));
             }
         }
     }
     Ok(())
 }
 
-async fn release_matches_row() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::Lease).await?;
-    let backend = MySqlBackend::connect(store.config())
-        .await
-        .map_err(|e| e.to_string())?;
+async fn release_matches_row() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
     let table = store.config().table();
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
@@ -197,14 +196,7 @@ async fn release_matches_row() -> Result<(), String> {
     let acquire = |name: &LockName, options: &LockOptions| {
         let request = AcquireRequest::new(name.clone(), options);
         let backend = backend.clone();
-        async move {
-            let request = request.map_err(|e| e.to_string())?;
-            backend
-                .acquire(&request)
-                .await
-                .map(|grant| grant.lease)
-                .map_err(|e| e.to_string())
-        }
+        async move { Ok::<_, Failure>(backend.acquire(&request?).await?.lease) }
     };
     // Each release must answer NotHeld and leave the row as it was, or answer Ok and leave
     // it released with the same fence.
@@ -214,7 +206,7 @@ async fn release_matches_row() -> Result<(), String> {
         label: &str,
         lease: &Lease,
         ok: bool,
-    ) -> Result<(), String> {
+    ) -> Outcome {
         let before = snapshot(store, lease.name()).await?;
         let answer = backend.release(lease).await;
         let after = snapshot(store, lease.name()).await?;
@@ -264,7 +256,7 @@ async fn release_matches_row() -> Result<(), String> {
     .bind(name2.as_str().as_bytes())
     .execute(store.admin())
     .await
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Failure(e.to_string()))?;
     check(&store, &backend, "expired lease", &expired, false).await?;
 
     let name3 = name("release-taken-over")?;

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::TestStore;
+use conformance_tests::{CaseFuture, Failure, TestStore};
 use lock_core::{LockClient, LockError, LockName};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
 use sqlx::{
@@ -298,38 +298,14 @@ impl TestStore for MySqlStore {
     }
 }
 
-/// A boxed test case.
-pub type CaseFuture = conformance_tests::CaseFuture<String>;
-
-/// A named test case of a `harness = false` binary.
-pub type Case = (&'static str, fn() -> CaseFuture);
-
-/// Fails the case with a formatted message unless the condition holds.
-#[allow(unused_macros)] // not every binary uses it
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(format!($($msg)+));
+/// The clean-up after a binary's cases (`Cases::finally`): drops this run's tables (nothing
+/// to do without a server: every case has failed already).
+pub fn drop_tables_after_cases() -> CaseFuture<Failure> {
+    Box::pin(async {
+        if url().is_ok() {
+            drop_run_tables().await.map_err(Failure)
+        } else {
+            Ok(())
         }
-    };
-}
-
-/// Runs `cases` one after another (see [`conformance_tests::Cases`]), each limited to two
-/// minutes, then drops this run's tables; returns the exit code.
-pub fn run_cases(label: &str, cases: Vec<Case>) -> std::process::ExitCode {
-    let runner = conformance_tests::Cases::new(label)
-        .limit(Duration::from_secs(120))
-        .finally(|| {
-            Box::pin(async {
-                if url().is_ok() {
-                    drop_run_tables().await
-                } else {
-                    Ok(())
-                }
-            })
-        });
-    cases
-        .into_iter()
-        .fold(runner, |runner, (name, run)| runner.case(name, run))
-        .main()
+    })
 }

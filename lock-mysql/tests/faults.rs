@@ -30,8 +30,8 @@ use lock_core::{
     Holder, LockBackend, LockClient, LockError, LockGuard, LockName, LockOptions, LossReason,
 };
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
-use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
-use support::MySqlStore;
+use sqlx::{AssertSqlSafe, MySqlConnection};
+use support::{MySqlStore, hex};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -91,10 +91,6 @@ fn name(tag: &str) -> Result<LockName, Failure> {
     LockName::new(format!("faults/{tag}/{:016x}", rand::random::<u64>())).map_err(err)
 }
 
-fn hex(name: &LockName) -> String {
-    name.as_str().bytes().map(|b| format!("{b:02x}")).collect()
-}
-
 fn err(e: impl std::fmt::Display) -> Failure {
     Failure(e.to_string())
 }
@@ -106,14 +102,7 @@ async fn client(config: &MySqlConfig) -> Result<LockClient, Failure> {
 }
 
 async fn admin_conn() -> Result<MySqlConnection, Failure> {
-    let mut conn = MySqlConnection::connect(&support::url().map_err(Failure)?)
-        .await
-        .map_err(err)?;
-    sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 10, lock_wait_timeout = 10")
-        .execute(&mut conn)
-        .await
-        .map_err(err)?;
-    Ok(conn)
+    support::admin_conn().await.map_err(Failure)
 }
 
 async fn kill_connection(id: u64) -> Outcome {
@@ -125,40 +114,59 @@ async fn kill_connection(id: u64) -> Outcome {
     Ok(())
 }
 
-/// Waits until a statement mentioning `name` (other than this probe) is waiting on the server.
-async fn until_waiting(name: &LockName) -> Outcome {
-    let mut admin = admin_conn().await?;
-    let pattern = format!("%{}%", hex(name));
-    for _ in 0..200 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-             WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
-        )
-        .bind(&pattern)
-        .fetch_one(&mut admin)
-        .await
-        .map_err(err)?;
-        if waiting > 0 {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Err(Failure(format!(
-        "no statement on `{name}` started waiting within 2 s"
-    )))
-}
-
 /// How many statements mentioning `name` run on the server now (besides the probe).
-async fn statements_on(name: &LockName) -> Result<i64, Failure> {
-    let mut admin = admin_conn().await?;
+async fn statements_on(admin: &mut MySqlConnection, name: &LockName) -> Result<i64, Failure> {
     sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
          WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
     )
-    .bind(format!("%{}%", hex(name)))
-    .fetch_one(&mut admin)
+    .bind(format!("%{}%", hex(name.as_str())))
+    .fetch_one(admin)
     .await
     .map_err(err)
+}
+
+/// Polls the statements on `name` every 10 ms, at most `polls` times, until `done` holds for
+/// their count; fails with `fail(count)` otherwise.
+async fn until_statements(
+    name: &LockName,
+    polls: usize,
+    done: impl Fn(i64) -> bool,
+    fail: impl FnOnce(i64) -> String,
+) -> Outcome {
+    let mut admin = admin_conn().await?;
+    let mut count = statements_on(&mut admin, name).await?;
+    for _ in 0..polls {
+        if done(count) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        count = statements_on(&mut admin, name).await?;
+    }
+    ensure!(done(count), "{}", fail(count));
+    Ok(())
+}
+
+/// Waits until a statement mentioning `name` (other than this probe) is waiting on the server.
+async fn until_waiting(name: &LockName) -> Outcome {
+    until_statements(
+        name,
+        200,
+        |n| n > 0,
+        |_| format!("no statement on `{name}` started waiting within 2 s"),
+    )
+    .await
+}
+
+/// Waits up to a second for no statement on `name` to run on the server.
+async fn until_no_statement(name: &LockName) -> Outcome {
+    until_statements(
+        name,
+        100,
+        |n| n == 0,
+        |n| format!("{n} statements on `{name}` still run on the server"),
+    )
+    .await
 }
 
 /// Row lock: killing the holder's connection rolls its transaction back: the waiter queued in
@@ -339,7 +347,7 @@ async fn lease_lock_wait_timeout() -> Outcome {
     sqlx::raw_sql(AssertSqlSafe(format!(
         "START TRANSACTION; SELECT fence FROM `{}` WHERE name = X'{}' FOR UPDATE",
         config.table(),
-        hex(&name)
+        hex(name.as_str())
     )))
     .execute(&mut admin)
     .await
@@ -403,12 +411,12 @@ async fn lease_deadlock_retried() -> Outcome {
     for i in 0..5 {
         setup.push_str(&format!(
             "INSERT INTO `{table}` (name, fence) VALUES (X'{}', 0); ",
-            hex(&LockName::new(format!("{base}/weight{i}")).map_err(err)?)
+            hex(&format!("{base}/weight{i}"))
         ));
     }
     setup.push_str(&format!(
         "SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
-        hex(&y)
+        hex(y.as_str())
     ));
     sqlx::raw_sql(AssertSqlSafe(setup))
         .execute(&mut admin)
@@ -423,7 +431,7 @@ async fn lease_deadlock_retried() -> Outcome {
     // Now the batch holds x and waits for y: asking for x closes the cycle.
     let closing = sqlx::raw_sql(AssertSqlSafe(format!(
         "SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
-        hex(&x)
+        hex(x.as_str())
     )))
     .execute(&mut admin)
     .await;
@@ -446,20 +454,6 @@ async fn lease_deadlock_retried() -> Outcome {
     gx.release().await.map_err(err)?;
     gy.release().await.map_err(err)?;
     Ok(())
-}
-
-/// Waits up to a second for no statement on `name` to run on the server.
-async fn until_no_statement(name: &LockName) -> Outcome {
-    for _ in 0..100 {
-        if statements_on(name).await? == 0 {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Err(Failure(format!(
-        "{} statements on `{name}` still run on the server",
-        statements_on(name).await?
-    )))
 }
 
 /// Row lock: an `acquire` future dropped while it waits in InnoDB leaves no statement and no
@@ -530,18 +524,9 @@ async fn row_lock_sub_second_budgets() -> Outcome {
             took <= budget + Duration::from_millis(150),
             "budget {budget:?}: Timeout only after {took:?}"
         );
-        let mut left = statements_on(&name).await?;
-        for _ in 0..100 {
-            if left == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            left = statements_on(&name).await?;
-        }
-        ensure!(
-            left == 0,
-            "budget {budget:?}: {left} statements still wait on the server"
-        );
+        until_no_statement(&name)
+            .await
+            .map_err(|Failure(why)| Failure(format!("budget {budget:?}: {why}")))?;
     }
     held.release().await.map_err(err)?;
     let after = b

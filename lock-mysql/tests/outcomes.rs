@@ -17,7 +17,7 @@ use lock_core::{
 };
 use lock_mysql::{MySqlBackend, Strategy};
 use sqlx::AssertSqlSafe;
-use support::MySqlStore;
+use support::{MySqlStore, hex};
 
 fn main() -> std::process::ExitCode {
     Cases::<Failure>::new("outcomes")
@@ -51,10 +51,6 @@ async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, Failu
     .fetch_optional(store.admin())
     .await
     .map_err(|e| Failure(format!("reading the row: {e}")))
-}
-
-fn hex(text: &str) -> String {
-    text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 fn name(tag: &str) -> Result<LockName, Failure> {

@@ -15,7 +15,7 @@ use conformance_tests::{CaseFuture, Failure, TestStore};
 use lock_core::{LockClient, LockError, LockName};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
 use sqlx::{
-    AssertSqlSafe, MySqlPool, Row,
+    AssertSqlSafe, ConnectOptions, MySqlConnection, MySqlPool, Row,
     mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPoolOptions},
 };
 
@@ -55,25 +55,46 @@ pub fn config(strategy: Strategy) -> Result<MySqlConfig, String> {
         .connect_timeout(Duration::from_secs(3)))
 }
 
+fn admin_options() -> Result<MySqlConnectOptions, String> {
+    url()?
+        .parse()
+        .map_err(|e| format!("{URL_VAR} is not a MySQL URL: {e}"))
+}
+
+/// The administrator's session: it waits for row locks longer than the library's clients.
+async fn admin_setup(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 10, lock_wait_timeout = 10")
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+fn no_answer(e: sqlx::Error) -> String {
+    format!("the MySQL server at {URL_VAR} does not answer: {e}")
+}
+
 /// A pool for the administrator's statements (outside the library).
 pub async fn admin_pool() -> Result<MySqlPool, String> {
-    let options: MySqlConnectOptions = url()?
-        .parse()
-        .map_err(|e| format!("{URL_VAR} is not a MySQL URL: {e}"))?;
     MySqlPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 10, lock_wait_timeout = 10")
-                    .execute(conn)
-                    .await?;
-                Ok(())
-            })
-        })
-        .connect_with(options)
+        .after_connect(|conn, _| Box::pin(admin_setup(conn)))
+        .connect_with(admin_options()?)
         .await
-        .map_err(|e| format!("the MySQL server at {URL_VAR} does not answer: {e}"))
+        .map_err(no_answer)
+}
+
+/// One administrator's connection of its own (for a transaction held across statements; closing
+/// it rolls back whatever it holds).
+pub async fn admin_conn() -> Result<MySqlConnection, String> {
+    let mut conn = admin_options()?.connect().await.map_err(no_answer)?;
+    admin_setup(&mut conn).await.map_err(no_answer)?;
+    Ok(conn)
+}
+
+/// `text`'s bytes as hex digits (`X'<hex>'` in SQL; `LOWER(HEX(column))` reads the same).
+pub fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Drops this run's tables.
@@ -135,7 +156,7 @@ impl MySqlStore {
             "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
              SELECT connection_id FROM `{}` WHERE name = X'{}'; COMMIT",
             self.table,
-            hex(name)
+            hex(name.as_str())
         );
         let mut conn = self
             .admin
@@ -153,10 +174,6 @@ impl MySqlStore {
             .map_err(sql_error("decoding the holder"))?
             .flatten())
     }
-}
-
-fn hex(name: &LockName) -> String {
-    name.as_str().bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 #[async_trait]
@@ -206,7 +223,7 @@ impl TestStore for MySqlStore {
 
     async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
         let t = &self.table;
-        let n = hex(name);
+        let n = hex(name.as_str());
         let mut found = Vec::new();
         if self.config.strategy == Strategy::Lease {
             let sql = format!(

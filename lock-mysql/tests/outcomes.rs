@@ -53,6 +53,19 @@ async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, Failu
     .map_err(|e| Failure(format!("reading the row: {e}")))
 }
 
+/// Ends the lease on `name` by the server clock, as if its TTL had passed (no sleeping).
+async fn expire(store: &MySqlStore, name: &LockName) -> Outcome {
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE `{}` SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE name = ?",
+        store.config().table()
+    )))
+    .bind(name.as_str().as_bytes())
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("expiring `{name}`: {e}")))?;
+    Ok(())
+}
+
 fn name(tag: &str) -> Result<LockName, Failure> {
     Ok(LockName::new(format!(
         "outcomes/{tag}/{:016x}",
@@ -185,7 +198,6 @@ async fn acquire_matches_row() -> Outcome {
 async fn release_matches_row() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let backend = MySqlBackend::connect(store.config()).await?;
-    let table = store.config().table();
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::ZERO);
@@ -246,18 +258,12 @@ async fn release_matches_row() -> Outcome {
 
     let name2 = name("release-expired")?;
     let expired = acquire(&name2, &options).await?;
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE `{table}` SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE name = ?"
-    )))
-    .bind(name2.as_str().as_bytes())
-    .execute(store.admin())
-    .await
-    .map_err(|e| Failure(e.to_string()))?;
+    expire(&store, &name2).await?;
     check(&store, &backend, "expired lease", &expired, false).await?;
 
     let name3 = name("release-taken-over")?;
-    let old = acquire(&name3, &options.clone().ttl(Duration::from_millis(50))).await?;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let old = acquire(&name3, &options).await?;
+    expire(&store, &name3).await?;
     let new = acquire(&name3, &options).await?;
     ensure!(new.fence() > old.fence(), "no takeover after expiry");
     check(&store, &backend, "lease taken over", &old, false).await?;

@@ -1,6 +1,6 @@
-//! The lease strategy judges the outcome of acquire and release from the value the server
-//! returns with the statement (`LAST_INSERT_ID(fence ...)`, set only on the row it changed)
-//! and from re-reading the row. These cases put a row in every state this library can meet,
+//! The lease strategy judges the outcome of acquire, release and renewal from the value the
+//! server returns with the statement (`LAST_INSERT_ID(fence ...)`, set only on the row it
+//! changed) and from re-reading the row. These cases put a row in every state this library can meet,
 //! run the operation, and check its answer against the row as read before and after by an
 //! administrator's connection: a grant means the row now shows that grant; any other answer
 //! means the row did not change.
@@ -27,6 +27,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("lease/release_answer_matches_the_row", || {
             Box::pin(release_matches_row())
+        })
+        .case("lease/renew_answer_matches_the_row", || {
+            Box::pin(renew_matches_row())
         })
         .finally(support::drop_tables_after_cases)
         .main()
@@ -268,5 +271,148 @@ async fn release_matches_row() -> Outcome {
     ensure!(new.fence() > old.fence(), "no takeover after expiry");
     check(&store, &backend, "lease taken over", &old, false).await?;
     check(&store, &backend, "the new holder's lease", &new, true).await?;
+    Ok(())
+}
+
+/// How a lease is renewed: `renew` (one statement), `renew_many` of it alone (one statement as
+/// well), or `renew_many` of it after another current lease (one batch transaction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    One,
+    Many,
+    Batch,
+}
+
+async fn renew_matches_row() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::ZERO);
+    let acquire = |name: &LockName| {
+        let request = AcquireRequest::new(name.clone(), &options);
+        let backend = backend.clone();
+        async move { Ok::<_, Failure>(backend.acquire(&request?).await?.lease) }
+    };
+    // Renewed beside each lease in a batch; it must be renewed every time.
+    let companion = acquire(&name("renew-companion")?).await?;
+    // Each renewal must answer NotHeld and leave the row as it was, or answer Ok and leave it
+    // with the same token and fence and a later, live expiry.
+    let check = async |how: Renewal, label: &str, lease: &Lease, ok: bool| -> Outcome {
+        let label = format!("{how:?}: {label}");
+        let ttl = Duration::from_secs(60);
+        let before = snapshot(&store, lease.name()).await?;
+        let answer = match how {
+            Renewal::One => backend.renew(lease, ttl).await,
+            Renewal::Many | Renewal::Batch => {
+                let mut leases = vec![lease.clone().with_ttl(ttl)];
+                if how == Renewal::Batch {
+                    leases.insert(0, companion.clone().with_ttl(ttl));
+                }
+                let mut answers = backend.renew_many(&leases).await;
+                ensure!(
+                    answers.len() == leases.len(),
+                    "{label}: {} answers for {} leases",
+                    answers.len(),
+                    leases.len()
+                );
+                if how == Renewal::Batch {
+                    ensure!(
+                        answers[0].is_ok(),
+                        "{label}: the current companion lease was not renewed: {:?}",
+                        answers[0]
+                    );
+                }
+                let Some(answer) = answers.pop() else {
+                    return Err(Failure(format!("{label}: no answer")));
+                };
+                answer
+            }
+        };
+        let after = snapshot(&store, lease.name()).await?;
+        if ok {
+            ensure!(
+                answer.as_ref().is_ok_and(|grant| grant.lease.ttl() == ttl
+                    && grant.lease.token() == lease.token()
+                    && grant.lease.fence() == lease.fence()),
+                "{label}: answered {answer:?}, expected a renewal of {lease:?} for {ttl:?}"
+            );
+            let extended = match (&before, &after) {
+                (Some((t0, f0, Some(e0), a0, _)), Some((t1, f1, Some(e1), a1, live))) => {
+                    t1 == t0 && f1 == f0 && a1 == a0 && e1 > e0 && *live == Some(1)
+                }
+                _ => false,
+            };
+            ensure!(
+                extended,
+                "{label}: Ok, but the row went from {before:?} to {after:?}"
+            );
+        } else {
+            ensure!(
+                matches!(answer, Err(LockError::NotHeld { .. })),
+                "{label}: answered {answer:?}, expected NotHeld"
+            );
+            ensure!(
+                after == before,
+                "{label}: NotHeld, but the row changed from {before:?} to {after:?}"
+            );
+        }
+        Ok(())
+    };
+
+    for how in [Renewal::One, Renewal::Many, Renewal::Batch] {
+        let name1 = name("renew")?;
+        let lease = acquire(&name1).await?;
+        let forged = Lease::new(
+            name1.clone(),
+            LeaseToken::random(),
+            lease.fence(),
+            lease.ttl(),
+        );
+        check(how, "forged token", &forged, false).await?;
+        let wrong_fence = Lease::new(
+            name1.clone(),
+            lease.token().clone(),
+            Fence::new(lease.fence().get() + 1),
+            lease.ttl(),
+        );
+        check(how, "wrong fence", &wrong_fence, false).await?;
+        check(how, "current lease", &lease, true).await?;
+        backend.release(&lease).await?;
+        check(how, "released lease", &lease, false).await?;
+
+        let name2 = name("renew-expired")?;
+        let expired = acquire(&name2).await?;
+        expire(&store, &name2).await?;
+        check(how, "expired lease", &expired, false).await?;
+
+        let name3 = name("renew-taken-over")?;
+        let old = acquire(&name3).await?;
+        expire(&store, &name3).await?;
+        let new = acquire(&name3).await?;
+        ensure!(new.fence() > old.fence(), "no takeover after expiry");
+        check(how, "lease taken over", &old, false).await?;
+        check(how, "the new holder's lease", &new, true).await?;
+
+        // Another writer put its own value in the row while the lease was live.
+        let name4 = name("renew-overwritten")?;
+        let overwritten = acquire(&name4).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE `{}` SET token = 'not-a-lock-mysql-token' WHERE name = ?",
+            store.config().table()
+        )))
+        .bind(name4.as_str().as_bytes())
+        .execute(store.admin())
+        .await
+        .map_err(|e| Failure(format!("overwriting the row: {e}")))?;
+        check(
+            how,
+            "row overwritten by another writer",
+            &overwritten,
+            false,
+        )
+        .await?;
+    }
+    backend.release(&companion).await?;
     Ok(())
 }

@@ -221,7 +221,7 @@ impl LockBackend for ZkBackend {
         match conn.exists(&held.path).await {
             Ok(Some(stat))
                 if stat.ephemeral_owner == held.session.0
-                    && u64::try_from(stat.czxid).ok() == Some(lease.fence().get()) =>
+                    && recipe::fence(stat.czxid, &held.path).is_ok_and(|f| f == lease.fence()) =>
             {
                 let renewed = lease.clone().with_ttl(conn.timeout());
                 Ok(Grant::new(renewed, sent))

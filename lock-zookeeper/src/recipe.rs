@@ -128,9 +128,9 @@ async fn attempt(
     cleanup.node = Some(created.path.clone());
     let fence = match fence(created.czxid, &created.name) {
         Ok(fence) => fence,
-        Err(stop) => {
+        Err(error) => {
             cleanup.discard().await;
-            return Err(stop);
+            return Err(Stop::Fail(error));
         }
     };
     let mut listed = created.listed;
@@ -396,10 +396,7 @@ pub(crate) async fn inspect(
         match retry(|| conn.read(&path)).await {
             Ok((data, stat)) => {
                 let token = token_of(first.name, &data);
-                let fence = fence(stat.czxid, first.name).map_err(|stop| match stop {
-                    Stop::Fail(e) => e,
-                    _ => LockError::not_held(name),
-                })?;
+                let fence = fence(stat.czxid, first.name)?;
                 return Ok(Some(LockInfo::new(name.clone(), token, fence, None)));
             }
             // Released between the listing and the read: look again.
@@ -424,13 +421,14 @@ fn token_of(node_name: &str, data: &[u8]) -> LeaseToken {
     }
 }
 
-fn fence(czxid: i64, node_name: &str) -> Result<Fence, Stop> {
-    u64::try_from(czxid).map(Fence::new).map_err(|_| {
-        Stop::Fail(LockError::Backend {
+/// The fence of a contender node: its creation zxid.
+pub(crate) fn fence(czxid: i64, node_name: &str) -> Result<Fence, LockError> {
+    u64::try_from(czxid)
+        .map(Fence::new)
+        .map_err(|_| LockError::Backend {
             message: format!("contender `{node_name}` has a negative creation zxid {czxid}"),
             source: None,
         })
-    })
 }
 
 fn foreign_error(name: &LockName, lock_path: &str, foreign: &[&str]) -> LockError {
@@ -555,10 +553,7 @@ mod tests {
 
     #[test]
     fn negative_zxids_are_errors_not_panics() {
-        assert!(matches!(
-            fence(-1, "n"),
-            Err(Stop::Fail(LockError::Backend { .. }))
-        ));
+        assert!(matches!(fence(-1, "n"), Err(LockError::Backend { .. })));
         assert!(matches!(fence(7, "n"), Ok(f) if f.get() == 7));
     }
 }

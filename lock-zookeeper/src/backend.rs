@@ -121,7 +121,7 @@ impl ZkBackend {
     }
 
     /// The current session, if `held`'s node belongs to it and it is still alive.
-    fn session_of(&self, held: &Held) -> Result<Conn, LockError> {
+    fn session_of(&self, held: &Held) -> Result<Arc<Conn>, LockError> {
         let conn = self.inner.sessions.peek();
         if conn.id() != held.session || conn.is_ended() {
             return Err(session_ended(&held.name));
@@ -164,23 +164,7 @@ impl LockBackend for ZkBackend {
     /// the session timeout.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let lock_path = self.lock_path(request.name());
-        // Beyond the budget, only a server that does not answer keeps us: give up then.
-        let grace = self.session_timeout().max(Duration::from_secs(1));
-        let limit = request.deadline() + grace;
-        let acquiring = recipe::acquire(&self.inner.sessions, &lock_path, request);
-        let granted = match tokio::time::timeout_at(limit.into(), acquiring).await {
-            Ok(granted) => granted?,
-            Err(_) => {
-                return Err(LockError::Unavailable {
-                    message: format!(
-                        "ZooKeeper did not answer within the wait budget of {:?} plus {grace:?} while acquiring `{}`",
-                        request.wait(),
-                        request.name()
-                    ),
-                    source: None,
-                });
-            }
-        };
+        let granted = recipe::acquire(&self.inner.sessions, &lock_path, request).await?;
         let lease = Lease::new(
             request.name().clone(),
             granted.token.clone(),

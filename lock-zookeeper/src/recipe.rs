@@ -9,7 +9,10 @@
 //! node is known to be granted or deleted, a [`Cleanup`] guard owns it: dropping the acquire
 //! future deletes the node in the background.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use lock_core::{AcquireRequest, Fence, LeaseToken, LockError, LockInfo, LockName};
 use tokio::time::sleep;
@@ -86,10 +89,25 @@ pub(crate) async fn acquire(
                 continue;
             }
         };
-        let stop = match attempt(&conn, &sessions.config().root, lock_path, request).await {
-            Ok(granted) => return Ok(granted),
-            Err(Stop::Fail(error)) => return Err(error),
-            Err(stop) => stop,
+        // Beyond the budget, only a server that does not answer keeps an attempt going: give
+        // up a session timeout later (by then the session has moved or ended).
+        let grace = conn.timeout().max(Duration::from_secs(1));
+        let attempt = attempt(&conn, &sessions.config().root, lock_path, request);
+        let stop = match tokio::time::timeout_at((request.deadline() + grace).into(), attempt).await
+        {
+            Ok(Ok(granted)) => return Ok(granted),
+            Ok(Err(Stop::Fail(error))) => return Err(error),
+            Ok(Err(stop)) => stop,
+            Err(_) => {
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "ZooKeeper did not answer within the wait budget of {:?} plus {grace:?} while acquiring `{}`",
+                        request.wait(),
+                        request.name()
+                    ),
+                    source: None,
+                });
+            }
         };
         if Instant::now() >= request.deadline() {
             return Err(match stop {
@@ -116,7 +134,7 @@ pub(crate) async fn acquire(
 
 /// One contender node from creation to grant, time-out or failure.
 async fn attempt(
-    conn: &Conn,
+    conn: &Arc<Conn>,
     root: &str,
     lock_path: &str,
     request: &AcquireRequest,
@@ -444,7 +462,7 @@ fn foreign_error(name: &LockName, lock_path: &str, foreign: &[&str]) -> LockErro
 /// Owns a contender node until it is granted or deleted; dropped while armed (the acquire
 /// future was dropped, or failed without deleting) it deletes the node in the background.
 struct Cleanup {
-    conn: Conn,
+    conn: Arc<Conn>,
     lock_path: String,
     uuid_prefix: String,
     /// The node's path once the create's reply arrived; before that it is found by UUID.
@@ -453,7 +471,7 @@ struct Cleanup {
 }
 
 impl Cleanup {
-    fn new(conn: Conn, lock_path: &str, uuid_prefix: String) -> Self {
+    fn new(conn: Arc<Conn>, lock_path: &str, uuid_prefix: String) -> Self {
         Self {
             conn,
             lock_path: lock_path.to_owned(),

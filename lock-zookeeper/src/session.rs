@@ -97,12 +97,13 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// One session's client with counted requests.
+/// One session's client with counted requests, shared as `Arc<Conn>` (the client, with its
+/// credentials, is not copied per use).
 ///
 /// Every method sends its request when called (not when the future is first polled), as the
 /// client does, so requests reach the server in call order: a `list` called right after a
 /// `create` sees the created node.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Conn {
     client: Client,
     counters: Arc<Counters>,
@@ -210,7 +211,7 @@ impl Conn {
 #[derive(Debug)]
 pub(crate) struct Sessions {
     config: ZkConfig,
-    current: Mutex<Conn>,
+    current: Mutex<Arc<Conn>>,
     reconnecting: tokio::sync::Mutex<()>,
     counters: Arc<Counters>,
 }
@@ -223,7 +224,7 @@ impl Sessions {
         let conn = open(&config, &counters).await?;
         Ok(Self {
             config,
-            current: Mutex::new(conn),
+            current: Mutex::new(Arc::new(conn)),
             reconnecting: tokio::sync::Mutex::new(()),
             counters,
         })
@@ -238,7 +239,7 @@ impl Sessions {
     }
 
     /// The current session, even if it has ended.
-    pub(crate) fn peek(&self) -> Conn {
+    pub(crate) fn peek(&self) -> Arc<Conn> {
         self.current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -249,7 +250,7 @@ impl Sessions {
     ///
     /// # Errors
     /// [`LockError::Unavailable`] when no new session could be established.
-    pub(crate) async fn live(&self) -> Result<Conn, LockError> {
+    pub(crate) async fn live(&self) -> Result<Arc<Conn>, LockError> {
         let conn = self.peek();
         if !conn.is_ended() {
             return Ok(conn);
@@ -260,7 +261,7 @@ impl Sessions {
             return Ok(conn);
         }
         let old = conn.id();
-        let conn = open(&self.config, &self.counters).await?;
+        let conn = Arc::new(open(&self.config, &self.counters).await?);
         tracing::info!(old = %old, new = %conn.id(), "ZooKeeper session ended; opened a new one");
         *self.current.lock().unwrap_or_else(PoisonError::into_inner) = conn.clone();
         Ok(conn)

@@ -16,7 +16,7 @@ use zookeeper_client::{self as zk, SessionId, SessionState};
 use crate::{
     OpCounts, ZkConfig,
     error::{ZkError, is_session_end},
-    recipe::{self, Deleted},
+    recipe,
     session::{Conn, Sessions},
 };
 
@@ -241,11 +241,11 @@ impl LockBackend for ZkBackend {
             }
         };
         match recipe::delete(&conn, &held.path).await {
-            Ok(Deleted::Now | Deleted::Probably) => {
+            Ok(true) => {
                 self.forget(lease);
                 Ok(())
             }
-            Ok(Deleted::Missing) => {
+            Ok(false) => {
                 self.forget(lease);
                 Err(LockError::not_held(lease.name()))
             }

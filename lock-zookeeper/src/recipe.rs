@@ -25,7 +25,7 @@ use crate::{
     session::{CONTENDER, Conn, Sessions},
 };
 
-/// How often one request is retried on a transient failure before giving up.
+/// How often one request is sent again after transient failures before giving up.
 const RETRIES: usize = 16;
 /// The pause before retrying a request that failed transiently (the client queues requests
 /// while it reconnects, so this only spaces out retries of throttled or timed-out requests).
@@ -152,21 +152,15 @@ async fn attempt(
         }
     };
     let mut listed = created.listed;
-    let mut transient_failures = 0;
     loop {
         let (children, sent) = match listed.take() {
             Some(listed) => listed,
             None => {
                 let sent = Instant::now();
-                match conn.list(lock_path).await {
+                match retry(|| conn.list(lock_path)).await {
                     Ok(children) => (children, sent),
                     // The container went, so our node went with it.
                     Err(zk::Error::NoNode) => return Err(Stop::Vanished),
-                    Err(e) if is_transient(&e) && transient_failures < RETRIES => {
-                        transient_failures += 1;
-                        sleep(RETRY_PAUSE).await;
-                        continue;
-                    }
                     Err(e) => {
                         let error = ZkError::new("list", lock_path, e);
                         if !is_session_end(&error.source) {
@@ -211,15 +205,10 @@ async fn attempt(
             return Err(Stop::Fail(request.timeout_error()));
         }
         let predecessor = format!("{lock_path}/{}", predecessor.name);
-        let watcher = match conn.watch(&predecessor).await {
+        let watcher = match retry(|| conn.watch(&predecessor)).await {
             Ok((_, _, watcher)) => watcher,
             // Gone already: look again.
             Err(zk::Error::NoNode) => continue,
-            Err(e) if is_transient(&e) && transient_failures < RETRIES => {
-                transient_failures += 1;
-                sleep(RETRY_PAUSE).await;
-                continue;
-            }
             Err(e) => {
                 let error = ZkError::new("watch", &predecessor, e);
                 if !is_session_end(&error.source) {
@@ -263,13 +252,14 @@ async fn create(
 ) -> Result<Created, Stop> {
     let prefix = format!("{lock_path}/{}", node::prefix(uuid));
     let uuid_prefix = node::uuid_prefix(uuid);
-    for _ in 0..RETRIES {
+    let mut tries = Tries::default();
+    loop {
         let sent = Instant::now();
         // Both are sent now, in this order: the listing includes the created node.
         let created = conn.create(&prefix, data, &CONTENDER);
         let listed = conn.list(lock_path);
         let (created, listed) = tokio::join!(created, listed);
-        match created {
+        let error = match created {
             Ok((stat, sequence)) => {
                 let path = format!("{prefix}{sequence}");
                 let name = path.rsplit('/').next().unwrap_or_default().to_owned();
@@ -280,8 +270,12 @@ async fn create(
                     listed: listed.ok().map(|children| (children, sent)),
                 });
             }
-            Err(zk::Error::NoNode) => conn.ensure_lock_path(root, lock_path).await?,
-            Err(zk::Error::NoChildrenForEphemerals) => {
+            Err(error) => error,
+        };
+        match &error {
+            // No container (or root) yet: create it, then the node again.
+            zk::Error::NoNode if tries.spend() => conn.ensure_lock_path(root, lock_path).await?,
+            zk::Error::NoChildrenForEphemerals => {
                 return Err(Stop::Fail(LockError::Foreign {
                     name: lock_path.to_owned(),
                     found: format!(
@@ -289,23 +283,19 @@ async fn create(
                     ),
                 }));
             }
-            Err(e) if is_transient(&e) => {
+            e if is_transient(e) => {
                 // The reply was lost, not necessarily the request: look for our node first.
                 if let Some(found) = find_own(conn, lock_path, &uuid_prefix).await? {
                     tracing::debug!(node = %found.path, "found the contender node again after a lost reply");
                     return Ok(found);
                 }
-                sleep(RETRY_PAUSE).await;
+                if !tries.again(e).await {
+                    return Err(ZkError::new("create", &prefix, error).into());
+                }
             }
-            Err(e) => return Err(ZkError::new("create", &prefix, e).into()),
+            _ => return Err(ZkError::new("create", &prefix, error).into()),
         }
     }
-    Err(Stop::Fail(LockError::Unavailable {
-        message: format!(
-            "could not create a contender node under `{lock_path}` after {RETRIES} tries"
-        ),
-        source: None,
-    }))
 }
 
 /// Our node, found by its UUID prefix, if the server created it.
@@ -340,53 +330,65 @@ async fn find_own(
     }
 }
 
-/// Runs `request` again while it fails transiently.
+/// The tries of one request: after a transient failure (the request may or may not have been
+/// applied) it is sent again after a pause, at most [`RETRIES`] times.
+#[derive(Debug, Default)]
+struct Tries(usize);
+
+impl Tries {
+    /// Counts one more try; false when none is left.
+    fn spend(&mut self) -> bool {
+        if self.0 >= RETRIES {
+            return false;
+        }
+        self.0 += 1;
+        true
+    }
+
+    /// Whether to send the request again after `error`: true, after a pause, when it failed
+    /// transiently and a try is left.
+    async fn again(&mut self, error: &zk::Error) -> bool {
+        if !is_transient(error) || !self.spend() {
+            return false;
+        }
+        sleep(RETRY_PAUSE).await;
+        true
+    }
+}
+
+/// Sends `request` until it succeeds, fails for good, or has no try left (see [`Tries`]).
 async fn retry<T, F, Fut>(mut request: F) -> Result<T, zk::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, zk::Error>>,
 {
-    let mut tries = 0;
+    let mut tries = Tries::default();
     loop {
         match request().await {
-            Err(e) if is_transient(&e) && tries < RETRIES => {
-                tries += 1;
-                sleep(RETRY_PAUSE).await;
+            Err(error) if is_transient(&error) => {
+                if !tries.again(&error).await {
+                    return Err(error);
+                }
             }
             result => return result,
         }
     }
 }
 
-/// Deletes a node of ours, retrying while the connection comes back; says whether it was
-/// there.
-pub(crate) async fn delete(conn: &Conn, path: &str) -> Result<Deleted, zk::Error> {
-    let mut ambiguous = false;
-    let mut tries = 0;
-    loop {
-        match conn.delete(path).await {
-            Ok(()) => return Ok(Deleted::Now),
-            Err(zk::Error::NoNode) if ambiguous => return Ok(Deleted::Probably),
-            Err(zk::Error::NoNode) => return Ok(Deleted::Missing),
-            Err(e) if is_transient(&e) && tries < RETRIES => {
-                ambiguous = true;
-                tries += 1;
-                sleep(RETRY_PAUSE).await;
-            }
-            Err(e) => return Err(e),
-        }
+/// Deletes a node of ours (see [`retry`]). True when it is gone by our request (after a lost
+/// reply, a request of ours probably deleted it), false when it was not there.
+pub(crate) async fn delete(conn: &Conn, path: &str) -> Result<bool, zk::Error> {
+    let mut sent = 0;
+    let deleted = retry(|| {
+        sent += 1;
+        conn.delete(path)
+    })
+    .await;
+    match deleted {
+        Ok(()) => Ok(true),
+        Err(zk::Error::NoNode) => Ok(sent > 1),
+        Err(e) => Err(e),
     }
-}
-
-/// What [`delete`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Deleted {
-    /// Our request deleted the node.
-    Now,
-    /// The node is gone; a request of ours whose reply was lost probably deleted it.
-    Probably,
-    /// The node was not there.
-    Missing,
 }
 
 /// Who holds the lock at `lock_path`, as the leader last committed it.

@@ -17,12 +17,12 @@ use std::{
 use lock_core::{AcquireRequest, Fence, LeaseToken, LockError, LockInfo, LockName};
 use tokio::time::sleep;
 use uuid::Uuid;
-use zookeeper_client::{self as zk, EventType, SessionId};
+use zookeeper_client::{self as zk, CreateOptions, EventType, SessionId};
 
 use crate::{
     error::{ZkError, is_session_end, is_transient},
     node,
-    session::{CONTENDER, Conn, Sessions},
+    session::{CONTAINER, CONTENDER, Conn, ROOT, Sessions},
 };
 
 /// How often one request is sent again after transient failures before giving up.
@@ -274,7 +274,7 @@ async fn create(
         };
         match &error {
             // No container (or root) yet: create it, then the node again.
-            zk::Error::NoNode if tries.spend() => conn.ensure_lock_path(root, lock_path).await?,
+            zk::Error::NoNode if tries.spend() => ensure_lock_path(conn, root, lock_path).await?,
             zk::Error::NoChildrenForEphemerals => {
                 return Err(Stop::Fail(LockError::Foreign {
                     name: lock_path.to_owned(),
@@ -295,6 +295,32 @@ async fn create(
             }
             _ => return Err(ZkError::new("create", &prefix, error).into()),
         }
+    }
+}
+
+/// Creates the container node `lock_path` and, when missing, the persistent nodes of `root`
+/// above it, one segment at a time (each create is counted and retried like any request).
+async fn ensure_lock_path(conn: &Conn, root: &str, lock_path: &str) -> Result<(), ZkError> {
+    match create_node(conn, lock_path, &CONTAINER).await {
+        Err(ZkError {
+            source: zk::Error::NoNode,
+            ..
+        }) => {}
+        done => return done,
+    }
+    let mut end = 0;
+    for segment in root.split('/').skip(1) {
+        end += 1 + segment.len();
+        create_node(conn, &root[..end], &ROOT).await?;
+    }
+    create_node(conn, lock_path, &CONTAINER).await
+}
+
+/// Creates the empty node `path` unless it exists.
+async fn create_node(conn: &Conn, path: &str, options: &CreateOptions<'_>) -> Result<(), ZkError> {
+    match retry(|| conn.create(path, &[], options)).await {
+        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+        Err(e) => Err(ZkError::new("create", path, e)),
     }
 }
 

@@ -17,7 +17,7 @@ use zookeeper_client::{
     SessionState, Stat,
 };
 
-use crate::{ZkConfig, error::ZkError};
+use crate::ZkConfig;
 
 /// Ephemeral sequential nodes with an open ACL (Curator's default as well).
 pub(crate) const CONTENDER: CreateOptions<'static> =
@@ -185,25 +185,6 @@ impl Conn {
     ) -> impl Future<Output = ZkResult<()>> + Send + use<'a> {
         bump(&self.counters.syncs);
         self.client.sync(path)
-    }
-
-    /// Creates `path` as a container, and the root above it as a persistent node if needed.
-    pub(crate) async fn ensure_lock_path(&self, root: &str, path: &str) -> Result<(), ZkError> {
-        for _ in 0..3 {
-            match self.create(path, &[], &CONTAINER).await {
-                Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
-                Err(zk::Error::NoNode) => {
-                    bump(&self.counters.creates);
-                    match self.client.mkdir(root, &ROOT).await {
-                        Ok(()) => {}
-                        Err(e) => return Err(ZkError::new("create", root, e)),
-                    }
-                }
-                Err(e) if crate::error::is_transient(&e) => {}
-                Err(e) => return Err(ZkError::new("create", path, e)),
-            }
-        }
-        Err(ZkError::new("create", path, zk::Error::ConnectionLoss))
     }
 }
 

@@ -142,7 +142,8 @@ async fn attempt(
     let uuid = Uuid::new_v4();
     let secret = LeaseToken::random();
     let mut cleanup = Cleanup::new(conn.clone(), lock_path, node::uuid_prefix(&uuid));
-    let created = create(conn, root, lock_path, &uuid, secret.as_str().as_bytes()).await?;
+    let data = secret.as_str().as_bytes();
+    let created = create(conn, root, lock_path, &uuid, data, &mut cleanup).await?;
     cleanup.node = Some(created.path.clone());
     let fence = match fence(created.czxid, &created.name) {
         Ok(fence) => fence,
@@ -160,7 +161,10 @@ async fn attempt(
                 match retry(|| conn.list(lock_path)).await {
                     Ok(children) => (children, sent),
                     // The container went, so our node went with it.
-                    Err(zk::Error::NoNode) => return Err(Stop::Vanished),
+                    Err(zk::Error::NoNode) => {
+                        cleanup.disarm();
+                        return Err(Stop::Vanished);
+                    }
                     Err(e) => {
                         let error = ZkError::new("list", lock_path, e);
                         if !is_session_end(&error.source) {
@@ -242,16 +246,17 @@ struct Created {
 }
 
 /// Creates our contender node, creating the container (and root) when missing and resolving a
-/// lost reply by the node's UUID.
+/// lost reply by the node's UUID. `cleanup` (armed, finding the node by its UUID) is disarmed
+/// when the server's answer proves no node of ours exists.
 async fn create(
     conn: &Conn,
     root: &str,
     lock_path: &str,
     uuid: &Uuid,
     data: &[u8],
+    cleanup: &mut Cleanup,
 ) -> Result<Created, Stop> {
     let prefix = format!("{lock_path}/{}", node::prefix(uuid));
-    let uuid_prefix = node::uuid_prefix(uuid);
     let mut tries = Tries::default();
     loop {
         let sent = Instant::now();
@@ -274,8 +279,15 @@ async fn create(
         };
         match &error {
             // No container (or root) yet: create it, then the node again.
-            zk::Error::NoNode if tries.spend() => ensure_lock_path(conn, root, lock_path).await?,
+            zk::Error::NoNode if tries.spend() => {
+                if let Err(error) = ensure_lock_path(conn, root, lock_path).await {
+                    // The server answered our create with NoNode: it made nothing.
+                    cleanup.disarm();
+                    return Err(error.into());
+                }
+            }
             zk::Error::NoChildrenForEphemerals => {
+                cleanup.disarm();
                 return Err(Stop::Fail(LockError::Foreign {
                     name: lock_path.to_owned(),
                     found: format!(
@@ -285,15 +297,20 @@ async fn create(
             }
             e if is_transient(e) => {
                 // The reply was lost, not necessarily the request: look for our node first.
-                if let Some(found) = find_own(conn, lock_path, &uuid_prefix).await? {
+                if let Some(found) = find_own(conn, lock_path, &cleanup.uuid_prefix).await? {
                     tracing::debug!(node = %found.path, "found the contender node again after a lost reply");
                     return Ok(found);
                 }
                 if !tries.again(e).await {
+                    // Our node may yet show up: the guard keeps looking for it.
                     return Err(ZkError::new("create", &prefix, error).into());
                 }
             }
-            _ => return Err(ZkError::new("create", &prefix, error).into()),
+            // Refused by the server (or the session ended with our nodes): nothing was made.
+            _ => {
+                cleanup.disarm();
+                return Err(ZkError::new("create", &prefix, error).into());
+            }
         }
     }
 }

@@ -61,16 +61,6 @@ impl ZkStore {
         Ok(Self { config, admin })
     }
 
-    /// The backends' configuration.
-    pub(crate) fn config(&self) -> &ZkConfig {
-        &self.config
-    }
-
-    /// The administrator's raw client.
-    pub(crate) fn admin(&self) -> &Client {
-        &self.admin
-    }
-
     /// A new backend with its own session.
     pub(crate) async fn backend(&self) -> Result<ZkBackend, LockError> {
         ZkBackend::connect(self.config.clone()).await

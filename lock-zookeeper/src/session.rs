@@ -67,6 +67,29 @@ impl OpCounts {
     }
 }
 
+/// Field by field: the requests of several backends together.
+impl std::ops::Add for OpCounts {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            creates: self.creates + other.creates,
+            lists: self.lists + other.lists,
+            watches: self.watches + other.watches,
+            reads: self.reads + other.reads,
+            exists: self.exists + other.exists,
+            deletes: self.deletes + other.deletes,
+            syncs: self.syncs + other.syncs,
+        }
+    }
+}
+
+impl std::iter::Sum for OpCounts {
+    fn sum<I: Iterator<Item = Self>>(counts: I) -> Self {
+        counts.fold(Self::default(), |sum, c| sum + c)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     creates: AtomicU64,
@@ -276,5 +299,38 @@ async fn open(config: &ZkConfig, counters: &Arc<Counters>) -> Result<Conn, LockE
             ),
             source: None,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_field_by_field() {
+        let one = OpCounts {
+            creates: 1,
+            lists: 2,
+            watches: 3,
+            reads: 4,
+            exists: 5,
+            deletes: 6,
+            syncs: 7,
+        };
+        let three: OpCounts = [one, one, one].into_iter().sum();
+        assert_eq!(
+            three,
+            OpCounts {
+                creates: 3,
+                lists: 6,
+                watches: 9,
+                reads: 12,
+                exists: 15,
+                deletes: 18,
+                syncs: 21,
+            }
+        );
+        assert_eq!(three.total(), 3 * one.total());
+        assert_eq!(std::iter::empty().sum::<OpCounts>(), OpCounts::default());
     }
 }

@@ -542,18 +542,10 @@ async fn no_herd() -> Outcome {
         clients.push(client(&config).await?);
     }
     let total = |clients: &[(LockClient, ZkBackend)]| {
-        clients.iter().fold(OpCounts::default(), |sum, (_, b)| {
-            let c = b.operations();
-            let mut s = sum;
-            s.creates += c.creates;
-            s.lists += c.lists;
-            s.watches += c.watches;
-            s.reads += c.reads;
-            s.exists += c.exists;
-            s.deletes += c.deletes;
-            s.syncs += c.syncs;
-            s
-        })
+        clients
+            .iter()
+            .map(|(_, backend)| backend.operations())
+            .sum::<OpCounts>()
     };
     let name = lock_name("herd")?;
     // No watchdog: only the recipe's own requests are counted.

@@ -39,19 +39,12 @@ async fn floor_prefix(raw: &Client, config: &ZkConfig) -> Result<String, String>
         Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
         Err(e) => return Err(text(e)),
     }
-    let dir = format!("{}/bench-floor-{:016x}", config.root, rand_u64());
+    let dir = format!("{}/bench-floor-{:016x}", config.root, rand::random::<u64>());
     let container = CreateMode::Container.with_acls(Acls::anyone_all());
     raw.create(&dir, &[], &container).await.map_err(text)?;
     Ok(format!(
         "{dir}/_c_00000000-0000-4000-8000-000000000000-lock-"
     ))
-}
-
-fn rand_u64() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    nanos as u64 ^ u64::from(std::process::id()).rotate_left(40)
 }
 
 const DATA: &[u8] = b"0123456789abcdef0123456789abcdef";

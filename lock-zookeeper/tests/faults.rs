@@ -65,20 +65,13 @@ fn err(error: impl std::fmt::Display) -> Failure {
 }
 
 fn lock_name(tag: &str) -> Result<LockName, Failure> {
-    LockName::new(format!("faults/{tag}/{:016x}", rand_u64())).map_err(err)
+    LockName::new(format!("faults/{tag}/{:016x}", rand::random::<u64>())).map_err(err)
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn rand_u64() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    (nanos as u64) ^ (u64::from(std::process::id()) << 32)
 }
 
 async fn client(config: &ZkConfig) -> Result<(LockClient, ZkBackend), Failure> {
@@ -645,7 +638,7 @@ fn curator_decides(children: &[String], ours: &str) -> Result<Option<String>, Fa
 }
 
 async fn curator_create(curator: &Client, path: &str) -> Result<(String, i64), Failure> {
-    let uuid = uuid_v4_text();
+    let uuid = uuid::Uuid::new_v4();
     let prefix = format!("{path}/_c_{uuid}-lock-");
     let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
     let (stat, sequence) = curator
@@ -653,19 +646,6 @@ async fn curator_create(curator: &Client, path: &str) -> Result<(String, i64), F
         .await
         .map_err(err)?;
     Ok((format!("_c_{uuid}-lock-{sequence}"), stat.czxid))
-}
-
-fn uuid_v4_text() -> String {
-    let bits = u128::from(rand_u64()) << 64 | u128::from(rand_u64().rotate_left(17));
-    let hex = format!("{bits:032x}");
-    format!(
-        "{}-{}-4{}-a{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[13..16],
-        &hex[17..20],
-        &hex[20..32]
-    )
 }
 
 async fn curator_interop() -> Outcome {

@@ -655,7 +655,8 @@ async fn curator_interop() -> Outcome {
     let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(4))
         .await
         .map_err(Failure)?;
-    let ours = LockClient::new(store.backend().await.map_err(err)?);
+    let backend = store.backend().await?;
+    let ours = LockClient::new(backend.clone());
     let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
     let curator = raw_client(&hosts, Duration::from_secs(4))
         .await
@@ -682,6 +683,7 @@ async fn curator_interop() -> Outcome {
         info.token.as_str() == theirs && info.fence.get() == czxid as u64,
         "inspect does not show the Curator contender"
     );
+    let watches = backend.operations().watches;
     let waiting = tokio::spawn({
         let (ours, name) = (ours.clone(), name.clone());
         async move {
@@ -696,7 +698,13 @@ async fn curator_interop() -> Outcome {
         || async { Ok(store.children(&name).await.map_err(err)?.len() == 2) },
     )
     .await?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Waiting for real: it has set its watch on the Curator contender.
+    wait_until(
+        Duration::from_secs(10),
+        "our contender watching the Curator contender",
+        || async { Ok(backend.operations().watches > watches) },
+    )
+    .await?;
     ensure!(
         !waiting.is_finished(),
         "we did not wait for the Curator contender"

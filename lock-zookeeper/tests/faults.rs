@@ -12,6 +12,8 @@
 //! 5. `lost_create_reply`: a proxy drops the connection after the server applied the
 //!    contender's `create` but before its reply reached the client; the contender finds its node
 //!    again by UUID instead of creating a second one.
+//! 6. `missing_root`: a lock root that does not exist yet is created, one node per segment,
+//!    and every create the backend sends is counted.
 //!
 //! Every fault is undone on every path (SIGCONT, restart), even when a case fails.
 //! Arguments filter cases by substring.
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         .case("no_herd", || Box::pin(no_herd()))
         .case("curator_interop", || Box::pin(curator_interop()))
         .case("lost_create_reply", || Box::pin(lost_create_reply()))
+        .case("missing_root", || Box::pin(missing_root()))
         .on_failure(|| {
             println!("        the last events before the failure:");
             for line in trace::last(400) {
@@ -957,5 +960,49 @@ async fn lost_create_reply() -> Outcome {
         "        create reply dropped by the proxy; node found again by its UUID ({:?} -> {spent:?})",
         before
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. A lock root that does not exist yet.
+
+async fn missing_root() -> Outcome {
+    let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
+    let top = format!("/faults-root-{:016x}", rand::random::<u64>());
+    let root = format!("{top}/locks");
+    let config = ZkConfig::new(hosts.clone())
+        .session_timeout(Duration::from_secs(4))
+        .root(root.clone());
+    let (client, backend) = client(&config).await?;
+    let name = lock_name("missing-root")?;
+    let before = backend.operations();
+    let guard = client
+        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .await
+        .map_err(err)?;
+    let spent = backend.operations();
+    // The contender and the container (both answered NoNode), each segment of the root, the
+    // container, the contender: six creates sent, six counted.
+    ensure!(
+        spent.creates - before.creates == 6,
+        "{} creates counted for a two-segment missing root ({before:?} -> {spent:?}); expected 6",
+        spent.creates - before.creates
+    );
+    guard.release().await.map_err(err)?;
+    let admin = raw_client(&hosts, Duration::from_secs(4))
+        .await
+        .map_err(Failure)?;
+    let made = admin.list_children(&top).await.map_err(err)?;
+    ensure!(
+        made == ["locks"],
+        "the root's top node has {made:?}, expected only `locks`"
+    );
+    // Clean-up, deepest first (the empty container may already be gone).
+    for path in [config.lock_path(&name), root, top] {
+        match admin.delete(&path, None).await {
+            Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+            Err(e) => return Err(Failure(format!("deleting {path}: {e}"))),
+        }
+    }
     Ok(())
 }

@@ -27,14 +27,10 @@ const ROUNDS: usize = 10;
 const PER_ROUND: usize = 200;
 
 fn main() -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match conformance_tests::runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("cannot start a Tokio runtime: {e}");
+            eprintln!("{e}");
             return ExitCode::FAILURE;
         }
     };

@@ -28,7 +28,6 @@ pub struct MySqlBackend {
 }
 
 struct Inner {
-    strategy: Strategy,
     table: TableName,
     pool: MySqlPool,
     imp: Imp,
@@ -38,6 +37,15 @@ struct Inner {
 enum Imp {
     Lease(LeaseStrategy),
     RowLock(RowLockStrategy),
+}
+
+impl Imp {
+    fn strategy(&self) -> Strategy {
+        match self {
+            Self::Lease(_) => Strategy::Lease,
+            Self::RowLock(_) => Strategy::RowLock,
+        }
+    }
 }
 
 impl MySqlBackend {
@@ -54,7 +62,7 @@ impl MySqlBackend {
     /// Dropping the future leaves nothing behind but, possibly, the created table.
     pub async fn connect(config: &MySqlConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let table = config.table()?;
+        let table = config.table();
         let options = config.connect_options()?;
         let pool = pool_options(config)
             .connect_with(options.clone())
@@ -77,18 +85,13 @@ impl MySqlBackend {
             )),
         };
         Ok(Self {
-            inner: Arc::new(Inner {
-                strategy: config.strategy,
-                table,
-                pool,
-                imp,
-            }),
+            inner: Arc::new(Inner { table, pool, imp }),
         })
     }
 
     /// The strategy.
     pub fn strategy(&self) -> Strategy {
-        self.inner.strategy
+        self.inner.imp.strategy()
     }
 
     /// The lock table (the row-lock strategy also uses `<table>_fences`).
@@ -148,7 +151,7 @@ impl Drop for Inner {
 impl std::fmt::Debug for MySqlBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MySqlBackend")
-            .field("strategy", &self.inner.strategy)
+            .field("strategy", &self.strategy())
             .field("table", &self.inner.table)
             .field("pool_size", &self.inner.pool.size())
             .field("imp", &self.inner.imp)
@@ -159,7 +162,7 @@ impl std::fmt::Debug for MySqlBackend {
 #[async_trait]
 impl LockBackend for MySqlBackend {
     fn capabilities(&self) -> Capabilities {
-        match self.inner.strategy {
+        match self.strategy() {
             Strategy::Lease => Capabilities::new(
                 Fencing::Strict,
                 Expiry::Ttl,

@@ -76,7 +76,7 @@ impl FromStr for Strategy {
 ///     "mysql://app:secret@db.internal:3306/app?strategy=row-lock&table=job_locks&pool_size=4"
 ///         .parse()?;
 /// assert_eq!(config.strategy, Strategy::RowLock);
-/// assert_eq!(config.table()?.as_str(), "job_locks");
+/// assert_eq!(config.table().as_str(), "job_locks");
 /// assert_eq!(config.pool_size, 4);
 /// assert!(!format!("{config:?}").contains("secret"));
 /// # Ok::<(), lock_core::LockError>(())
@@ -220,14 +220,10 @@ impl MySqlConfig {
     }
 
     /// The lock table in force: [`MySqlConfig::table`] or the strategy's default.
-    ///
-    /// # Errors
-    /// None today; kept fallible so a later config form can name a table lazily.
-    pub fn table(&self) -> Result<TableName, LockError> {
-        Ok(self
-            .table
+    pub fn table(&self) -> TableName {
+        self.table
             .clone()
-            .unwrap_or_else(|| self.strategy.default_table()))
+            .unwrap_or_else(|| self.strategy.default_table())
     }
 
     /// Checks every value.
@@ -339,15 +335,15 @@ mod tests {
     fn defaults_and_tables() {
         let config = MySqlConfig::new(URL);
         config.validate().unwrap();
-        assert_eq!(config.table().unwrap().as_str(), "lock_leases");
+        assert_eq!(config.table().as_str(), "lock_leases");
         let row = config.clone().strategy(Strategy::RowLock);
-        assert_eq!(row.table().unwrap().as_str(), "lock_row_locks");
+        assert_eq!(row.table().as_str(), "lock_row_locks");
         for strategy in [Strategy::Lease, Strategy::RowLock] {
             let table = strategy.default_table();
             assert_eq!(TableName::new(table.as_str()).unwrap(), table);
         }
         let named = config.with_table(TableName::new("mine").unwrap());
-        assert_eq!(named.table().unwrap().as_str(), "mine");
+        assert_eq!(named.table().as_str(), "mine");
     }
 
     #[test]
@@ -357,7 +353,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(config.strategy, Strategy::RowLock);
-        assert_eq!(config.table().unwrap().as_str(), "t1");
+        assert_eq!(config.table().as_str(), "t1");
         assert_eq!(config.pool_size, 3);
         assert_eq!(config.connect_timeout, Duration::from_millis(1500));
         assert!(!config.create_table);

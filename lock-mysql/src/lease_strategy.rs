@@ -10,8 +10,9 @@
 //!   the expression runs). This is a value read from the row inside the locked statement, not
 //!   the `rows_affected` count that `CLIENT_FOUND_ROWS` makes ambiguous for upserts. Every
 //!   other outcome (a new row, a busy or foreign one) is judged by reading the row back.
-//!   Release works the same way with `LAST_INSERT_ID(fence)`. Renewals are batched in one
-//!   transaction and judged by reading the rows back in it.
+//!   Release and the renewal of one lease work the same way with `LAST_INSERT_ID(fence)`.
+//!   Renewals of several leases are batched in one transaction and judged by reading the rows
+//!   back in it.
 //! - **Clock**: every time comparison and expiry is computed by the server from `NOW(6)`;
 //!   the client sends only the TTL as a number of microseconds.
 //! - Released rows stay, with token and expiry NULL, so the fence never goes back.
@@ -22,7 +23,10 @@ use lock_core::{
     AcquireRequest, Attempt, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName,
     poll_until_acquired, validate_ttl,
 };
-use sqlx::{AssertSqlSafe, MySqlPool, Row, mysql::MySqlRow};
+use sqlx::{
+    AssertSqlSafe, MySqlPool, Row,
+    mysql::{MySqlQueryResult, MySqlRow},
+};
 
 use crate::{
     TableName,
@@ -47,6 +51,7 @@ pub(crate) struct LeaseStrategy {
 struct Statements {
     acquire: Arc<str>,
     read: Arc<str>,
+    renew: Arc<str>,
     release: Arc<str>,
 }
 
@@ -69,6 +74,12 @@ impl Statements {
             )
             .into(),
             read: format!("SELECT {LEASE_COLUMNS} FROM {t} WHERE name = ?").into(),
+            renew: format!(
+                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND, \
+                 fence = LAST_INSERT_ID(fence) \
+                 WHERE name = ? AND token = ? AND fence = ? AND expires_at > NOW(6)"
+            )
+            .into(),
             release: format!(
                 "UPDATE {t} SET token = NULL, expires_at = NULL, fence = LAST_INSERT_ID(fence) \
                  WHERE name = ? AND token = ? AND fence = ? AND expires_at > NOW(6)"
@@ -90,7 +101,6 @@ impl LeaseStrategy {
     /// Acquires by polling: one statement per try, jittered back-off between tries bounded by
     /// the holder's remaining TTL as the server reports it.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        validate_ttl(request.ttl())?;
         poll_until_acquired(request, || self.try_once(request)).await
     }
 
@@ -166,13 +176,35 @@ impl LeaseStrategy {
 
     pub(crate) async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
         validate_ttl(ttl)?;
-        let mut results = self.renew_batch(&[(lease, ttl)]).await?;
-        results
-            .pop()
-            .unwrap_or_else(|| Err(LockError::not_held(lease.name())))
+        self.renew_one(lease, ttl).await
     }
 
-    /// Renews every lease for its own TTL in batches of one transaction each.
+    /// Extends `lease` to `ttl` from now if it is current: one prepared statement, whose reply
+    /// carries the fence of the row it changed (`LAST_INSERT_ID(fence)`), as release's does.
+    /// A lease that is not current (expired, released, taken over, forged, or its row
+    /// overwritten by another writer) changes nothing and answers `NotHeld`.
+    async fn renew_one(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        let name = lease.name();
+        let sent = Instant::now();
+        let done = retry_deadlocks(|| {
+            sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
+                .bind(micros(ttl))
+                .bind(name.as_str().as_bytes())
+                .bind(lease.token().as_str().as_bytes())
+                .bind(lease.fence().get())
+                .execute(&self.pool)
+        })
+        .await
+        .map_err(|e| lock_error(&format!("renewing `{name}`"), e))?;
+        if changed_current(&done, lease) {
+            Ok(Grant::new(lease.clone().with_ttl(ttl), sent))
+        } else {
+            Err(LockError::not_held(name))
+        }
+    }
+
+    /// Renews every lease for its own TTL: one statement for a single lease (the watchdog's
+    /// usual batch), else batches of one transaction each.
     pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
         let mut out = Vec::with_capacity(leases.len());
         for chunk in leases.chunks(RENEW_BATCH) {
@@ -182,27 +214,22 @@ impl LeaseStrategy {
                 match validate_ttl(lease.ttl()) {
                     Ok(()) => {
                         slots.push(None);
-                        valid.push((lease, lease.ttl()));
+                        valid.push(lease);
                     }
                     Err(error) => slots.push(Some(Err(error))),
                 }
             }
-            let mut renewed = match self.renew_batch(&valid).await {
-                Ok(results) => results.into_iter(),
-                Err(error) => {
-                    let message = error.to_string();
-                    let failed: Vec<_> = valid
-                        .iter()
-                        .map(|_| {
-                            Err(LockError::Unavailable {
-                                message: message.clone(),
-                                source: None,
-                            })
-                        })
-                        .collect();
-                    failed.into_iter()
-                }
-            };
+            let mut renewed = match valid.as_slice() {
+                [] => Vec::new(),
+                [lease] => vec![self.renew_one(lease, lease.ttl()).await],
+                many => match self.renew_batch(many).await {
+                    Ok(results) => results,
+                    // The batch failed as a whole: each lease reports the failure, with its
+                    // variant (a refused statement stays a Backend error, not a retryable one).
+                    Err(error) => many.iter().map(|_| Err(error.duplicate())).collect(),
+                },
+            }
+            .into_iter();
             for slot in slots {
                 out.push(match slot {
                     Some(invalid) => invalid,
@@ -215,27 +242,25 @@ impl LeaseStrategy {
         out
     }
 
-    /// One transaction extending each lease that is still current, then reading the rows
-    /// back: a lease is renewed if its row shows its token and fence with time left.
+    /// One transaction extending each lease (for its own TTL) that is still current, then
+    /// reading the rows back: a lease is renewed if its row shows its token and fence with time
+    /// left.
     async fn renew_batch(
         &self,
-        leases: &[(&Lease, Duration)],
+        leases: &[&Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
         let t = self.table.quoted();
         // Lock rows in one order (by name) so concurrent batches cannot deadlock.
         let mut order: Vec<_> = leases.iter().collect();
-        order.sort_by(|a, b| a.0.name().as_str().cmp(b.0.name().as_str()));
+        order.sort_by(|a, b| a.name().as_str().cmp(b.name().as_str()));
         let mut sql = String::from("START TRANSACTION; ");
         let mut names = Vec::with_capacity(leases.len());
-        for (lease, ttl) in order {
+        for lease in order {
             let n = hex(lease.name().as_str().as_bytes());
             sql.push_str(&format!(
                 "UPDATE {t} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND \
                  WHERE name = {n} AND token = {} AND fence = {} AND expires_at > NOW(6); ",
-                micros(*ttl),
+                micros(lease.ttl()),
                 hex(lease.token().as_str().as_bytes()),
                 lease.fence().get(),
             ));
@@ -258,21 +283,23 @@ impl LeaseStrategy {
         }
         Ok(leases
             .iter()
-            .map(|(lease, ttl)| {
+            .map(|lease| {
                 let row = by_name
                     .get(lease.name().as_str().as_bytes())
                     .ok_or_else(|| LockError::not_held(lease.name()))?;
                 let state = LeaseRow::read(row, 2)
                     .map_err(|e| lock_error(&format!("reading the row of `{}`", lease.name()), e))?
-                    .judge(&self.table, lease.name())?;
+                    .judge(&self.table, lease.name());
                 match state {
-                    LeaseState::Held {
+                    Ok(LeaseState::Held {
                         token,
                         fence,
                         remaining_us,
-                    } if token == *lease.token() && fence == lease.fence() && remaining_us > 0 => {
-                        Ok(Grant::new(Lease::clone(lease).with_ttl(*ttl), sent))
+                    }) if token == *lease.token() && fence == lease.fence() && remaining_us > 0 => {
+                        Ok(Grant::new(Lease::clone(lease), sent))
                     }
+                    // Released, expired, taken over, or overwritten by another writer (a
+                    // foreign row): not this lease, as a single renewal answers.
                     _ => Err(LockError::not_held(lease.name())),
                 }
             })
@@ -291,7 +318,7 @@ impl LeaseStrategy {
         })
         .await
         .map_err(|e| lock_error(&format!("releasing `{name}`"), e))?;
-        if done.last_insert_id() == lease.fence().get() && done.last_insert_id() > 0 {
+        if changed_current(&done, lease) {
             Ok(())
         } else {
             Err(LockError::not_held(name))
@@ -313,6 +340,13 @@ impl LeaseStrategy {
             _ => None,
         })
     }
+}
+
+/// Whether a statement setting `fence = LAST_INSERT_ID(fence)` on the row of `lease` if, and
+/// only if, it is current changed that row: its reply then carries the lease's fence (fences
+/// start at 1); a statement that matched no row carries 0.
+fn changed_current(done: &MySqlQueryResult, lease: &Lease) -> bool {
+    done.last_insert_id() > 0 && done.last_insert_id() == lease.fence().get()
 }
 
 /// A TTL in whole microseconds (TTLs are at most a day: no overflow).

@@ -117,12 +117,8 @@ pub(crate) struct HoldRow {
 pub(crate) enum HoldState {
     /// Nobody's hold is written in it.
     Free,
-    /// A holder's uncommitted record: its token, fence and connection.
-    Held {
-        token: LeaseToken,
-        fence: Fence,
-        connection_id: Option<u64>,
-    },
+    /// A holder's uncommitted record: its token and fence.
+    Held { token: LeaseToken, fence: Fence },
 }
 
 impl HoldRow {
@@ -181,7 +177,6 @@ impl HoldRow {
                 Some(token) => Ok(HoldState::Held {
                     token,
                     fence: Fence::new(self.fence),
-                    connection_id: self.connection_id,
                 }),
                 None => Err(LockError::Foreign {
                     name: name.to_string(),
@@ -331,10 +326,15 @@ mod tests {
                 .unwrap(),
             HoldState::Free
         );
-        assert!(matches!(
-            hold(Some(TOKEN), 7, true, Some(12)).judge_current(&table(), &name()),
-            Ok(HoldState::Held { fence, connection_id: Some(12), .. }) if fence == Fence::new(7)
-        ));
+        assert_eq!(
+            hold(Some(TOKEN), 7, true, Some(12))
+                .judge_current(&table(), &name())
+                .unwrap(),
+            HoldState::Held {
+                token: LeaseToken::from_store(std::str::from_utf8(TOKEN).unwrap()),
+                fence: Fence::new(7),
+            }
+        );
         assert!(matches!(
             hold(Some(b"zz"), 7, true, Some(12)).judge_current(&table(), &name()),
             Err(LockError::Foreign { .. })

@@ -46,7 +46,7 @@ use crate::{
     config::ceil_secs,
     error::{Class, classify, lock_error, server_code},
     lock_row::{HOLD_COLUMNS, HoldRow, HoldState},
-    script::{hex, retry_deadlocks, run, run_pooled, tagged},
+    script::{Deadlocks, hex, retry_deadlocks, run, run_pooled, tagged},
 };
 
 /// How long creating a name's row may take even when the wait budget is spent.
@@ -75,6 +75,8 @@ struct Shared {
     table: TableName,
     /// The fence bump, prepared once per pooled connection.
     bump: Arc<str>,
+    /// The renewal's read of the holder's token, prepared once per dedicated connection.
+    held: Arc<str>,
     /// Live holds of this client, by owner token.
     holds: Mutex<HashMap<LeaseToken, Arc<Held>>>,
     /// Dedicated connections kept open for the next hold.
@@ -150,6 +152,7 @@ impl RowLockStrategy {
                     table.fences().quoted()
                 )
                 .into(),
+                held: format!("SELECT token FROM {} WHERE name = ?", table.quoted()).into(),
                 table,
                 holds: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
@@ -161,16 +164,19 @@ impl RowLockStrategy {
     /// Acquires in a spawned task that owns the dedicated connection, so that dropping this
     /// future cleans up in the background instead of abandoning a connection mid-statement.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        validate_ttl(request.ttl())?;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(LockError::Unsupported {
+                what:
+                    "acquiring a row lock outside a Tokio runtime (the wait runs in a spawned task)"
+                        .into(),
+            });
+        };
         let (tx, rx) = oneshot::channel();
         let shared = self.shared.clone();
         let task_request = request.clone();
-        tokio::spawn(async move { shared.acquire_task(task_request, tx).await });
+        runtime.spawn(async move { shared.acquire_task(task_request, tx).await });
         match rx.await {
-            Ok(Ok(mut pending)) => pending.claim().ok_or_else(|| LockError::Backend {
-                message: format!("the grant of `{}` was taken twice", request.name()),
-                source: None,
-            }),
+            Ok(Ok(pending)) => Ok(pending.claim()),
             Ok(Err(error)) => Err(error),
             Err(_) => Err(LockError::Backend {
                 message: format!(
@@ -195,22 +201,21 @@ impl RowLockStrategy {
         let Some(dedicated) = slot.as_mut() else {
             return Err(LockError::not_held(name));
         };
-        let sql = format!(
-            "{}SELECT 'held', token FROM {} WHERE name = {}",
-            dedicated.wait_timeout_for(ttl),
-            self.shared.table.quoted(),
-            hex(name.as_str().as_bytes()),
-        );
+        let set_wait_timeout = dedicated.wait_timeout_for(ttl);
         let sent = Instant::now();
-        match run(&mut dedicated.conn, sql).await {
-            Ok(rows) => {
-                let token: Option<Vec<u8>> = tagged(&rows, "held")
-                    .next()
-                    .map(|row| row.try_get(1))
-                    .transpose()
-                    .map_err(|e| lock_error(&format!("renewing `{name}`"), e))?
-                    .flatten();
-                if token.as_deref() == Some(lease.token().as_str().as_bytes()) {
+        let read = async {
+            // Only when the TTL changed (an extension): one more round trip.
+            if !set_wait_timeout.is_empty() {
+                run(&mut dedicated.conn, AssertSqlSafe(set_wait_timeout)).await?;
+            }
+            sqlx::query_scalar::<_, Option<Vec<u8>>>(AssertSqlSafe(self.shared.held.clone()))
+                .bind(name.as_str().as_bytes())
+                .fetch_optional(&mut dedicated.conn)
+                .await
+        };
+        match read.await {
+            Ok(token) => {
+                if token.flatten().as_deref() == Some(lease.token().as_str().as_bytes()) {
                     Ok(Grant::new(lease.clone().with_ttl(ttl), sent))
                 } else {
                     // Cannot happen while the transaction lives; end the hold rather than trust it.
@@ -261,7 +266,7 @@ impl RowLockStrategy {
         let Some(mut dedicated) = held.conn.lock().await.take() else {
             return Err(LockError::not_held(name));
         };
-        match run(&mut dedicated.conn, "ROLLBACK".to_owned()).await {
+        match run(&mut dedicated.conn, "ROLLBACK").await {
             Ok(_) => {
                 self.shared.keep(dedicated);
                 Ok(())
@@ -310,7 +315,7 @@ impl RowLockStrategy {
         };
         Ok(match current.judge_current(&self.shared.table, name)? {
             HoldState::Free => None,
-            HoldState::Held { token, fence, .. } => {
+            HoldState::Held { token, fence } => {
                 Some(LockInfo::new(name.clone(), token, fence, None))
             }
         })
@@ -383,8 +388,7 @@ impl Shared {
         let rows = run(
             &mut conn,
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-             SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)"
-                .to_owned(),
+             SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)",
         )
         .await
         .map_err(|e| lock_error(what, e))?;
@@ -424,8 +428,9 @@ impl Shared {
     ) {
         let answer = match self.lock_row(&request, &mut tx).await {
             Ok(grant) => Ok(PendingGrant {
-                grant: Some(grant),
+                grant,
                 shared: self.clone(),
+                claimed: false,
             }),
             Err(Failed::Error(error)) => Err(error),
             Err(Failed::Stopped(Stop::Deadline)) => Err(request.timeout_error()),
@@ -446,10 +451,9 @@ impl Shared {
         let (mut dedicated, mut fresh) = self.checkout().await.map_err(Failed::Error)?;
         let t = self.table.quoted();
         let n = hex(name.as_str().as_bytes());
-        // Deadlocks cannot happen on one row; the bound only guards against a surprise.
-        let mut attempts = 0;
+        // Deadlocks cannot happen on one row; retrying only guards against a surprise.
+        let mut deadlocks = Deadlocks::default();
         loop {
-            attempts += 1;
             let remaining = request.deadline().saturating_duration_since(Instant::now());
             let nowait = remaining.is_zero();
             let mut sql = String::new();
@@ -485,7 +489,7 @@ impl Shared {
                         self.rollback_and_keep(dedicated).await;
                         return Err(Failed::Stopped(Stop::Deadline));
                     }
-                    Class::Deadlock if attempts < 3 => continue,
+                    Class::Deadlock if deadlocks.retry(&error) => continue,
                     Class::Connection if !fresh => {
                         // An idle connection the server closed meanwhile: use a new one.
                         self.discard(dedicated);
@@ -556,7 +560,7 @@ impl Shared {
             fence.get(),
         );
         let valid_from = Instant::now();
-        if let Err(error) = run(&mut dedicated.conn, record).await {
+        if let Err(error) = run(&mut dedicated.conn, AssertSqlSafe(record)).await {
             self.discard(dedicated);
             return Err(Failed::Error(lock_error(
                 &format!("recording the hold of `{name}`"),
@@ -587,7 +591,7 @@ impl Shared {
         tx: &mut oneshot::Sender<Result<PendingGrant, LockError>>,
     ) -> Result<Vec<MySqlRow>, (Option<Stop>, sqlx::Error)> {
         let id = dedicated.id;
-        let query = run(&mut dedicated.conn, sql);
+        let query = run(&mut dedicated.conn, AssertSqlSafe(sql));
         tokio::pin!(query);
         let deadline = tokio::time::sleep_until(deadline.into());
         tokio::pin!(deadline);
@@ -610,7 +614,7 @@ impl Shared {
 
     /// Rolls back and keeps the connection, or closes it if the rollback fails.
     async fn rollback_and_keep(&self, mut dedicated: Dedicated) {
-        match run(&mut dedicated.conn, "ROLLBACK".to_owned()).await {
+        match run(&mut dedicated.conn, "ROLLBACK").await {
             Ok(_) => self.keep(dedicated),
             Err(_) => self.discard(dedicated),
         }
@@ -659,21 +663,57 @@ impl Shared {
 /// A grant on its way to the caller: released in the background if it is dropped unclaimed
 /// (the caller's `acquire` future was dropped just as the lock was granted).
 struct PendingGrant {
-    grant: Option<Grant>,
+    grant: Grant,
     shared: Arc<Shared>,
+    claimed: bool,
 }
 
 impl PendingGrant {
-    fn claim(&mut self) -> Option<Grant> {
-        self.grant.take()
+    /// The grant, now the caller's: dropping this no longer releases it.
+    fn claim(mut self) -> Grant {
+        self.claimed = true;
+        self.grant.clone()
     }
 }
 
 impl Drop for PendingGrant {
     fn drop(&mut self) {
-        if let Some(grant) = self.grant.take() {
-            tracing::debug!(lock = %grant.lease.name(), "acquire dropped as the lock was granted; releasing");
-            self.shared.abandon(grant.lease.token());
+        if !self.claimed {
+            let lease = &self.grant.lease;
+            tracing::debug!(lock = %lease.name(), "acquire dropped as the lock was granted; releasing");
+            self.shared.abandon(lease.token());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lock_core::LockOptions;
+    use sqlx::mysql::MySqlPoolOptions;
+
+    use super::*;
+
+    #[test]
+    fn acquiring_outside_a_runtime_is_unsupported_not_a_panic() {
+        let options: MySqlConnectOptions = "mysql://u:p@127.0.0.1:9/db".parse().unwrap();
+        // Lazy, without maintenance: nothing is spawned or connected.
+        let pool = MySqlPoolOptions::new()
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_lazy_with(options.clone());
+        let strategy = RowLockStrategy::new(
+            pool,
+            options,
+            Duration::from_secs(1),
+            TableName::new("t").unwrap(),
+            0,
+        );
+        let request =
+            AcquireRequest::new(LockName::new("a").unwrap(), &LockOptions::new()).unwrap();
+        let result = futures::executor::block_on(strategy.acquire(&request));
+        assert!(
+            matches!(result, Err(LockError::Unsupported { .. })),
+            "{result:?}"
+        );
     }
 }

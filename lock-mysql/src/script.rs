@@ -9,9 +9,9 @@
 //! byte strings written as `X'<hex digits>'`, and integers, so nothing from a caller can change
 //! the statement's meaning.
 
-use std::{fmt::Write as _, future::Future};
+use std::{fmt::Write as _, future::Future, sync::Arc};
 
-use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, mysql::MySqlRow};
+use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, SqlSafeStr, mysql::MySqlRow};
 
 use crate::error::{Class, classify};
 
@@ -27,32 +27,46 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// Runs `sql` (one or more statements) on `conn` and returns the rows of every statement,
-/// in order.
+/// Runs `sql` (one or more statements: a `&'static str`, or a built script wrapped in
+/// [`AssertSqlSafe`]) on `conn` and returns the rows of every statement, in order.
 pub(crate) async fn run(
     conn: &mut MySqlConnection,
-    sql: String,
+    sql: impl SqlSafeStr,
 ) -> Result<Vec<MySqlRow>, sqlx::Error> {
-    sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(conn).await
+    sqlx::raw_sql(sql).fetch_all(conn).await
 }
 
-/// How many times a batch rolled back by a deadlock is run again.
+/// How many times an operation InnoDB rolled back as a deadlock victim is run again.
 const DEADLOCK_RETRIES: usize = 3;
 
-/// Runs `op` again (up to [`DEADLOCK_RETRIES`] times) when InnoDB rolled its statement back
-/// as a deadlock victim (1213): nothing of it remains, so running it again is safe.
+/// The deadlock retries of one operation. A deadlock victim (1213) has its statement (its whole
+/// transaction, for a batch) rolled back: nothing of it remains, so running it again is safe.
+#[derive(Debug, Default)]
+pub(crate) struct Deadlocks(usize);
+
+impl Deadlocks {
+    /// Whether to run the operation again after `error`: true (and counted) for a deadlock
+    /// while retries are left.
+    pub(crate) fn retry(&mut self, error: &sqlx::Error) -> bool {
+        if classify(error) != Class::Deadlock || self.0 >= DEADLOCK_RETRIES {
+            return false;
+        }
+        self.0 += 1;
+        tracing::debug!(%error, retry = self.0, "deadlock victim; running it again");
+        true
+    }
+}
+
+/// Runs `op`, again while it fails as a deadlock victim (see [`Deadlocks`]).
 pub(crate) async fn retry_deadlocks<T, F, Fut>(mut op: F) -> Result<T, sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
-    let mut attempt = 0;
+    let mut deadlocks = Deadlocks::default();
     loop {
         match op().await {
-            Err(error) if classify(&error) == Class::Deadlock && attempt < DEADLOCK_RETRIES => {
-                attempt += 1;
-                tracing::debug!(%error, attempt, "deadlock victim; running the statement again");
-            }
+            Err(error) if deadlocks.retry(&error) => {}
             other => return other,
         }
     }
@@ -69,26 +83,23 @@ pub(crate) async fn run_pooled(
     pool: &MySqlPool,
     sql: String,
 ) -> Result<Vec<MySqlRow>, sqlx::Error> {
-    let mut attempt = 0;
-    loop {
-        let mut conn = pool.acquire().await?;
-        match run(&mut conn, sql.clone()).await {
-            Ok(rows) => return Ok(rows),
-            Err(error) => {
-                let class = classify(&error);
-                if class == Class::Connection
-                    || sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err()
-                {
-                    conn.close_on_drop();
-                }
-                attempt += 1;
-                if class != Class::Deadlock || attempt > DEADLOCK_RETRIES {
-                    return Err(error);
-                }
-                tracing::debug!(%error, attempt, "deadlock victim; running the batch again");
+    // Shared by the attempts rather than copied for each.
+    let sql: Arc<str> = sql.into();
+    retry_deadlocks(|| {
+        let sql = sql.clone();
+        async move {
+            let mut conn = pool.acquire().await?;
+            let result = run(&mut conn, AssertSqlSafe(sql)).await;
+            if let Err(error) = &result
+                && (classify(error) == Class::Connection
+                    || sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err())
+            {
+                conn.close_on_drop();
             }
+            result
         }
-    }
+    })
+    .await
 }
 
 /// The rows of `rows` whose first column is `tag` (each SELECT of a script starts with a

@@ -18,10 +18,7 @@ fn main() -> ExitCode {
         return code;
     }
     // This run's tables go; a failure to drop them is reported but does not hide the verdict.
-    let dropped = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
+    let dropped = conformance_tests::runtime()
         .and_then(|runtime| runtime.block_on(support::drop_run_tables()));
     match dropped {
         Ok(()) => code,

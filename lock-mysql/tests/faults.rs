@@ -15,10 +15,7 @@
 //! Needs `LOCK_TEST_MYSQL_URL` and `LOCK_TEST_SERVICES_DIR` (`cargo xtask test` sets both);
 //! without them every case fails. Arguments filter cases by substring.
 
-#[macro_use]
 mod support;
-
-use support::Case;
 
 use std::{
     net::SocketAddr,
@@ -28,12 +25,13 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use conformance_tests::{Cases, Failure, Outcome, ensure};
 use lock_core::{
     Holder, LockBackend, LockClient, LockError, LockGuard, LockName, LockOptions, LossReason,
 };
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
-use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
-use support::MySqlStore;
+use sqlx::{AssertSqlSafe, MySqlConnection};
+use support::{MySqlStore, hex};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -43,39 +41,40 @@ use tokio::{
 type Stream = Arc<Mutex<Vec<u8>>>;
 
 fn main() -> ExitCode {
-    let cases: Vec<Case> = vec![
-        ("row_lock/kill_holder_connection", || {
+    Cases::<Failure>::new("faults")
+        .limit(Duration::from_secs(120))
+        .case("row_lock/kill_holder_connection", || {
             Box::pin(row_lock_kill_holder())
-        }),
-        ("lease/kill_holder_connection", || {
+        })
+        .case("lease/kill_holder_connection", || {
             Box::pin(lease_kill_holder())
-        }),
-        ("lease/row_locked_by_long_transaction", || {
+        })
+        .case("lease/row_locked_by_long_transaction", || {
             Box::pin(lease_lock_wait_timeout())
-        }),
-        ("lease/renewal_batch_deadlock_is_retried", || {
+        })
+        .case("lease/renewal_batch_deadlock_is_retried", || {
             Box::pin(lease_deadlock_retried())
-        }),
-        ("row_lock/sub_second_budgets", || {
+        })
+        .case("row_lock/sub_second_budgets", || {
             Box::pin(row_lock_sub_second_budgets())
-        }),
-        ("row_lock/dropped_waiter_leaves_nothing", || {
+        })
+        .case("row_lock/dropped_waiter_leaves_nothing", || {
             Box::pin(row_lock_dropped_waiter())
-        }),
-        ("errors/unreachable_and_refused", || {
+        })
+        .case("errors/unreachable_and_refused", || {
             Box::pin(unreachable_and_refused())
-        }),
-        ("restart/held_and_waited_locks", || {
+        })
+        .case("restart/held_and_waited_locks", || {
             Box::pin(restart_with_locks())
-        }),
-        ("clock/client_sends_no_time", || {
+        })
+        .case("clock/client_sends_no_time", || {
             Box::pin(client_sends_no_time())
-        }),
-        ("clock/source_never_reads_the_wall_clock", || {
+        })
+        .case("clock/source_never_reads_the_wall_clock", || {
             Box::pin(source_never_reads_wall_clock())
-        }),
-    ];
-    support::run_cases("faults", cases)
+        })
+        .finally(support::drop_tables_after_cases)
+        .main()
 }
 
 /// A waiter: `client` acquires `name` for a new holder in the background.
@@ -88,84 +87,92 @@ fn spawn_acquire(
     tokio::spawn(async move { client.acquire(&Holder::new(), &name, &options).await })
 }
 
-fn name(tag: &str) -> Result<LockName, String> {
-    LockName::new(format!("faults/{tag}/{:016x}", rand::random::<u64>())).map_err(|e| e.to_string())
+fn name(tag: &str) -> Result<LockName, Failure> {
+    LockName::new(format!("faults/{tag}/{:016x}", rand::random::<u64>())).map_err(err)
 }
 
-fn hex(name: &LockName) -> String {
-    name.as_str().bytes().map(|b| format!("{b:02x}")).collect()
+fn err(e: impl std::fmt::Display) -> Failure {
+    Failure(e.to_string())
 }
 
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
-
-async fn client(config: &MySqlConfig) -> Result<LockClient, String> {
+async fn client(config: &MySqlConfig) -> Result<LockClient, Failure> {
     Ok(LockClient::new(
         MySqlBackend::connect(config).await.map_err(err)?,
     ))
 }
 
-async fn admin_conn() -> Result<MySqlConnection, String> {
-    let mut conn = MySqlConnection::connect(&support::url()?)
-        .await
-        .map_err(err)?;
-    sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 10, lock_wait_timeout = 10")
-        .execute(&mut conn)
-        .await
-        .map_err(err)?;
-    Ok(conn)
+async fn admin_conn() -> Result<MySqlConnection, Failure> {
+    support::admin_conn().await.map_err(Failure)
 }
 
-async fn kill_connection(id: u64) -> Result<(), String> {
+async fn kill_connection(id: u64) -> Outcome {
     let mut admin = admin_conn().await?;
     sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
         .execute(&mut admin)
         .await
-        .map_err(|e| format!("KILL CONNECTION {id}: {e}"))?;
+        .map_err(|e| Failure(format!("KILL CONNECTION {id}: {e}")))?;
     Ok(())
 }
 
-/// Waits until a statement mentioning `name` (other than this probe) is waiting on the server.
-async fn until_waiting(name: &LockName) -> Result<(), String> {
-    let mut admin = admin_conn().await?;
-    let pattern = format!("%{}%", hex(name));
-    for _ in 0..200 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-             WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
-        )
-        .bind(&pattern)
-        .fetch_one(&mut admin)
-        .await
-        .map_err(err)?;
-        if waiting > 0 {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Err(format!(
-        "no statement on `{name}` started waiting within 2 s"
-    ))
-}
-
 /// How many statements mentioning `name` run on the server now (besides the probe).
-async fn statements_on(name: &LockName) -> Result<i64, String> {
-    let mut admin = admin_conn().await?;
+async fn statements_on(admin: &mut MySqlConnection, name: &LockName) -> Result<i64, Failure> {
     sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
          WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
     )
-    .bind(format!("%{}%", hex(name)))
-    .fetch_one(&mut admin)
+    .bind(format!("%{}%", hex(name.as_str())))
+    .fetch_one(admin)
     .await
     .map_err(err)
 }
 
+/// Polls the statements on `name` every 10 ms, at most `polls` times, until `done` holds for
+/// their count; fails with `fail(count)` otherwise.
+async fn until_statements(
+    name: &LockName,
+    polls: usize,
+    done: impl Fn(i64) -> bool,
+    fail: impl FnOnce(i64) -> String,
+) -> Outcome {
+    let mut admin = admin_conn().await?;
+    let mut count = statements_on(&mut admin, name).await?;
+    for _ in 0..polls {
+        if done(count) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        count = statements_on(&mut admin, name).await?;
+    }
+    ensure!(done(count), "{}", fail(count));
+    Ok(())
+}
+
+/// Waits until a statement mentioning `name` (other than this probe) is waiting on the server.
+async fn until_waiting(name: &LockName) -> Outcome {
+    until_statements(
+        name,
+        200,
+        |n| n > 0,
+        |_| format!("no statement on `{name}` started waiting within 2 s"),
+    )
+    .await
+}
+
+/// Waits up to a second for no statement on `name` to run on the server.
+async fn until_no_statement(name: &LockName) -> Outcome {
+    until_statements(
+        name,
+        100,
+        |n| n == 0,
+        |n| format!("{n} statements on `{name}` still run on the server"),
+    )
+    .await
+}
+
 /// Row lock: killing the holder's connection rolls its transaction back: the waiter queued in
 /// InnoDB gets the lock at once, with a larger fence, and the holder's `lost()` fires.
-async fn row_lock_kill_holder() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::RowLock).await?;
+async fn row_lock_kill_holder() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);
     let name = name("kill-row")?;
     let ttl = Duration::from_secs(2);
@@ -180,13 +187,13 @@ async fn row_lock_kill_holder() -> Result<(), String> {
         .holder_connection(&name)
         .await
         .map_err(err)?
-        .ok_or("the holder recorded no connection id")?;
+        .ok_or_else(|| Failure("the holder recorded no connection id".into()))?;
     kill_connection(id).await?;
     let killed = Instant::now();
     let next = waiter
         .await
         .map_err(err)?
-        .map_err(|e| format!("the waiter failed: {e}"))?;
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
     let handed = killed.elapsed();
     ensure!(
         handed <= Duration::from_millis(500),
@@ -200,7 +207,7 @@ async fn row_lock_kill_holder() -> Result<(), String> {
     );
     let reason = tokio::time::timeout(ttl, held.lost())
         .await
-        .map_err(|_| format!("lost() did not fire within {ttl:?} of the kill"))?;
+        .map_err(|_| Failure(format!("lost() did not fire within {ttl:?} of the kill")))?;
     ensure!(reason == LossReason::SessionEnded, "lost() said {reason:?}");
     ensure!(!held.is_held(), "is_held() after the connection was killed");
     let late = held.release().await;
@@ -213,7 +220,7 @@ async fn row_lock_kill_holder() -> Result<(), String> {
 }
 
 /// The connection id of the only connection of a one-connection pool.
-async fn pool_connection_id(backend: &MySqlBackend) -> Result<u64, String> {
+async fn pool_connection_id(backend: &MySqlBackend) -> Result<u64, Failure> {
     let mut last = String::new();
     for _ in 0..3 {
         match sqlx::query_scalar::<_, u64>("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
@@ -225,14 +232,14 @@ async fn pool_connection_id(backend: &MySqlBackend) -> Result<u64, String> {
             Err(e) => last = e.to_string(),
         }
     }
-    Err(last)
+    Err(Failure(last))
 }
 
 /// Lease: the hold does not live in a connection. Killed, its holder's connection takes
 /// nothing with it: the lease lasts until its TTL (watchdog off) or for as long as the
 /// watchdog renews it through a new connection.
-async fn lease_kill_holder() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::Lease).await?;
+async fn lease_kill_holder() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let single = store.config().clone().pool_size(1);
     let backend = MySqlBackend::connect(&single).await.map_err(err)?;
     let a = LockClient::new(backend.clone());
@@ -320,8 +327,8 @@ async fn lease_kill_holder() -> Result<(), String> {
 /// A foreign transaction keeps the lease row locked past `innodb_lock_wait_timeout` (1205):
 /// a renewal reports `Unavailable` (retryable) and changes nothing; a waiter keeps polling
 /// within its budget and gets the lock once the row is free and the lease expired.
-async fn lease_lock_wait_timeout() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::Lease).await?;
+async fn lease_lock_wait_timeout() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let mut config = store.config().clone();
     config.lock_wait_timeout = Duration::from_secs(1);
     let (a, b) = (client(&config).await?, client(&config).await?);
@@ -339,8 +346,8 @@ async fn lease_lock_wait_timeout() -> Result<(), String> {
     let mut admin = admin_conn().await?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "START TRANSACTION; SELECT fence FROM `{}` WHERE name = X'{}' FOR UPDATE",
-        config.table().map_err(err)?,
-        hex(&name)
+        config.table(),
+        hex(name.as_str())
     )))
     .execute(&mut admin)
     .await
@@ -363,7 +370,7 @@ async fn lease_lock_wait_timeout() -> Result<(), String> {
     let next = waiter
         .await
         .map_err(err)?
-        .map_err(|e| format!("the waiter failed: {e}"))?;
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
     ensure!(
         start.elapsed() >= ttl,
         "the waiter got the lock before the TTL"
@@ -380,10 +387,10 @@ async fn lease_lock_wait_timeout() -> Result<(), String> {
 }
 
 /// A renewal batch chosen as a deadlock victim (1213) is run again and succeeds.
-async fn lease_deadlock_retried() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::Lease).await?;
+async fn lease_deadlock_retried() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let config = store.config().clone();
-    let table = config.table().map_err(err)?;
+    let table = config.table();
     let backend = MySqlBackend::connect(&config).await.map_err(err)?;
     let a = LockClient::new(backend.clone());
     let base = name("deadlock")?;
@@ -404,12 +411,12 @@ async fn lease_deadlock_retried() -> Result<(), String> {
     for i in 0..5 {
         setup.push_str(&format!(
             "INSERT INTO `{table}` (name, fence) VALUES (X'{}', 0); ",
-            hex(&LockName::new(format!("{base}/weight{i}")).map_err(err)?)
+            hex(&format!("{base}/weight{i}"))
         ));
     }
     setup.push_str(&format!(
         "SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
-        hex(&y)
+        hex(y.as_str())
     ));
     sqlx::raw_sql(AssertSqlSafe(setup))
         .execute(&mut admin)
@@ -424,7 +431,7 @@ async fn lease_deadlock_retried() -> Result<(), String> {
     // Now the batch holds x and waits for y: asking for x closes the cycle.
     let closing = sqlx::raw_sql(AssertSqlSafe(format!(
         "SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
-        hex(&x)
+        hex(x.as_str())
     )))
     .execute(&mut admin)
     .await;
@@ -449,25 +456,11 @@ async fn lease_deadlock_retried() -> Result<(), String> {
     Ok(())
 }
 
-/// Waits up to a second for no statement on `name` to run on the server.
-async fn until_no_statement(name: &LockName) -> Result<(), String> {
-    for _ in 0..100 {
-        if statements_on(name).await? == 0 {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Err(format!(
-        "{} statements on `{name}` still run on the server",
-        statements_on(name).await?
-    ))
-}
-
 /// Row lock: an `acquire` future dropped while it waits in InnoDB leaves no statement and no
 /// transaction behind: once the holder releases, a third client gets the lock at once, with
 /// the next fence (the dropped waiter took none).
-async fn row_lock_dropped_waiter() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::RowLock).await?;
+async fn row_lock_dropped_waiter() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
     let (a, b, c) = (
         client(store.config()).await?,
         client(store.config()).await?,
@@ -479,7 +472,7 @@ async fn row_lock_dropped_waiter() -> Result<(), String> {
     let (waiter, wait) = (Holder::new(), long.clone().wait(Duration::from_secs(10)));
     let mut waiting = Box::pin(b.acquire(&waiter, &name, &wait));
     tokio::select! {
-        got = &mut waiting => return Err(format!("the waiter got a held lock: {got:?}")),
+        got = &mut waiting => return Err(Failure(format!("the waiter got a held lock: {got:?}"))),
         queued = until_waiting(&name) => queued?,
     }
     // Dropped while its statement waits in InnoDB.
@@ -506,8 +499,8 @@ async fn row_lock_dropped_waiter() -> Result<(), String> {
 
 /// Row lock: budgets below `innodb_lock_wait_timeout`'s one-second grain end on time, the
 /// killed waits leave no statement behind, and the client works normally afterwards.
-async fn row_lock_sub_second_budgets() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::RowLock).await?;
+async fn row_lock_sub_second_budgets() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);
     let name = name("budgets")?;
     let long = LockOptions::new().ttl(Duration::from_secs(10));
@@ -531,32 +524,23 @@ async fn row_lock_sub_second_budgets() -> Result<(), String> {
             took <= budget + Duration::from_millis(150),
             "budget {budget:?}: Timeout only after {took:?}"
         );
-        let mut left = statements_on(&name).await?;
-        for _ in 0..100 {
-            if left == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            left = statements_on(&name).await?;
-        }
-        ensure!(
-            left == 0,
-            "budget {budget:?}: {left} statements still wait on the server"
-        );
+        until_no_statement(&name)
+            .await
+            .map_err(|Failure(why)| Failure(format!("budget {budget:?}: {why}")))?;
     }
     held.release().await.map_err(err)?;
     let after = b
         .try_acquire(&Holder::new(), &name, &long)
         .await
         .map_err(err)?
-        .ok_or("the lock was not free after release")?;
+        .ok_or_else(|| Failure("the lock was not free after release".into()))?;
     after.release().await.map_err(err)?;
     Ok(())
 }
 
 /// A server nobody listens on is `Unavailable` (retryable) within the connect timeout; a
 /// refused login is a `Backend` error (retrying will not help).
-async fn unreachable_and_refused() -> Result<(), String> {
+async fn unreachable_and_refused() -> Outcome {
     // A port just bound and released: nothing listens there.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -576,9 +560,9 @@ async fn unreachable_and_refused() -> Result<(), String> {
         took <= timeout + Duration::from_millis(500),
         "took {took:?}"
     );
-    let mut url = url::Url::parse(&support::url()?).map_err(err)?;
+    let mut url = url::Url::parse(&support::url().map_err(Failure)?).map_err(err)?;
     url.set_password(Some("wrong-password"))
-        .map_err(|()| "cannot set a password")?;
+        .map_err(|()| Failure("cannot set a password".into()))?;
     let refused =
         MySqlBackend::connect(&MySqlConfig::new(url.as_str()).connect_timeout(timeout)).await;
     ensure!(
@@ -593,30 +577,31 @@ async fn unreachable_and_refused() -> Result<(), String> {
     Ok(())
 }
 
-fn service_script(which: &str) -> Result<PathBuf, String> {
-    let dir = std::env::var_os("LOCK_TEST_SERVICES_DIR")
-        .ok_or("LOCK_TEST_SERVICES_DIR is not set; run `cargo xtask test`")?;
+fn service_script(which: &str) -> Result<PathBuf, Failure> {
+    let dir = std::env::var_os("LOCK_TEST_SERVICES_DIR").ok_or_else(|| {
+        Failure("LOCK_TEST_SERVICES_DIR is not set; run `cargo xtask test`".into())
+    })?;
     let path = PathBuf::from(dir).join("mariadb").join(which);
     ensure!(path.exists(), "{} does not exist", path.display());
     Ok(path)
 }
 
-async fn run_script(path: &PathBuf) -> Result<(), String> {
+async fn run_script(path: &PathBuf) -> Outcome {
     let status = tokio::process::Command::new("sh")
         .arg(path)
         .stdin(std::process::Stdio::null())
         .status()
         .await
-        .map_err(|e| format!("running {}: {e}", path.display()))?;
+        .map_err(|e| Failure(format!("running {}: {e}", path.display())))?;
     ensure!(status.success(), "{} failed: {status}", path.display());
     Ok(())
 }
 
 /// Locks held and waited for on both strategies while MariaDB stops and starts again.
-async fn restart_with_locks() -> Result<(), String> {
+async fn restart_with_locks() -> Outcome {
     let (stop, start) = (service_script("stop")?, service_script("start")?);
-    let lease_store = MySqlStore::new(Strategy::Lease).await?;
-    let row_store = MySqlStore::new(Strategy::RowLock).await?;
+    let lease_store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let row_store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
     let short = |c: &MySqlConfig| c.clone().connect_timeout(Duration::from_secs(2));
     let (la, lb) = (
         client(&short(lease_store.config())).await?,
@@ -646,7 +631,7 @@ async fn restart_with_locks() -> Result<(), String> {
     let outage = async {
         let waited = tokio::time::timeout(Duration::from_secs(10), rw)
             .await
-            .map_err(|_| "the row-lock waiter hung after the server stopped")?
+            .map_err(|_| Failure("the row-lock waiter hung after the server stopped".into()))?
             .map_err(err)?;
         ensure!(
             matches!(&waited, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
@@ -654,7 +639,7 @@ async fn restart_with_locks() -> Result<(), String> {
         );
         let polled = tokio::time::timeout(Duration::from_secs(10), lw)
             .await
-            .map_err(|_| "the lease waiter hung after the server stopped")?
+            .map_err(|_| Failure("the lease waiter hung after the server stopped".into()))?
             .map_err(err)?;
         ensure!(
             matches!(&polled, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
@@ -662,7 +647,11 @@ async fn restart_with_locks() -> Result<(), String> {
         );
         let reason = tokio::time::timeout(ttl + Duration::from_secs(1), rg.lost())
             .await
-            .map_err(|_| "the row-lock holder's lost() did not fire while the server was down")?;
+            .map_err(|_| {
+                Failure(
+                    "the row-lock holder's lost() did not fire while the server was down".into(),
+                )
+            })?;
         ensure!(
             reason == LossReason::SessionEnded,
             "row-lock lost() said {reason:?}"
@@ -680,7 +669,7 @@ async fn restart_with_locks() -> Result<(), String> {
             "it took {:?}",
             began.elapsed()
         );
-        Ok::<(), String>(())
+        Ok::<(), Failure>(())
     }
     .await;
     // Start the server again whatever happened above.
@@ -696,7 +685,7 @@ async fn restart_with_locks() -> Result<(), String> {
             &options.clone().wait(Duration::from_secs(5)),
         )
         .await
-        .map_err(|e| format!("the row lock after the restart: {e}"))?;
+        .map_err(|e| Failure(format!("the row lock after the restart: {e}")))?;
     ensure!(
         next_row.fence() > rg.fence(),
         "fence {} after {}",
@@ -714,7 +703,11 @@ async fn restart_with_locks() -> Result<(), String> {
     // releases it now) or lost it at its local deadline (and it expires at its TTL).
     match lg.release().await {
         Ok(()) | Err(LockError::Lost { .. }) => {}
-        Err(other) => return Err(format!("releasing the lease after the restart: {other}")),
+        Err(other) => {
+            return Err(Failure(format!(
+                "releasing the lease after the restart: {other}"
+            )));
+        }
     }
     let next_lease = lb
         .acquire(
@@ -723,7 +716,7 @@ async fn restart_with_locks() -> Result<(), String> {
             &options.clone().wait(ttl + Duration::from_secs(2)),
         )
         .await
-        .map_err(|e| format!("the lease after the restart: {e}"))?;
+        .map_err(|e| Failure(format!("the lease after the restart: {e}")))?;
     ensure!(
         next_lease.fence() > lease_fence,
         "fence {} after {lease_fence}",
@@ -815,7 +808,7 @@ fn date_literal(bytes: &[u8]) -> bool {
     })
 }
 
-async fn proxy(upstream: SocketAddr, recording: Recording) -> Result<SocketAddr, String> {
+async fn proxy(upstream: SocketAddr, recording: Recording) -> Result<SocketAddr, Failure> {
     let listener = TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
     let addr = listener.local_addr().map_err(err)?;
     tokio::spawn(async move {
@@ -974,8 +967,8 @@ fn client_time_in(sql: &str, ttls_us: &[u64]) -> Option<String> {
 /// minutes off sends exactly the same statements as one whose clock is right, and cannot
 /// cause a double grant. (This proves it from the traffic; it does not run a process with a
 /// skewed clock.)
-async fn client_sends_no_time() -> Result<(), String> {
-    let mut url = url::Url::parse(&support::url()?).map_err(err)?;
+async fn client_sends_no_time() -> Outcome {
+    let mut url = url::Url::parse(&support::url().map_err(Failure)?).map_err(err)?;
     let upstream: SocketAddr = format!(
         "{}:{}",
         url.host_str().unwrap_or("127.0.0.1"),
@@ -986,14 +979,14 @@ async fn client_sends_no_time() -> Result<(), String> {
     let recording = Recording::default();
     let addr = proxy(upstream, recording.clone()).await?;
     url.set_port(Some(addr.port()))
-        .map_err(|()| "cannot set the port")?;
+        .map_err(|()| Failure("cannot set the port".into()))?;
     url.query_pairs_mut().append_pair("ssl-mode", "disabled");
     let ttls = [Duration::from_millis(1500), Duration::from_secs(4)];
     let ttls_us: Vec<u64> = ttls.iter().map(|t| t.as_micros() as u64).collect();
     let mut acquisitions = 0;
     for strategy in [Strategy::Lease, Strategy::RowLock] {
-        MySqlStore::new(strategy).await?; // creates this run's table directly
-        let config = support::config(strategy)?;
+        MySqlStore::new(strategy).await.map_err(Failure)?; // creates this run's table directly
+        let config = support::config(strategy).map_err(Failure)?;
         let mut proxied = MySqlConfig::new(url.as_str())
             .strategy(strategy)
             .pool_size(2);
@@ -1027,14 +1020,16 @@ async fn client_sends_no_time() -> Result<(), String> {
     );
     for sql in &statements {
         if let Some(why) = client_time_in(sql, &ttls_us) {
-            return Err(format!(
+            return Err(Failure(format!(
                 "the client sent a time of its own ({why}): {sql:.300}"
-            ));
+            )));
         }
     }
     for payload in &executes {
         if let Some(why) = client_time_in_parameters(payload) {
-            return Err(format!("the client bound a time of its own ({why})"));
+            return Err(Failure(format!(
+                "the client bound a time of its own ({why})"
+            )));
         }
     }
     // The parameters are really seen: the TTLs travel as bound microseconds.
@@ -1085,7 +1080,7 @@ async fn client_sends_no_time() -> Result<(), String> {
 
 /// The library's source never reads the wall clock: times come from the server, and the
 /// client keeps only monotonic instants for its own deadlines.
-async fn source_never_reads_wall_clock() -> Result<(), String> {
+async fn source_never_reads_wall_clock() -> Outcome {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut read = 0;
     for entry in std::fs::read_dir(&dir).map_err(err)? {

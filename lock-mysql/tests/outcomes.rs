@@ -1,34 +1,38 @@
-//! The lease strategy judges the outcome of acquire and release from the value the server
-//! returns with the statement (`LAST_INSERT_ID(fence ...)`, set only on the row it changed)
-//! and from re-reading the row. These cases put a row in every state this library can meet,
+//! The lease strategy judges the outcome of acquire, release and renewal from the value the
+//! server returns with the statement (`LAST_INSERT_ID(fence ...)`, set only on the row it
+//! changed) and from re-reading the row. These cases put a row in every state this library can meet,
 //! run the operation, and check its answer against the row as read before and after by an
 //! administrator's connection: a grant means the row now shows that grant; any other answer
 //! means the row did not change.
 //!
 //! Needs `LOCK_TEST_MYSQL_URL` (`cargo xtask test` sets it); without it every case fails.
 
-#[macro_use]
 mod support;
 
 use std::time::Duration;
 
+use conformance_tests::{Cases, Failure, Outcome, ensure};
 use lock_core::{
     AcquireRequest, Fence, Lease, LeaseToken, LockBackend, LockError, LockName, LockOptions,
 };
 use lock_mysql::{MySqlBackend, Strategy};
 use sqlx::AssertSqlSafe;
-use support::{Case, MySqlStore};
+use support::{MySqlStore, hex};
 
 fn main() -> std::process::ExitCode {
-    let cases: Vec<Case> = vec![
-        ("lease/acquire_answer_matches_the_row", || {
+    Cases::<Failure>::new("outcomes")
+        .limit(Duration::from_secs(120))
+        .case("lease/acquire_answer_matches_the_row", || {
             Box::pin(acquire_matches_row())
-        }),
-        ("lease/release_answer_matches_the_row", || {
+        })
+        .case("lease/release_answer_matches_the_row", || {
             Box::pin(release_matches_row())
-        }),
-    ];
-    support::run_cases("outcomes", cases)
+        })
+        .case("lease/renew_answer_matches_the_row", || {
+            Box::pin(renew_matches_row())
+        })
+        .finally(support::drop_tables_after_cases)
+        .main()
 }
 
 /// A row as an administrator reads it: hex token, fence, expiry, acquired_at, live.
@@ -40,8 +44,8 @@ type Snapshot = Option<(
     Option<i64>,
 )>;
 
-async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, String> {
-    let table = store.config().table().map_err(|e| e.to_string())?;
+async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, Failure> {
+    let table = store.config().table();
     sqlx::query_as(AssertSqlSafe(format!(
         "SELECT LOWER(HEX(token)), fence, CAST(expires_at AS CHAR(26)), \
          CAST(acquired_at AS CHAR(26)), expires_at > NOW(6) FROM `{table}` WHERE name = ?"
@@ -49,16 +53,27 @@ async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, Strin
     .bind(name.as_str().as_bytes())
     .fetch_optional(store.admin())
     .await
-    .map_err(|e| format!("reading the row: {e}"))
+    .map_err(|e| Failure(format!("reading the row: {e}")))
 }
 
-fn hex(text: &str) -> String {
-    text.bytes().map(|b| format!("{b:02x}")).collect()
+/// Ends the lease on `name` by the server clock, as if its TTL had passed (no sleeping).
+async fn expire(store: &MySqlStore, name: &LockName) -> Outcome {
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE `{}` SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE name = ?",
+        store.config().table()
+    )))
+    .bind(name.as_str().as_bytes())
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("expiring `{name}`: {e}")))?;
+    Ok(())
 }
 
-fn name(tag: &str) -> Result<LockName, String> {
-    LockName::new(format!("outcomes/{tag}/{:016x}", rand::random::<u64>()))
-        .map_err(|e| e.to_string())
+fn name(tag: &str) -> Result<LockName, Failure> {
+    Ok(LockName::new(format!(
+        "outcomes/{tag}/{:016x}",
+        rand::random::<u64>()
+    ))?)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,12 +85,10 @@ enum Expect {
 
 const VALID: &str = "'0123456789abcdef0123456789abcdef'";
 
-async fn acquire_matches_row() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::Lease).await?;
-    let backend = MySqlBackend::connect(store.config())
-        .await
-        .map_err(|e| e.to_string())?;
-    let table = store.config().table().map_err(|e| e.to_string())?;
+async fn acquire_matches_row() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
+    let table = store.config().table();
     let past = "NOW(6) - INTERVAL 1 SECOND";
     let cases: [(&str, Option<String>, Expect); 11] = [
         ("missing row", None, Expect::Acquired(1)),
@@ -144,10 +157,10 @@ async fn acquire_matches_row() -> Result<(), String> {
             .bind(name.as_str().as_bytes())
             .execute(store.admin())
             .await
-            .map_err(|e| format!("{label}: setting up: {e}"))?;
+            .map_err(|e| Failure(format!("{label}: setting up: {e}")))?;
         }
         let before = snapshot(&store, &name).await?;
-        let request = AcquireRequest::new(name.clone(), &options).map_err(|e| e.to_string())?;
+        let request = AcquireRequest::new(name.clone(), &options)?;
         let answer = backend.acquire(&request).await;
         let after = snapshot(&store, &name).await?;
         match (&answer, expect) {
@@ -176,35 +189,25 @@ async fn acquire_matches_row() -> Result<(), String> {
                 );
             }
             _ => {
-                return Err(format!(
+                return Err(Failure(format!(
                     "{label}: answered {answer:?}, expected {expect:?}; row {before:?} -> {after:?}"
-                ));
+                )));
             }
         }
     }
     Ok(())
 }
 
-async fn release_matches_row() -> Result<(), String> {
-    let store = MySqlStore::new(Strategy::Lease).await?;
-    let backend = MySqlBackend::connect(store.config())
-        .await
-        .map_err(|e| e.to_string())?;
-    let table = store.config().table().map_err(|e| e.to_string())?;
+async fn release_matches_row() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::ZERO);
     let acquire = |name: &LockName, options: &LockOptions| {
         let request = AcquireRequest::new(name.clone(), options);
         let backend = backend.clone();
-        async move {
-            let request = request.map_err(|e| e.to_string())?;
-            backend
-                .acquire(&request)
-                .await
-                .map(|grant| grant.lease)
-                .map_err(|e| e.to_string())
-        }
+        async move { Ok::<_, Failure>(backend.acquire(&request?).await?.lease) }
     };
     // Each release must answer NotHeld and leave the row as it was, or answer Ok and leave
     // it released with the same fence.
@@ -214,7 +217,7 @@ async fn release_matches_row() -> Result<(), String> {
         label: &str,
         lease: &Lease,
         ok: bool,
-    ) -> Result<(), String> {
+    ) -> Outcome {
         let before = snapshot(store, lease.name()).await?;
         let answer = backend.release(lease).await;
         let after = snapshot(store, lease.name()).await?;
@@ -258,21 +261,158 @@ async fn release_matches_row() -> Result<(), String> {
 
     let name2 = name("release-expired")?;
     let expired = acquire(&name2, &options).await?;
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE `{table}` SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE name = ?"
-    )))
-    .bind(name2.as_str().as_bytes())
-    .execute(store.admin())
-    .await
-    .map_err(|e| e.to_string())?;
+    expire(&store, &name2).await?;
     check(&store, &backend, "expired lease", &expired, false).await?;
 
     let name3 = name("release-taken-over")?;
-    let old = acquire(&name3, &options.clone().ttl(Duration::from_millis(50))).await?;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let old = acquire(&name3, &options).await?;
+    expire(&store, &name3).await?;
     let new = acquire(&name3, &options).await?;
     ensure!(new.fence() > old.fence(), "no takeover after expiry");
     check(&store, &backend, "lease taken over", &old, false).await?;
     check(&store, &backend, "the new holder's lease", &new, true).await?;
+    Ok(())
+}
+
+/// How a lease is renewed: `renew` (one statement), `renew_many` of it alone (one statement as
+/// well), or `renew_many` of it after another current lease (one batch transaction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    One,
+    Many,
+    Batch,
+}
+
+async fn renew_matches_row() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::ZERO);
+    let acquire = |name: &LockName| {
+        let request = AcquireRequest::new(name.clone(), &options);
+        let backend = backend.clone();
+        async move { Ok::<_, Failure>(backend.acquire(&request?).await?.lease) }
+    };
+    // Renewed beside each lease in a batch; it must be renewed every time.
+    let companion = acquire(&name("renew-companion")?).await?;
+    // Each renewal must answer NotHeld and leave the row as it was, or answer Ok and leave it
+    // with the same token and fence and a later, live expiry.
+    let check = async |how: Renewal, label: &str, lease: &Lease, ok: bool| -> Outcome {
+        let label = format!("{how:?}: {label}");
+        let ttl = Duration::from_secs(60);
+        let before = snapshot(&store, lease.name()).await?;
+        let answer = match how {
+            Renewal::One => backend.renew(lease, ttl).await,
+            Renewal::Many | Renewal::Batch => {
+                let mut leases = vec![lease.clone().with_ttl(ttl)];
+                if how == Renewal::Batch {
+                    leases.insert(0, companion.clone().with_ttl(ttl));
+                }
+                let mut answers = backend.renew_many(&leases).await;
+                ensure!(
+                    answers.len() == leases.len(),
+                    "{label}: {} answers for {} leases",
+                    answers.len(),
+                    leases.len()
+                );
+                if how == Renewal::Batch {
+                    ensure!(
+                        answers[0].is_ok(),
+                        "{label}: the current companion lease was not renewed: {:?}",
+                        answers[0]
+                    );
+                }
+                let Some(answer) = answers.pop() else {
+                    return Err(Failure(format!("{label}: no answer")));
+                };
+                answer
+            }
+        };
+        let after = snapshot(&store, lease.name()).await?;
+        if ok {
+            ensure!(
+                answer.as_ref().is_ok_and(|grant| grant.lease.ttl() == ttl
+                    && grant.lease.token() == lease.token()
+                    && grant.lease.fence() == lease.fence()),
+                "{label}: answered {answer:?}, expected a renewal of {lease:?} for {ttl:?}"
+            );
+            let extended = match (&before, &after) {
+                (Some((t0, f0, Some(e0), a0, _)), Some((t1, f1, Some(e1), a1, live))) => {
+                    t1 == t0 && f1 == f0 && a1 == a0 && e1 > e0 && *live == Some(1)
+                }
+                _ => false,
+            };
+            ensure!(
+                extended,
+                "{label}: Ok, but the row went from {before:?} to {after:?}"
+            );
+        } else {
+            ensure!(
+                matches!(answer, Err(LockError::NotHeld { .. })),
+                "{label}: answered {answer:?}, expected NotHeld"
+            );
+            ensure!(
+                after == before,
+                "{label}: NotHeld, but the row changed from {before:?} to {after:?}"
+            );
+        }
+        Ok(())
+    };
+
+    for how in [Renewal::One, Renewal::Many, Renewal::Batch] {
+        let name1 = name("renew")?;
+        let lease = acquire(&name1).await?;
+        let forged = Lease::new(
+            name1.clone(),
+            LeaseToken::random(),
+            lease.fence(),
+            lease.ttl(),
+        );
+        check(how, "forged token", &forged, false).await?;
+        let wrong_fence = Lease::new(
+            name1.clone(),
+            lease.token().clone(),
+            Fence::new(lease.fence().get() + 1),
+            lease.ttl(),
+        );
+        check(how, "wrong fence", &wrong_fence, false).await?;
+        check(how, "current lease", &lease, true).await?;
+        backend.release(&lease).await?;
+        check(how, "released lease", &lease, false).await?;
+
+        let name2 = name("renew-expired")?;
+        let expired = acquire(&name2).await?;
+        expire(&store, &name2).await?;
+        check(how, "expired lease", &expired, false).await?;
+
+        let name3 = name("renew-taken-over")?;
+        let old = acquire(&name3).await?;
+        expire(&store, &name3).await?;
+        let new = acquire(&name3).await?;
+        ensure!(new.fence() > old.fence(), "no takeover after expiry");
+        check(how, "lease taken over", &old, false).await?;
+        check(how, "the new holder's lease", &new, true).await?;
+
+        // Another writer put its own value in the row while the lease was live.
+        let name4 = name("renew-overwritten")?;
+        let overwritten = acquire(&name4).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE `{}` SET token = 'not-a-lock-mysql-token' WHERE name = ?",
+            store.config().table()
+        )))
+        .bind(name4.as_str().as_bytes())
+        .execute(store.admin())
+        .await
+        .map_err(|e| Failure(format!("overwriting the row: {e}")))?;
+        check(
+            how,
+            "row overwritten by another writer",
+            &overwritten,
+            false,
+        )
+        .await?;
+    }
+    backend.release(&companion).await?;
     Ok(())
 }

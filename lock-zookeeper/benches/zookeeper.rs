@@ -11,6 +11,9 @@
 //! Run with `cargo bench -p lock-zookeeper` (servers from `cargo xtask services up`, variables
 //! from `cargo xtask services env`). `LOCK_BENCH_N` sets the number of cycles (default 1000).
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use std::{process::ExitCode, time::Duration};
 
 use conformance_tests::bench::{self, Report, Stats};
@@ -24,34 +27,16 @@ fn text(error: impl std::fmt::Display) -> String {
     error.to_string()
 }
 
-fn hosts(var: &str) -> Result<String, String> {
-    std::env::var(var).map_err(|_| {
-        format!(
-            "{var} is not set; run `cargo xtask services up` and export `cargo xtask services env`"
-        )
-    })
-}
-
 /// The raw floor's node prefix under a container of its own, next to the locks.
 async fn floor_prefix(raw: &Client, config: &ZkConfig) -> Result<String, String> {
     let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-    match raw.mkdir(&config.root, &persistent).await {
-        Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-        Err(e) => return Err(text(e)),
-    }
-    let dir = format!("{}/bench-floor-{:016x}", config.root, rand_u64());
+    raw.mkdir(&config.root, &persistent).await.map_err(text)?;
+    let dir = format!("{}/bench-floor-{:016x}", config.root, rand::random::<u64>());
     let container = CreateMode::Container.with_acls(Acls::anyone_all());
     raw.create(&dir, &[], &container).await.map_err(text)?;
     Ok(format!(
         "{dir}/_c_00000000-0000-4000-8000-000000000000-lock-"
     ))
-}
-
-fn rand_u64() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    nanos as u64 ^ u64::from(std::process::id()).rotate_left(40)
 }
 
 const DATA: &[u8] = b"0123456789abcdef0123456789abcdef";
@@ -63,7 +48,7 @@ async fn raw_create(raw: &Client, prefix: &str) -> Result<String, String> {
 }
 
 async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
-    let config = ZkConfig::new(hosts(var)?).session_timeout(Duration::from_secs(10));
+    let config = ZkConfig::new(support::hosts(var)?).session_timeout(Duration::from_secs(10));
     let backend = ZkBackend::connect(config.clone()).await.map_err(text)?;
     let client = LockClient::new(backend.clone());
     // The same session the backend uses.
@@ -140,21 +125,17 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1000);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match conformance_tests::runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("cannot start a Tokio runtime: {e}");
+            eprintln!("{e}");
             return ExitCode::FAILURE;
         }
     };
     let mut failed = false;
     for (label, var) in [
-        ("zookeeper", "LOCK_TEST_ZK_ADDR"),
-        ("zookeeper-ensemble(3)", "LOCK_TEST_ZK_ENSEMBLE"),
+        ("zookeeper", support::STANDALONE_VAR),
+        ("zookeeper-ensemble(3)", support::ENSEMBLE_VAR),
     ] {
         if let Err(error) = runtime.block_on(run(label, var, n)) {
             eprintln!("{label}: benchmark failed: {error}");

@@ -16,7 +16,7 @@ use zookeeper_client::{self as zk, SessionId, SessionState};
 use crate::{
     OpCounts, ZkConfig,
     error::{ZkError, is_session_end},
-    recipe::{self, Deleted},
+    recipe,
     session::{Conn, Sessions},
 };
 
@@ -121,7 +121,7 @@ impl ZkBackend {
     }
 
     /// The current session, if `held`'s node belongs to it and it is still alive.
-    fn session_of(&self, held: &Held) -> Result<Conn, LockError> {
+    fn session_of(&self, held: &Held) -> Result<Arc<Conn>, LockError> {
         let conn = self.inner.sessions.peek();
         if conn.id() != held.session || conn.is_ended() {
             return Err(session_ended(&held.name));
@@ -164,23 +164,7 @@ impl LockBackend for ZkBackend {
     /// the session timeout.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let lock_path = self.lock_path(request.name());
-        // Beyond the budget, only a server that does not answer keeps us: give up then.
-        let grace = self.session_timeout().max(Duration::from_secs(1));
-        let limit = request.deadline() + grace;
-        let acquiring = recipe::acquire(&self.inner.sessions, &lock_path, request);
-        let granted = match tokio::time::timeout_at(limit.into(), acquiring).await {
-            Ok(granted) => granted?,
-            Err(_) => {
-                return Err(LockError::Unavailable {
-                    message: format!(
-                        "ZooKeeper did not answer within the wait budget of {:?} plus {grace:?} while acquiring `{}`",
-                        request.wait(),
-                        request.name()
-                    ),
-                    source: None,
-                });
-            }
-        };
+        let granted = recipe::acquire(&self.inner.sessions, &lock_path, request).await?;
         let lease = Lease::new(
             request.name().clone(),
             granted.token.clone(),
@@ -221,7 +205,7 @@ impl LockBackend for ZkBackend {
         match conn.exists(&held.path).await {
             Ok(Some(stat))
                 if stat.ephemeral_owner == held.session.0
-                    && u64::try_from(stat.czxid).ok() == Some(lease.fence().get()) =>
+                    && recipe::fence(stat.czxid, &held.path).is_ok_and(|f| f == lease.fence()) =>
             {
                 let renewed = lease.clone().with_ttl(conn.timeout());
                 Ok(Grant::new(renewed, sent))
@@ -257,11 +241,11 @@ impl LockBackend for ZkBackend {
             }
         };
         match recipe::delete(&conn, &held.path).await {
-            Ok(Deleted::Now | Deleted::Probably) => {
+            Ok(true) => {
                 self.forget(lease);
                 Ok(())
             }
-            Ok(Deleted::Missing) => {
+            Ok(false) => {
                 self.forget(lease);
                 Err(LockError::not_held(lease.name()))
             }

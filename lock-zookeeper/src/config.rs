@@ -31,7 +31,8 @@ use crate::encoding::{encode_name, percent_decode};
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `Debug` shows every field; [`ZkAuth`]'s own `Debug` keeps the credentials out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]
 pub struct ZkConfig {
@@ -177,19 +178,6 @@ impl ZkConfig {
             return invalid("connect timeout is zero; it must be above zero".into());
         }
         Ok(())
-    }
-}
-
-impl fmt::Debug for ZkConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkConfig")
-            .field("hosts", &self.hosts)
-            .field("root", &self.root)
-            .field("session_timeout", &self.session_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("failover", &self.failover)
-            .field("auth", &self.auth)
-            .finish()
     }
 }
 

@@ -6,8 +6,6 @@
 //! makes Curator clients and ours one queue. ZooKeeper may one day use 19-digit (64-bit)
 //! sequences; both widths are accepted and sequences compare as numbers.
 
-use std::fmt;
-
 /// Curator's protection prefix.
 const PROTECTED: &str = "_c_";
 /// Curator `InterProcessMutex`'s lock name.
@@ -33,12 +31,6 @@ pub(crate) struct Contender<'a> {
     pub(crate) name: &'a str,
     /// The sequence ZooKeeper appended.
     pub(crate) sequence: u64,
-}
-
-impl fmt::Display for Contender<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name)
-    }
 }
 
 fn is_uuid_text(text: &str) -> bool {

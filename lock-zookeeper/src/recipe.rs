@@ -9,20 +9,23 @@
 //! node is known to be granted or deleted, a [`Cleanup`] guard owns it: dropping the acquire
 //! future deletes the node in the background.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use lock_core::{AcquireRequest, Fence, LeaseToken, LockError, LockInfo, LockName};
 use tokio::time::sleep;
 use uuid::Uuid;
-use zookeeper_client::{self as zk, EventType, SessionId};
+use zookeeper_client::{self as zk, CreateOptions, EventType, SessionId};
 
 use crate::{
     error::{ZkError, is_session_end, is_transient},
     node,
-    session::{CONTENDER, Conn, Sessions},
+    session::{CONTAINER, CONTENDER, Conn, ROOT, Sessions},
 };
 
-/// How often one request is retried on a transient failure before giving up.
+/// How often one request is sent again after transient failures before giving up.
 const RETRIES: usize = 16;
 /// The pause before retrying a request that failed transiently (the client queues requests
 /// while it reconnects, so this only spaces out retries of throttled or timed-out requests).
@@ -86,10 +89,25 @@ pub(crate) async fn acquire(
                 continue;
             }
         };
-        let stop = match attempt(&conn, &sessions.config().root, lock_path, request).await {
-            Ok(granted) => return Ok(granted),
-            Err(Stop::Fail(error)) => return Err(error),
-            Err(stop) => stop,
+        // Beyond the budget, only a server that does not answer keeps an attempt going: give
+        // up a session timeout later (by then the session has moved or ended).
+        let grace = conn.timeout().max(Duration::from_secs(1));
+        let attempt = attempt(&conn, &sessions.config().root, lock_path, request);
+        let stop = match tokio::time::timeout_at((request.deadline() + grace).into(), attempt).await
+        {
+            Ok(Ok(granted)) => return Ok(granted),
+            Ok(Err(Stop::Fail(error))) => return Err(error),
+            Ok(Err(stop)) => stop,
+            Err(_) => {
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "ZooKeeper did not answer within the wait budget of {:?} plus {grace:?} while acquiring `{}`",
+                        request.wait(),
+                        request.name()
+                    ),
+                    source: None,
+                });
+            }
         };
         if Instant::now() >= request.deadline() {
             return Err(match stop {
@@ -116,7 +134,7 @@ pub(crate) async fn acquire(
 
 /// One contender node from creation to grant, time-out or failure.
 async fn attempt(
-    conn: &Conn,
+    conn: &Arc<Conn>,
     root: &str,
     lock_path: &str,
     request: &AcquireRequest,
@@ -124,30 +142,28 @@ async fn attempt(
     let uuid = Uuid::new_v4();
     let secret = LeaseToken::random();
     let mut cleanup = Cleanup::new(conn.clone(), lock_path, node::uuid_prefix(&uuid));
-    let created = create(conn, root, lock_path, &uuid, secret.as_str().as_bytes()).await?;
+    let data = secret.as_str().as_bytes();
+    let created = create(conn, root, lock_path, &uuid, data, &mut cleanup).await?;
     cleanup.node = Some(created.path.clone());
     let fence = match fence(created.czxid, &created.name) {
         Ok(fence) => fence,
-        Err(stop) => {
+        Err(error) => {
             cleanup.discard().await;
-            return Err(stop);
+            return Err(Stop::Fail(error));
         }
     };
     let mut listed = created.listed;
-    let mut transient_failures = 0;
     loop {
         let (children, sent) = match listed.take() {
             Some(listed) => listed,
             None => {
                 let sent = Instant::now();
-                match conn.list(lock_path).await {
+                match retry(|| conn.list(lock_path)).await {
                     Ok(children) => (children, sent),
                     // The container went, so our node went with it.
-                    Err(zk::Error::NoNode) => return Err(Stop::Vanished),
-                    Err(e) if is_transient(&e) && transient_failures < RETRIES => {
-                        transient_failures += 1;
-                        sleep(RETRY_PAUSE).await;
-                        continue;
+                    Err(zk::Error::NoNode) => {
+                        cleanup.disarm();
+                        return Err(Stop::Vanished);
                     }
                     Err(e) => {
                         let error = ZkError::new("list", lock_path, e);
@@ -193,15 +209,10 @@ async fn attempt(
             return Err(Stop::Fail(request.timeout_error()));
         }
         let predecessor = format!("{lock_path}/{}", predecessor.name);
-        let watcher = match conn.watch(&predecessor).await {
+        let watcher = match retry(|| conn.watch(&predecessor)).await {
             Ok((_, _, watcher)) => watcher,
             // Gone already: look again.
             Err(zk::Error::NoNode) => continue,
-            Err(e) if is_transient(&e) && transient_failures < RETRIES => {
-                transient_failures += 1;
-                sleep(RETRY_PAUSE).await;
-                continue;
-            }
             Err(e) => {
                 let error = ZkError::new("watch", &predecessor, e);
                 if !is_session_end(&error.source) {
@@ -235,23 +246,25 @@ struct Created {
 }
 
 /// Creates our contender node, creating the container (and root) when missing and resolving a
-/// lost reply by the node's UUID.
+/// lost reply by the node's UUID. `cleanup` (armed, finding the node by its UUID) is disarmed
+/// when the server's answer proves no node of ours exists.
 async fn create(
     conn: &Conn,
     root: &str,
     lock_path: &str,
     uuid: &Uuid,
     data: &[u8],
+    cleanup: &mut Cleanup,
 ) -> Result<Created, Stop> {
     let prefix = format!("{lock_path}/{}", node::prefix(uuid));
-    let uuid_prefix = node::uuid_prefix(uuid);
-    for _ in 0..RETRIES {
+    let mut tries = Tries::default();
+    loop {
         let sent = Instant::now();
         // Both are sent now, in this order: the listing includes the created node.
         let created = conn.create(&prefix, data, &CONTENDER);
         let listed = conn.list(lock_path);
         let (created, listed) = tokio::join!(created, listed);
-        match created {
+        let error = match created {
             Ok((stat, sequence)) => {
                 let path = format!("{prefix}{sequence}");
                 let name = path.rsplit('/').next().unwrap_or_default().to_owned();
@@ -262,8 +275,19 @@ async fn create(
                     listed: listed.ok().map(|children| (children, sent)),
                 });
             }
-            Err(zk::Error::NoNode) => conn.ensure_lock_path(root, lock_path).await?,
-            Err(zk::Error::NoChildrenForEphemerals) => {
+            Err(error) => error,
+        };
+        match &error {
+            // No container (or root) yet: create it, then the node again.
+            zk::Error::NoNode if tries.spend() => {
+                if let Err(error) = ensure_lock_path(conn, root, lock_path).await {
+                    // The server answered our create with NoNode: it made nothing.
+                    cleanup.disarm();
+                    return Err(error.into());
+                }
+            }
+            zk::Error::NoChildrenForEphemerals => {
+                cleanup.disarm();
                 return Err(Stop::Fail(LockError::Foreign {
                     name: lock_path.to_owned(),
                     found: format!(
@@ -271,23 +295,50 @@ async fn create(
                     ),
                 }));
             }
-            Err(e) if is_transient(&e) => {
+            e if is_transient(e) => {
                 // The reply was lost, not necessarily the request: look for our node first.
-                if let Some(found) = find_own(conn, lock_path, &uuid_prefix).await? {
+                if let Some(found) = find_own(conn, lock_path, &cleanup.uuid_prefix).await? {
                     tracing::debug!(node = %found.path, "found the contender node again after a lost reply");
                     return Ok(found);
                 }
-                sleep(RETRY_PAUSE).await;
+                if !tries.again(e).await {
+                    // Our node may yet show up: the guard keeps looking for it.
+                    return Err(ZkError::new("create", &prefix, error).into());
+                }
             }
-            Err(e) => return Err(ZkError::new("create", &prefix, e).into()),
+            // Refused by the server (or the session ended with our nodes): nothing was made.
+            _ => {
+                cleanup.disarm();
+                return Err(ZkError::new("create", &prefix, error).into());
+            }
         }
     }
-    Err(Stop::Fail(LockError::Unavailable {
-        message: format!(
-            "could not create a contender node under `{lock_path}` after {RETRIES} tries"
-        ),
-        source: None,
-    }))
+}
+
+/// Creates the container node `lock_path` and, when missing, the persistent nodes of `root`
+/// above it, one segment at a time (each create is counted and retried like any request).
+async fn ensure_lock_path(conn: &Conn, root: &str, lock_path: &str) -> Result<(), ZkError> {
+    match create_node(conn, lock_path, &CONTAINER).await {
+        Err(ZkError {
+            source: zk::Error::NoNode,
+            ..
+        }) => {}
+        done => return done,
+    }
+    let mut end = 0;
+    for segment in root.split('/').skip(1) {
+        end += 1 + segment.len();
+        create_node(conn, &root[..end], &ROOT).await?;
+    }
+    create_node(conn, lock_path, &CONTAINER).await
+}
+
+/// Creates the empty node `path` unless it exists.
+async fn create_node(conn: &Conn, path: &str, options: &CreateOptions<'_>) -> Result<(), ZkError> {
+    match retry(|| conn.create(path, &[], options)).await {
+        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+        Err(e) => Err(ZkError::new("create", path, e)),
+    }
 }
 
 /// Our node, found by its UUID prefix, if the server created it.
@@ -322,53 +373,65 @@ async fn find_own(
     }
 }
 
-/// Runs `request` again while it fails transiently.
+/// The tries of one request: after a transient failure (the request may or may not have been
+/// applied) it is sent again after a pause, at most [`RETRIES`] times.
+#[derive(Debug, Default)]
+struct Tries(usize);
+
+impl Tries {
+    /// Counts one more try; false when none is left.
+    fn spend(&mut self) -> bool {
+        if self.0 >= RETRIES {
+            return false;
+        }
+        self.0 += 1;
+        true
+    }
+
+    /// Whether to send the request again after `error`: true, after a pause, when it failed
+    /// transiently and a try is left.
+    async fn again(&mut self, error: &zk::Error) -> bool {
+        if !is_transient(error) || !self.spend() {
+            return false;
+        }
+        sleep(RETRY_PAUSE).await;
+        true
+    }
+}
+
+/// Sends `request` until it succeeds, fails for good, or has no try left (see [`Tries`]).
 async fn retry<T, F, Fut>(mut request: F) -> Result<T, zk::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, zk::Error>>,
 {
-    let mut tries = 0;
+    let mut tries = Tries::default();
     loop {
         match request().await {
-            Err(e) if is_transient(&e) && tries < RETRIES => {
-                tries += 1;
-                sleep(RETRY_PAUSE).await;
+            Err(error) if is_transient(&error) => {
+                if !tries.again(&error).await {
+                    return Err(error);
+                }
             }
             result => return result,
         }
     }
 }
 
-/// Deletes a node of ours, retrying while the connection comes back; says whether it was
-/// there.
-pub(crate) async fn delete(conn: &Conn, path: &str) -> Result<Deleted, zk::Error> {
-    let mut ambiguous = false;
-    let mut tries = 0;
-    loop {
-        match conn.delete(path).await {
-            Ok(()) => return Ok(Deleted::Now),
-            Err(zk::Error::NoNode) if ambiguous => return Ok(Deleted::Probably),
-            Err(zk::Error::NoNode) => return Ok(Deleted::Missing),
-            Err(e) if is_transient(&e) && tries < RETRIES => {
-                ambiguous = true;
-                tries += 1;
-                sleep(RETRY_PAUSE).await;
-            }
-            Err(e) => return Err(e),
-        }
+/// Deletes a node of ours (see [`retry`]). True when it is gone by our request (after a lost
+/// reply, a request of ours probably deleted it), false when it was not there.
+pub(crate) async fn delete(conn: &Conn, path: &str) -> Result<bool, zk::Error> {
+    let mut sent = 0;
+    let deleted = retry(|| {
+        sent += 1;
+        conn.delete(path)
+    })
+    .await;
+    match deleted {
+        Ok(()) => Ok(true),
+        Err(zk::Error::NoNode) => Ok(sent > 1),
+        Err(e) => Err(e),
     }
-}
-
-/// What [`delete`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Deleted {
-    /// Our request deleted the node.
-    Now,
-    /// The node is gone; a request of ours whose reply was lost probably deleted it.
-    Probably,
-    /// The node was not there.
-    Missing,
 }
 
 /// Who holds the lock at `lock_path`, as the leader last committed it.
@@ -396,10 +459,7 @@ pub(crate) async fn inspect(
         match retry(|| conn.read(&path)).await {
             Ok((data, stat)) => {
                 let token = token_of(first.name, &data);
-                let fence = fence(stat.czxid, first.name).map_err(|stop| match stop {
-                    Stop::Fail(e) => e,
-                    _ => LockError::not_held(name),
-                })?;
+                let fence = fence(stat.czxid, first.name)?;
                 return Ok(Some(LockInfo::new(name.clone(), token, fence, None)));
             }
             // Released between the listing and the read: look again.
@@ -424,13 +484,14 @@ fn token_of(node_name: &str, data: &[u8]) -> LeaseToken {
     }
 }
 
-fn fence(czxid: i64, node_name: &str) -> Result<Fence, Stop> {
-    u64::try_from(czxid).map(Fence::new).map_err(|_| {
-        Stop::Fail(LockError::Backend {
+/// The fence of a contender node: its creation zxid.
+pub(crate) fn fence(czxid: i64, node_name: &str) -> Result<Fence, LockError> {
+    u64::try_from(czxid)
+        .map(Fence::new)
+        .map_err(|_| LockError::Backend {
             message: format!("contender `{node_name}` has a negative creation zxid {czxid}"),
             source: None,
         })
-    })
 }
 
 fn foreign_error(name: &LockName, lock_path: &str, foreign: &[&str]) -> LockError {
@@ -446,7 +507,7 @@ fn foreign_error(name: &LockName, lock_path: &str, foreign: &[&str]) -> LockErro
 /// Owns a contender node until it is granted or deleted; dropped while armed (the acquire
 /// future was dropped, or failed without deleting) it deletes the node in the background.
 struct Cleanup {
-    conn: Conn,
+    conn: Arc<Conn>,
     lock_path: String,
     uuid_prefix: String,
     /// The node's path once the create's reply arrived; before that it is found by UUID.
@@ -455,7 +516,7 @@ struct Cleanup {
 }
 
 impl Cleanup {
-    fn new(conn: Conn, lock_path: &str, uuid_prefix: String) -> Self {
+    fn new(conn: Arc<Conn>, lock_path: &str, uuid_prefix: String) -> Self {
         Self {
             conn,
             lock_path: lock_path.to_owned(),
@@ -555,10 +616,7 @@ mod tests {
 
     #[test]
     fn negative_zxids_are_errors_not_panics() {
-        assert!(matches!(
-            fence(-1, "n"),
-            Err(Stop::Fail(LockError::Backend { .. }))
-        ));
+        assert!(matches!(fence(-1, "n"), Err(LockError::Backend { .. })));
         assert!(matches!(fence(7, "n"), Ok(f) if f.get() == 7));
     }
 }

@@ -17,7 +17,7 @@ use zookeeper_client::{
     SessionState, Stat,
 };
 
-use crate::{ZkConfig, error::ZkError};
+use crate::ZkConfig;
 
 /// Ephemeral sequential nodes with an open ACL (Curator's default as well).
 pub(crate) const CONTENDER: CreateOptions<'static> =
@@ -67,6 +67,29 @@ impl OpCounts {
     }
 }
 
+/// Field by field: the requests of several backends together.
+impl std::ops::Add for OpCounts {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            creates: self.creates + other.creates,
+            lists: self.lists + other.lists,
+            watches: self.watches + other.watches,
+            reads: self.reads + other.reads,
+            exists: self.exists + other.exists,
+            deletes: self.deletes + other.deletes,
+            syncs: self.syncs + other.syncs,
+        }
+    }
+}
+
+impl std::iter::Sum for OpCounts {
+    fn sum<I: Iterator<Item = Self>>(counts: I) -> Self {
+        counts.fold(Self::default(), |sum, c| sum + c)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     creates: AtomicU64,
@@ -97,12 +120,13 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// One session's client with counted requests.
+/// One session's client with counted requests, shared as `Arc<Conn>` (the client, with its
+/// credentials, is not copied per use).
 ///
 /// Every method sends its request when called (not when the future is first polled), as the
 /// client does, so requests reach the server in call order: a `list` called right after a
 /// `create` sees the created node.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Conn {
     client: Client,
     counters: Arc<Counters>,
@@ -185,32 +209,13 @@ impl Conn {
         bump(&self.counters.syncs);
         self.client.sync(path)
     }
-
-    /// Creates `path` as a container, and the root above it as a persistent node if needed.
-    pub(crate) async fn ensure_lock_path(&self, root: &str, path: &str) -> Result<(), ZkError> {
-        for _ in 0..3 {
-            match self.create(path, &[], &CONTAINER).await {
-                Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
-                Err(zk::Error::NoNode) => {
-                    bump(&self.counters.creates);
-                    match self.client.mkdir(root, &ROOT).await {
-                        Ok(()) => {}
-                        Err(e) => return Err(ZkError::new("create", root, e)),
-                    }
-                }
-                Err(e) if crate::error::is_transient(&e) => {}
-                Err(e) => return Err(ZkError::new("create", path, e)),
-            }
-        }
-        Err(ZkError::new("create", path, zk::Error::ConnectionLoss))
-    }
 }
 
 /// The backend's session: the current one, and how to open the next.
 #[derive(Debug)]
 pub(crate) struct Sessions {
     config: ZkConfig,
-    current: Mutex<Conn>,
+    current: Mutex<Arc<Conn>>,
     reconnecting: tokio::sync::Mutex<()>,
     counters: Arc<Counters>,
 }
@@ -223,7 +228,7 @@ impl Sessions {
         let conn = open(&config, &counters).await?;
         Ok(Self {
             config,
-            current: Mutex::new(conn),
+            current: Mutex::new(Arc::new(conn)),
             reconnecting: tokio::sync::Mutex::new(()),
             counters,
         })
@@ -238,7 +243,7 @@ impl Sessions {
     }
 
     /// The current session, even if it has ended.
-    pub(crate) fn peek(&self) -> Conn {
+    pub(crate) fn peek(&self) -> Arc<Conn> {
         self.current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -249,7 +254,7 @@ impl Sessions {
     ///
     /// # Errors
     /// [`LockError::Unavailable`] when no new session could be established.
-    pub(crate) async fn live(&self) -> Result<Conn, LockError> {
+    pub(crate) async fn live(&self) -> Result<Arc<Conn>, LockError> {
         let conn = self.peek();
         if !conn.is_ended() {
             return Ok(conn);
@@ -260,7 +265,7 @@ impl Sessions {
             return Ok(conn);
         }
         let old = conn.id();
-        let conn = open(&self.config, &self.counters).await?;
+        let conn = Arc::new(open(&self.config, &self.counters).await?);
         tracing::info!(old = %old, new = %conn.id(), "ZooKeeper session ended; opened a new one");
         *self.current.lock().unwrap_or_else(PoisonError::into_inner) = conn.clone();
         Ok(conn)
@@ -294,5 +299,38 @@ async fn open(config: &ZkConfig, counters: &Arc<Counters>) -> Result<Conn, LockE
             ),
             source: None,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_field_by_field() {
+        let one = OpCounts {
+            creates: 1,
+            lists: 2,
+            watches: 3,
+            reads: 4,
+            exists: 5,
+            deletes: 6,
+            syncs: 7,
+        };
+        let three: OpCounts = [one, one, one].into_iter().sum();
+        assert_eq!(
+            three,
+            OpCounts {
+                creates: 3,
+                lists: 6,
+                watches: 9,
+                reads: 12,
+                exists: 15,
+                deletes: 18,
+                syncs: 21,
+            }
+        );
+        assert_eq!(three.total(), 3 * one.total());
+        assert_eq!(std::iter::empty().sum::<OpCounts>(), OpCounts::default());
     }
 }

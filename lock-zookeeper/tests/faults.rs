@@ -12,6 +12,8 @@
 //! 5. `lost_create_reply`: a proxy drops the connection after the server applied the
 //!    contender's `create` but before its reply reached the client; the contender finds its node
 //!    again by UUID instead of creating a second one.
+//! 6. `missing_root`: a lock root that does not exist yet is created, one node per segment,
+//!    and every create the backend sends is counted.
 //!
 //! Every fault is undone on every path (SIGCONT, restart), even when a case fails.
 //! Arguments filter cases by substring.
@@ -32,6 +34,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use conformance_tests::{Cases, Failure, Outcome, ensure};
 use futures::FutureExt;
 use lock_core::{Fence, Holder, LockClient, LockError, LockGuard, LockName, LockOptions};
 use lock_zookeeper::{OpCounts, ZkBackend, ZkConfig};
@@ -42,16 +45,15 @@ use tokio::{
 };
 use zookeeper_client::{Acls, Client, CreateMode};
 
-type Outcome = Result<(), String>;
-
 fn main() -> ExitCode {
     trace::install();
-    conformance_tests::Cases::<String>::new("faults")
+    Cases::<Failure>::new("faults")
         .case("leader_killed", || Box::pin(leader_killed()))
         .case("server_paused", || Box::pin(server_paused()))
         .case("no_herd", || Box::pin(no_herd()))
         .case("curator_interop", || Box::pin(curator_interop()))
         .case("lost_create_reply", || Box::pin(lost_create_reply()))
+        .case("missing_root", || Box::pin(missing_root()))
         .on_failure(|| {
             println!("        the last events before the failure:");
             for line in trace::last(400) {
@@ -61,20 +63,12 @@ fn main() -> ExitCode {
         .main()
 }
 
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(format!($($msg)+));
-        }
-    };
+fn err(error: impl std::fmt::Display) -> Failure {
+    Failure(error.to_string())
 }
 
-fn text(error: impl std::fmt::Display) -> String {
-    error.to_string()
-}
-
-fn lock_name(tag: &str) -> Result<LockName, String> {
-    LockName::new(format!("faults/{tag}/{:016x}", rand_u64())).map_err(text)
+fn lock_name(tag: &str) -> Result<LockName, Failure> {
+    LockName::new(format!("faults/{tag}/{:016x}", rand::random::<u64>())).map_err(err)
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -83,15 +77,8 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn rand_u64() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    (nanos as u64) ^ (u64::from(std::process::id()) << 32)
-}
-
-async fn client(config: &ZkConfig) -> Result<(LockClient, ZkBackend), String> {
-    let backend = ZkBackend::connect(config.clone()).await.map_err(text)?;
+async fn client(config: &ZkConfig) -> Result<(LockClient, ZkBackend), Failure> {
+    let backend = ZkBackend::connect(config.clone()).await.map_err(err)?;
     Ok((LockClient::new(backend.clone()), backend))
 }
 
@@ -99,7 +86,7 @@ async fn client(config: &ZkConfig) -> Result<(LockClient, ZkBackend), String> {
 async fn wait_until<F, Fut>(limit: Duration, what: &str, mut check: F) -> Outcome
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool, String>>,
+    Fut: Future<Output = Result<bool, Failure>>,
 {
     let start = Instant::now();
     loop {
@@ -107,7 +94,7 @@ where
             return Ok(());
         }
         if start.elapsed() > limit {
-            return Err(format!("{what} did not happen within {limit:?}"));
+            return Err(Failure(format!("{what} did not happen within {limit:?}")));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -124,33 +111,36 @@ struct Server {
 }
 
 impl Server {
-    fn named(instance: &str) -> Result<Self, String> {
-        let base = std::env::var(SERVICES_DIR_VAR)
-            .map_err(|_| format!("{SERVICES_DIR_VAR} is not set; run `cargo xtask test`"))?;
+    fn named(instance: &str) -> Result<Self, Failure> {
+        let base = std::env::var(SERVICES_DIR_VAR).map_err(|_| {
+            Failure(format!(
+                "{SERVICES_DIR_VAR} is not set; run `cargo xtask test`"
+            ))
+        })?;
         let dir = PathBuf::from(base).join(instance);
         let config = std::fs::read_to_string(dir.join("zoo.cfg"))
-            .map_err(|e| format!("reading {}/zoo.cfg: {e}", dir.display()))?;
+            .map_err(|e| Failure(format!("reading {}/zoo.cfg: {e}", dir.display())))?;
         let port = config
             .lines()
             .find_map(|l| l.strip_prefix("clientPort="))
             .and_then(|p| p.trim().parse().ok())
-            .ok_or_else(|| format!("no clientPort in {}/zoo.cfg", dir.display()))?;
+            .ok_or_else(|| Failure(format!("no clientPort in {}/zoo.cfg", dir.display())))?;
         Ok(Self { dir, port })
     }
 
-    fn ensemble() -> Result<Vec<Self>, String> {
+    fn ensemble() -> Result<Vec<Self>, Failure> {
         (1..=3)
             .map(|i| Self::named(&format!("zk-ensemble-{i}")))
             .collect()
     }
 
-    fn pid(&self) -> Result<u32, String> {
+    fn pid(&self) -> Result<u32, Failure> {
         let path = self.dir.join("pid");
         std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?
+            .map_err(|e| Failure(format!("reading {}: {e}", path.display())))?
             .trim()
             .parse()
-            .map_err(|e| format!("{}: {e}", path.display()))
+            .map_err(|e| Failure(format!("{}: {e}", path.display())))
     }
 
     /// The answer to a four-letter word, or `None` when the server does not answer in 2 s.
@@ -184,31 +174,31 @@ impl Server {
             .is_some_and(|out| out.contains(&needle))
     }
 
-    fn run(&self, script: &str) -> Result<(), String> {
+    fn run(&self, script: &str) -> Outcome {
         let path = self.dir.join(script);
         let status = std::process::Command::new("bash")
             .arg(&path)
             .stdout(std::process::Stdio::null())
             .status()
-            .map_err(|e| format!("running {}: {e}", path.display()))?;
+            .map_err(|e| Failure(format!("running {}: {e}", path.display())))?;
         if status.success() {
             Ok(())
         } else {
-            Err(format!("{} failed: {status}", path.display()))
+            Err(Failure(format!("{} failed: {status}", path.display())))
         }
     }
 }
 
-fn signal(pid: u32, signal: &str) -> Result<(), String> {
+fn signal(pid: u32, signal: &str) -> Outcome {
     let status = std::process::Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(pid.to_string())
         .status()
-        .map_err(|e| format!("kill -{signal} {pid}: {e}"))?;
+        .map_err(|e| Failure(format!("kill -{signal} {pid}: {e}")))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("kill -{signal} {pid} failed: {status}"))
+        Err(Failure(format!("kill -{signal} {pid} failed: {status}")))
     }
 }
 
@@ -219,7 +209,7 @@ struct Paused {
 }
 
 impl Paused {
-    fn new(server: &Server) -> Result<Self, String> {
+    fn new(server: &Server) -> Result<Self, Failure> {
         let pid = server.pid()?;
         signal(pid, "STOP")?;
         Ok(Self {
@@ -249,11 +239,11 @@ struct Killed {
 }
 
 impl Killed {
-    async fn new(server: &Server) -> Result<Self, String> {
+    async fn new(server: &Server) -> Result<Self, Failure> {
         let stopping = server.clone();
         tokio::task::spawn_blocking(move || stopping.run("stop"))
             .await
-            .map_err(text)??;
+            .map_err(err)??;
         Ok(Self {
             server: server.clone(),
             restarted: false,
@@ -266,7 +256,7 @@ impl Killed {
         let server = self.server.clone();
         tokio::task::spawn_blocking(move || server.run("start"))
             .await
-            .map_err(text)??;
+            .map_err(err)??;
         let server = &self.server;
         wait_until(
             Duration::from_secs(30),
@@ -289,7 +279,7 @@ impl Drop for Killed {
 // 1. The ensemble's leader is killed under a holder connected to it.
 
 async fn leader_killed() -> Outcome {
-    let hosts = hosts(ENSEMBLE_VAR)?;
+    let hosts = hosts(ENSEMBLE_VAR).map_err(Failure)?;
     let servers = Server::ensemble()?;
     let mut leader = None;
     for server in &servers {
@@ -297,7 +287,7 @@ async fn leader_killed() -> Outcome {
             leader = Some(server.clone());
         }
     }
-    let leader = leader.ok_or("no ensemble node reports `Mode: leader`")?;
+    let leader = leader.ok_or_else(|| Failure("no ensemble node reports `Mode: leader`".into()))?;
     // Long enough for an election and a reconnection; the point is that the session survives.
     let config = ZkConfig::new(hosts.clone()).session_timeout(Duration::from_secs(8));
     // A holder whose session is on the leader, so that killing the leader moves it.
@@ -309,18 +299,21 @@ async fn leader_killed() -> Outcome {
             break;
         }
     }
-    let (holder, holder_backend) = holder.ok_or("no session landed on the leader in 30 tries")?;
+    let (holder, holder_backend) =
+        holder.ok_or_else(|| Failure("no session landed on the leader in 30 tries".into()))?;
     let name = lock_name("leader-killed")?;
     let options = LockOptions::new().wait(Duration::from_secs(60));
     let guard = holder
         .acquire(&Holder::new(), &name, &options)
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     let fence = guard.fence();
     let token = guard.lease().token().clone();
     let mut lost = guard.lost();
 
-    let store = ZkStore::from_env(ENSEMBLE_VAR, Duration::from_secs(8)).await?;
+    let store = ZkStore::from_env(ENSEMBLE_VAR, Duration::from_secs(8))
+        .await
+        .map_err(Failure)?;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = tokio::task::JoinSet::new();
     for i in 0..3 {
@@ -330,16 +323,16 @@ async fn leader_killed() -> Outcome {
             let guard = waiter
                 .acquire(&Holder::new(), &lock, &options)
                 .await
-                .map_err(|e| format!("waiter {i}: {e}"))?;
+                .map_err(|e| Failure(format!("waiter {i}: {e}")))?;
             locked(&order).push(guard.fence());
             guard
                 .release()
                 .await
-                .map_err(|e| format!("waiter {i}: {e}"))
+                .map_err(|e| Failure(format!("waiter {i}: {e}")))
         });
         // Queue them one after another so the expected order is known.
         wait_until(Duration::from_secs(10), "a waiter queueing", || async {
-            Ok(store.children(&name).await.map_err(text)?.len() == i + 2)
+            Ok(store.children(&name).await.map_err(err)?.len() == i + 2)
         })
         .await?;
     }
@@ -378,27 +371,31 @@ async fn leader_killed() -> Outcome {
         moved |= server.serves_session(holder_backend.session_id()).await;
     }
     ensure!(moved, "the holder's session is not on a surviving node");
-    let info = holder
-        .inspect(&name)
-        .await
-        .map_err(text)?
-        .ok_or("inspect shows the lock free while the holder holds it")?;
+    let info =
+        holder.inspect(&name).await.map_err(err)?.ok_or_else(|| {
+            Failure("inspect shows the lock free while the holder holds it".into())
+        })?;
     ensure!(
         info.token == token && info.fence == fence,
         "inspect shows another holder"
     );
+    // No waiter finished: none got the lock (nor failed) while the holder held it.
+    let finished = waiters.try_join_next();
     ensure!(
-        waiters.len() == 3 && locked(&order).is_empty(),
-        "a waiter got the lock while the holder held it"
+        finished.is_none() && locked(&order).is_empty(),
+        "a waiter finished while the holder held the lock ({finished:?}; fences taken {:?})",
+        locked(&order)
     );
 
     let released = Instant::now();
-    guard.release().await.map_err(text)?;
+    guard.release().await.map_err(err)?;
     while let Some(joined) = tokio::time::timeout(Duration::from_secs(20), waiters.join_next())
         .await
-        .map_err(|_| "the waiters did not all get the lock within 20 s of the release")?
+        .map_err(|_| {
+            Failure("the waiters did not all get the lock within 20 s of the release".into())
+        })?
     {
-        joined.map_err(text)??;
+        joined.map_err(err)??;
     }
     let handed_off = released.elapsed();
     let order = locked(&order).clone();
@@ -419,17 +416,19 @@ async fn leader_killed() -> Outcome {
 
 async fn server_paused() -> Outcome {
     let server = Server::named("zookeeper")?;
-    let hosts = hosts(STANDALONE_VAR)?;
+    let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
     let timeout = Duration::from_secs(2);
     let config = ZkConfig::new(hosts).session_timeout(timeout);
     let (holder, holder_backend) = client(&config).await?;
     let (waiter, waiter_backend) = client(&config).await?;
-    let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(10)).await?;
+    let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(10))
+        .await
+        .map_err(Failure)?;
     let name = lock_name("paused")?;
     let guard = holder
         .acquire(&Holder::new(), &name, &LockOptions::new())
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     let fence = guard.fence();
     let waiting = tokio::spawn({
         let name = name.clone();
@@ -439,7 +438,7 @@ async fn server_paused() -> Outcome {
         }
     });
     wait_until(Duration::from_secs(10), "the waiter queueing", || async {
-        Ok(store.children(&name).await.map_err(text)?.len() == 2)
+        Ok(store.children(&name).await.map_err(err)?.len() == 2)
     })
     .await?;
     drop(store);
@@ -451,7 +450,12 @@ async fn server_paused() -> Outcome {
     tracing::info!("test: server paused");
     let reason = tokio::time::timeout(timeout * 2, guard.lost())
         .await
-        .map_err(|_| format!("lost() did not fire within {:?} of the pause", timeout * 2))?;
+        .map_err(|_| {
+            Failure(format!(
+                "lost() did not fire within {:?} of the pause",
+                timeout * 2
+            ))
+        })?;
     let lost_after = paused_at.elapsed();
     ensure!(!guard.is_held(), "is_held() is true after lost()");
     ensure!(
@@ -463,10 +467,10 @@ async fn server_paused() -> Outcome {
     tokio::time::sleep(Duration::from_secs(5).saturating_sub(paused_at.elapsed())).await;
     if waiting.is_finished() {
         paused.resume()?;
-        let result = waiting.await.map_err(text)?;
-        return Err(format!(
+        let result = waiting.await.map_err(err)?;
+        return Err(Failure(format!(
             "the waiter finished while the server was paused: {result:?}"
-        ));
+        )));
     }
     paused.resume()?;
     let resumed_at = Instant::now();
@@ -475,16 +479,18 @@ async fn server_paused() -> Outcome {
     let mut waiting = waiting;
     let next = match tokio::time::timeout(Duration::from_secs(20), &mut waiting).await {
         Ok(joined) => joined
-            .map_err(text)?
-            .map_err(|e| format!("the waiter failed: {e}"))?,
+            .map_err(err)?
+            .map_err(|e| Failure(format!("the waiter failed: {e}")))?,
         Err(_) => {
-            let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(10)).await?;
-            let children = store.children(&name).await.map_err(text)?;
+            let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(10))
+                .await
+                .map_err(Failure)?;
+            let children = store.children(&name).await.map_err(err)?;
             waiting.abort();
-            return Err(format!(
+            return Err(Failure(format!(
                 "the waiter did not get the lock within 20 s of the resume; the lock node has {children:?}; waiter {waiter_backend:?} sent {:?}",
                 waiter_backend.operations()
-            ));
+            )));
         }
     };
     let took = resumed_at.elapsed();
@@ -503,12 +509,12 @@ async fn server_paused() -> Outcome {
         "releasing the lost hold returned {released:?}, expected Lost"
     );
     // The late release changed nothing for the new holder.
-    let info = holder.inspect(&name).await.map_err(text)?;
+    let info = holder.inspect(&name).await.map_err(err)?;
     ensure!(
         info.is_some_and(|i| i.token == *next.lease().token()) && next.is_held(),
         "the lost holder's late release disturbed the new holder"
     );
-    next.release().await.map_err(text)?;
+    next.release().await.map_err(err)?;
     // The old holder's backend opens a new session for its next acquisition.
     let again = holder
         .acquire(
@@ -517,12 +523,12 @@ async fn server_paused() -> Outcome {
             &LockOptions::new().wait(Duration::from_secs(10)),
         )
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     ensure!(
         holder_backend.session_id() != old_holder_session,
         "the holder's backend did not open a new session"
     );
-    again.release().await.map_err(text)?;
+    again.release().await.map_err(err)?;
     println!(
         "        lost() after {lost_after:?} ({reason}); after resume the waiter got the lock on a new session in {took:?}"
     );
@@ -535,25 +541,17 @@ async fn server_paused() -> Outcome {
 async fn no_herd() -> Outcome {
     const WAITERS: usize = 100;
     const BACKENDS: usize = 10;
-    let hosts = hosts(STANDALONE_VAR)?;
+    let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
     let config = ZkConfig::new(hosts).session_timeout(Duration::from_secs(10));
     let mut clients = Vec::new();
     for _ in 0..BACKENDS {
         clients.push(client(&config).await?);
     }
     let total = |clients: &[(LockClient, ZkBackend)]| {
-        clients.iter().fold(OpCounts::default(), |sum, (_, b)| {
-            let c = b.operations();
-            let mut s = sum;
-            s.creates += c.creates;
-            s.lists += c.lists;
-            s.watches += c.watches;
-            s.reads += c.reads;
-            s.exists += c.exists;
-            s.deletes += c.deletes;
-            s.syncs += c.syncs;
-            s
-        })
+        clients
+            .iter()
+            .map(|(_, backend)| backend.operations())
+            .sum::<OpCounts>()
     };
     let name = lock_name("herd")?;
     // No watchdog: only the recipe's own requests are counted.
@@ -564,7 +562,7 @@ async fn no_herd() -> Outcome {
         .0
         .acquire(&Holder::new(), &name, &options)
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     let before_queue = total(&clients);
     let acquired: Arc<Mutex<Vec<Fence>>> = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = tokio::task::JoinSet::new();
@@ -575,12 +573,12 @@ async fn no_herd() -> Outcome {
             let guard = client
                 .acquire(&Holder::new(), &name, &options)
                 .await
-                .map_err(|e| format!("waiter {i}: {e}"))?;
+                .map_err(|e| Failure(format!("waiter {i}: {e}")))?;
             locked(&acquired).push(guard.fence());
             guard
                 .release()
                 .await
-                .map_err(|e| format!("waiter {i}: {e}"))
+                .map_err(|e| Failure(format!("waiter {i}: {e}")))
         });
     }
     // Queued: every waiter created its node, listed, and set its one watch.
@@ -597,9 +595,9 @@ async fn no_herd() -> Outcome {
     );
     ensure!(locked(&acquired).is_empty(), "a waiter got the held lock");
     let start = Instant::now();
-    first.release().await.map_err(text)?;
+    first.release().await.map_err(err)?;
     while let Some(joined) = tasks.join_next().await {
-        joined.map_err(text)??;
+        joined.map_err(err)??;
     }
     let took = start.elapsed();
     let after = total(&clients);
@@ -634,55 +632,47 @@ async fn no_herd() -> Outcome {
 
 /// Curator's `StandardLockInternalsDriver`: sort by the text after `lock-`, hold when first,
 /// else watch the one before. Returns the node to watch, or `None` when `ours` holds.
-fn curator_decides(children: &[String], ours: &str) -> Result<Option<String>, String> {
+fn curator_decides(children: &[String], ours: &str) -> Result<Option<String>, Failure> {
     let key = |c: &str| c.split_once("lock-").map(|(_, s)| s.to_owned());
     let mut sorted: Vec<_> = children.to_vec();
     sorted.sort_by_key(|c| key(c));
     let at = sorted
         .iter()
         .position(|c| c == ours)
-        .ok_or_else(|| format!("Curator's node {ours} is not among {children:?}"))?;
+        .ok_or_else(|| Failure(format!("Curator's node {ours} is not among {children:?}")))?;
     Ok(at.checked_sub(1).map(|i| sorted[i].clone()))
 }
 
-async fn curator_create(curator: &Client, path: &str) -> Result<(String, i64), String> {
-    let uuid = uuid_v4_text();
+async fn curator_create(curator: &Client, path: &str) -> Result<(String, i64), Failure> {
+    let uuid = uuid::Uuid::new_v4();
     let prefix = format!("{path}/_c_{uuid}-lock-");
     let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
     let (stat, sequence) = curator
         .create(&prefix, b"127.0.0.1", &options)
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     Ok((format!("_c_{uuid}-lock-{sequence}"), stat.czxid))
 }
 
-fn uuid_v4_text() -> String {
-    let bits = u128::from(rand_u64()) << 64 | u128::from(rand_u64().rotate_left(17));
-    let hex = format!("{bits:032x}");
-    format!(
-        "{}-{}-4{}-a{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[13..16],
-        &hex[17..20],
-        &hex[20..32]
-    )
-}
-
 async fn curator_interop() -> Outcome {
-    let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(4)).await?;
-    let ours = LockClient::new(store.backend().await.map_err(text)?);
-    let hosts = hosts(STANDALONE_VAR)?;
-    let curator = raw_client(&hosts, Duration::from_secs(4)).await?;
+    let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(4))
+        .await
+        .map_err(Failure)?;
+    let backend = store.backend().await?;
+    let ours = LockClient::new(backend.clone());
+    let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
+    let curator = raw_client(&hosts, Duration::from_secs(4))
+        .await
+        .map_err(Failure)?;
 
     // Ours waits behind a lower Curator contender.
     let name = lock_name("curator-first")?;
-    let path = store.ensure_lock_node(&name).await.map_err(text)?;
+    let path = store.ensure_lock_node(&name).await.map_err(err)?;
     let (theirs, czxid) = curator_create(&curator, &path).await?;
     let try_now = ours
         .try_acquire(&Holder::new(), &name, &LockOptions::new())
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     ensure!(
         try_now.is_none(),
         "we took a lock held by a Curator contender"
@@ -690,12 +680,13 @@ async fn curator_interop() -> Outcome {
     let info = ours
         .inspect(&name)
         .await
-        .map_err(text)?
-        .ok_or("inspect shows the Curator-held lock as free")?;
+        .map_err(err)?
+        .ok_or_else(|| Failure("inspect shows the Curator-held lock as free".into()))?;
     ensure!(
         info.token.as_str() == theirs && info.fence.get() == czxid as u64,
         "inspect does not show the Curator contender"
     );
+    let watches = backend.operations().watches;
     let waiting = tokio::spawn({
         let (ours, name) = (ours.clone(), name.clone());
         async move {
@@ -707,10 +698,16 @@ async fn curator_interop() -> Outcome {
     wait_until(
         Duration::from_secs(10),
         "our contender queueing",
-        || async { Ok(store.children(&name).await.map_err(text)?.len() == 2) },
+        || async { Ok(store.children(&name).await.map_err(err)?.len() == 2) },
     )
     .await?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Waiting for real: it has set its watch on the Curator contender.
+    wait_until(
+        Duration::from_secs(10),
+        "our contender watching the Curator contender",
+        || async { Ok(backend.operations().watches > watches) },
+    )
+    .await?;
     ensure!(
         !waiting.is_finished(),
         "we did not wait for the Curator contender"
@@ -719,43 +716,43 @@ async fn curator_interop() -> Outcome {
     curator
         .delete(&format!("{path}/{theirs}"), None)
         .await
-        .map_err(text)?;
-    let (acquired, guard) = waiting.await.map_err(text)?;
-    let guard = guard.map_err(text)?;
+        .map_err(err)?;
+    let (acquired, guard) = waiting.await.map_err(err)?;
+    let guard = guard.map_err(err)?;
     ensure!(
         guard.fence().get() > czxid as u64,
         "our fence is not above the Curator contender's"
     );
     let wake = acquired - released;
-    guard.release().await.map_err(text)?;
+    guard.release().await.map_err(err)?;
 
     // Theirs waits behind ours, by Curator's own rules.
     let name = lock_name("ours-first")?;
-    let path = store.ensure_lock_node(&name).await.map_err(text)?;
+    let path = store.ensure_lock_node(&name).await.map_err(err)?;
     let guard = ours
         .acquire(&Holder::new(), &name, &LockOptions::new())
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     let token = guard.lease().token().clone();
     let our_node = token
         .as_str()
         .split_once('/')
         .map(|(node, _)| node.to_owned())
-        .ok_or("our token does not start with the node name")?;
+        .ok_or_else(|| Failure("our token does not start with the node name".into()))?;
     // Curator's `ProtectedUtils.isProtectedZNode`: `_c_`, more than 40 characters, `-` at 39.
     ensure!(
         our_node.starts_with("_c_") && our_node.len() > 40 && our_node.as_bytes()[39] == b'-',
         "our node {our_node} is not in Curator's protected layout"
     );
     let (theirs, _) = curator_create(&curator, &path).await?;
-    let children = store.children(&name).await.map_err(text)?;
+    let children = store.children(&name).await.map_err(err)?;
     let watch = curator_decides(&children, &theirs)?;
     ensure!(
         watch.as_deref() == Some(our_node.as_str()),
         "Curator's algorithm would watch {watch:?}, not our holder {our_node}"
     );
-    guard.release().await.map_err(text)?;
-    let children = store.children(&name).await.map_err(text)?;
+    guard.release().await.map_err(err)?;
+    let children = store.children(&name).await.map_err(err)?;
     ensure!(
         curator_decides(&children, &theirs)?.is_none(),
         "after our release Curator's contender is not first: {children:?}"
@@ -764,7 +761,7 @@ async fn curator_interop() -> Outcome {
     let busy = ours
         .try_acquire(&Holder::new(), &name, &LockOptions::new())
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     ensure!(
         busy.is_none(),
         "we took the lock Curator's contender now holds"
@@ -772,9 +769,9 @@ async fn curator_interop() -> Outcome {
     curator
         .delete(&format!("{path}/{theirs}"), None)
         .await
-        .map_err(text)?;
+        .map_err(err)?;
     ensure!(
-        store.children(&name).await.map_err(text)?.is_empty(),
+        store.children(&name).await.map_err(err)?.is_empty(),
         "nodes left behind"
     );
     println!(
@@ -804,9 +801,9 @@ impl Drop for Proxy {
 const OP_CREATE2: i32 = 15;
 
 impl Proxy {
-    async fn start(upstream: SocketAddr) -> Result<Self, String> {
-        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(text)?;
-        let addr = listener.local_addr().map_err(text)?;
+    async fn start(upstream: SocketAddr) -> Result<Self, Failure> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.map_err(err)?;
+        let addr = listener.local_addr().map_err(err)?;
         let armed = Arc::new(AtomicBool::new(false));
         let cuts = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn({
@@ -908,17 +905,19 @@ async fn relay(
 }
 
 async fn lost_create_reply() -> Outcome {
-    let hosts = hosts(STANDALONE_VAR)?;
+    let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
     let upstream: SocketAddr = hosts
         .split(',')
         .next()
         .and_then(|h| h.trim().parse().ok())
-        .ok_or_else(|| format!("{STANDALONE_VAR}={hosts} is not one `ip:port`"))?;
+        .ok_or_else(|| Failure(format!("{STANDALONE_VAR}={hosts} is not one `ip:port`")))?;
     let proxy = Proxy::start(upstream).await?;
-    let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(4)).await?;
+    let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(4))
+        .await
+        .map_err(Failure)?;
     let name = lock_name("lost-reply")?;
     // The lock node exists, so the contender's create is the first create2 and succeeds.
-    store.ensure_lock_node(&name).await.map_err(text)?;
+    store.ensure_lock_node(&name).await.map_err(err)?;
     let config = ZkConfig::new(proxy.addr.to_string()).session_timeout(Duration::from_secs(4));
     let (client, backend) = client(&config).await?;
     let session = backend.session_id();
@@ -931,7 +930,7 @@ async fn lost_create_reply() -> Outcome {
             &LockOptions::new().wait(Duration::from_secs(10)),
         )
         .await
-        .map_err(|e| format!("acquire after a lost create reply: {e}"))?;
+        .map_err(|e| Failure(format!("acquire after a lost create reply: {e}")))?;
     let spent = backend.operations();
     ensure!(
         proxy.cuts.load(Ordering::SeqCst) == 1,
@@ -946,20 +945,64 @@ async fn lost_create_reply() -> Outcome {
         "{} creates: the contender created a second node instead of finding its own",
         spent.creates - before.creates
     );
-    let children = store.children(&name).await.map_err(text)?;
+    let children = store.children(&name).await.map_err(err)?;
     let token = guard.lease().token().as_str().to_owned();
     ensure!(
         children.len() == 1 && token.starts_with(&format!("{}/", children[0])),
         "after the lost reply the lock node has {children:?}; expected only our node"
     );
-    guard.release().await.map_err(text)?;
+    guard.release().await.map_err(err)?;
     ensure!(
-        store.children(&name).await.map_err(text)?.is_empty(),
+        store.children(&name).await.map_err(err)?.is_empty(),
         "nodes left after release"
     );
     println!(
         "        create reply dropped by the proxy; node found again by its UUID ({:?} -> {spent:?})",
         before
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. A lock root that does not exist yet.
+
+async fn missing_root() -> Outcome {
+    let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
+    let top = format!("/faults-root-{:016x}", rand::random::<u64>());
+    let root = format!("{top}/locks");
+    let config = ZkConfig::new(hosts.clone())
+        .session_timeout(Duration::from_secs(4))
+        .root(root.clone());
+    let (client, backend) = client(&config).await?;
+    let name = lock_name("missing-root")?;
+    let before = backend.operations();
+    let guard = client
+        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .await
+        .map_err(err)?;
+    let spent = backend.operations();
+    // The contender and the container (both answered NoNode), each segment of the root, the
+    // container, the contender: six creates sent, six counted.
+    ensure!(
+        spent.creates - before.creates == 6,
+        "{} creates counted for a two-segment missing root ({before:?} -> {spent:?}); expected 6",
+        spent.creates - before.creates
+    );
+    guard.release().await.map_err(err)?;
+    let admin = raw_client(&hosts, Duration::from_secs(4))
+        .await
+        .map_err(Failure)?;
+    let made = admin.list_children(&top).await.map_err(err)?;
+    ensure!(
+        made == ["locks"],
+        "the root's top node has {made:?}, expected only `locks`"
+    );
+    // Clean-up, deepest first (the empty container may already be gone).
+    for path in [config.lock_path(&name), root, top] {
+        match admin.delete(&path, None).await {
+            Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+            Err(e) => return Err(Failure(format!("deleting {path}: {e}"))),
+        }
+    }
     Ok(())
 }

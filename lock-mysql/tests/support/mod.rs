@@ -11,11 +11,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::TestStore;
+use conformance_tests::{CaseFuture, Failure, TestStore};
 use lock_core::{LockClient, LockError, LockName};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
 use sqlx::{
-    AssertSqlSafe, MySqlPool, Row,
+    AssertSqlSafe, ConnectOptions, MySqlConnection, MySqlPool, Row,
     mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPoolOptions},
 };
 
@@ -28,7 +28,12 @@ pub fn url() -> Result<String, String> {
 }
 
 /// This run's table for `strategy` (the parent's, in a conformance holder process).
-pub fn run_table(strategy: Strategy) -> TableName {
+///
+/// # Errors
+/// When the name is not a valid table name. Never another table instead: the run's tables
+/// are dropped at the end, and falling back to, say, the library's default table would drop
+/// a user's locks.
+pub fn run_table(strategy: Strategy) -> Result<TableName, String> {
     let pid = if std::env::var_os(conformance_tests::HOLDER_STORE_VAR).is_some() {
         std::os::unix::process::parent_id()
     } else {
@@ -38,44 +43,65 @@ pub fn run_table(strategy: Strategy) -> TableName {
         Strategy::Lease => "lease",
         _ => "rows",
     };
-    TableName::new(format!("t{pid}_{suffix}")).unwrap_or_else(|_| strategy.default_table())
+    TableName::new(format!("t{pid}_{suffix}")).map_err(|e| format!("this run's table: {e}"))
 }
 
 /// The config of this run's clients.
 pub fn config(strategy: Strategy) -> Result<MySqlConfig, String> {
     Ok(MySqlConfig::new(url()?)
         .strategy(strategy)
-        .with_table(run_table(strategy))
+        .with_table(run_table(strategy)?)
         .pool_size(4)
         .connect_timeout(Duration::from_secs(3)))
 }
 
+fn admin_options() -> Result<MySqlConnectOptions, String> {
+    url()?
+        .parse()
+        .map_err(|e| format!("{URL_VAR} is not a MySQL URL: {e}"))
+}
+
+/// The administrator's session: it waits for row locks longer than the library's clients.
+async fn admin_setup(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 10, lock_wait_timeout = 10")
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+fn no_answer(e: sqlx::Error) -> String {
+    format!("the MySQL server at {URL_VAR} does not answer: {e}")
+}
+
 /// A pool for the administrator's statements (outside the library).
 pub async fn admin_pool() -> Result<MySqlPool, String> {
-    let options: MySqlConnectOptions = url()?
-        .parse()
-        .map_err(|e| format!("{URL_VAR} is not a MySQL URL: {e}"))?;
     MySqlPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 10, lock_wait_timeout = 10")
-                    .execute(conn)
-                    .await?;
-                Ok(())
-            })
-        })
-        .connect_with(options)
+        .after_connect(|conn, _| Box::pin(admin_setup(conn)))
+        .connect_with(admin_options()?)
         .await
-        .map_err(|e| format!("the MySQL server at {URL_VAR} does not answer: {e}"))
+        .map_err(no_answer)
+}
+
+/// One administrator's connection of its own (for a transaction held across statements; closing
+/// it rolls back whatever it holds).
+pub async fn admin_conn() -> Result<MySqlConnection, String> {
+    let mut conn = admin_options()?.connect().await.map_err(no_answer)?;
+    admin_setup(&mut conn).await.map_err(no_answer)?;
+    Ok(conn)
+}
+
+/// `text`'s bytes as hex digits (`X'<hex>'` in SQL; `LOWER(HEX(column))` reads the same).
+pub fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Drops this run's tables.
 pub async fn drop_run_tables() -> Result<(), String> {
     let admin = admin_pool().await?;
     for strategy in [Strategy::Lease, Strategy::RowLock] {
-        let table = run_table(strategy);
+        let table = run_table(strategy)?;
         let sql = format!("DROP TABLE IF EXISTS `{0}`, `{0}_fences`", table.as_str());
         sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(&admin)
@@ -108,7 +134,7 @@ impl MySqlStore {
             .await
             .map_err(|e| format!("the MySQL server at {URL_VAR} does not answer: {e}"))?;
         Ok(Self {
-            table: run_table(strategy),
+            table: config.table(),
             config,
             admin,
         })
@@ -130,7 +156,7 @@ impl MySqlStore {
             "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
              SELECT connection_id FROM `{}` WHERE name = X'{}'; COMMIT",
             self.table,
-            hex(name)
+            hex(name.as_str())
         );
         let mut conn = self
             .admin
@@ -148,10 +174,6 @@ impl MySqlStore {
             .map_err(sql_error("decoding the holder"))?
             .flatten())
     }
-}
-
-fn hex(name: &LockName) -> String {
-    name.as_str().bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 #[async_trait]
@@ -201,7 +223,7 @@ impl TestStore for MySqlStore {
 
     async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
         let t = &self.table;
-        let n = hex(name);
+        let n = hex(name.as_str());
         let mut found = Vec::new();
         if self.config.strategy == Strategy::Lease {
             let sql = format!(
@@ -293,38 +315,14 @@ impl TestStore for MySqlStore {
     }
 }
 
-/// A boxed test case.
-pub type CaseFuture = conformance_tests::CaseFuture<String>;
-
-/// A named test case of a `harness = false` binary.
-pub type Case = (&'static str, fn() -> CaseFuture);
-
-/// Fails the case with a formatted message unless the condition holds.
-#[allow(unused_macros)] // not every binary uses it
-macro_rules! ensure {
-    ($cond:expr, $($msg:tt)+) => {
-        if !$cond {
-            return Err(format!($($msg)+));
+/// The clean-up after a binary's cases (`Cases::finally`): drops this run's tables (nothing
+/// to do without a server: every case has failed already).
+pub fn drop_tables_after_cases() -> CaseFuture<Failure> {
+    Box::pin(async {
+        if url().is_ok() {
+            drop_run_tables().await.map_err(Failure)
+        } else {
+            Ok(())
         }
-    };
-}
-
-/// Runs `cases` one after another (see [`conformance_tests::Cases`]), each limited to two
-/// minutes, then drops this run's tables; returns the exit code.
-pub fn run_cases(label: &str, cases: Vec<Case>) -> std::process::ExitCode {
-    let runner = conformance_tests::Cases::new(label)
-        .limit(Duration::from_secs(120))
-        .finally(|| {
-            Box::pin(async {
-                if url().is_ok() {
-                    drop_run_tables().await
-                } else {
-                    Ok(())
-                }
-            })
-        });
-    cases
-        .into_iter()
-        .fold(runner, |runner, (name, run)| runner.case(name, run))
-        .main()
+    })
 }

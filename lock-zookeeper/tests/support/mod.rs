@@ -61,16 +61,6 @@ impl ZkStore {
         Ok(Self { config, admin })
     }
 
-    /// The backends' configuration.
-    pub(crate) fn config(&self) -> &ZkConfig {
-        &self.config
-    }
-
-    /// The administrator's raw client.
-    pub(crate) fn admin(&self) -> &Client {
-        &self.admin
-    }
-
     /// A new backend with its own session.
     pub(crate) async fn backend(&self) -> Result<ZkBackend, LockError> {
         ZkBackend::connect(self.config.clone()).await
@@ -97,10 +87,10 @@ impl ZkStore {
     pub(crate) async fn ensure_lock_node(&self, name: &LockName) -> Result<String, LockError> {
         let path = self.config.lock_path(name);
         let root = CreateMode::Persistent.with_acls(Acls::anyone_all());
-        match self.admin.mkdir(&self.config.root, &root).await {
-            Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-            Err(e) => return Err(raw_error("create", &self.config.root, e)),
-        }
+        self.admin
+            .mkdir(&self.config.root, &root)
+            .await
+            .map_err(|e| raw_error("create", &self.config.root, e))?;
         let container = CreateMode::Container.with_acls(Acls::anyone_all());
         match self.admin.create(&path, &[], &container).await {
             Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(path),

@@ -86,9 +86,11 @@ impl FromStr for Strategy {
 /// Each backend has one sqlx pool of `pool_size` connections for its short statements (one
 /// per concurrent acquire try, renewal batch, release or inspect). The lease strategy needs
 /// nothing else. The row-lock strategy also opens one dedicated connection per held lock and
-/// per waiting `acquire`, outside the pool (so held locks never starve it), and keeps up to
-/// `idle_hold_connections` of them open for reuse: plan `pool_size + held + waiting +
-/// idle_hold_connections` connections per client against the server's `max_connections`.
+/// per lock name being waited on, outside the pool (so held locks never starve it): of one
+/// client's `acquire` calls waiting for the same name, only the first waits in the server, the
+/// others queue in the client, in arrival order. It keeps up to `idle_hold_connections` of
+/// them open for reuse: plan `pool_size + held + names waited on + idle_hold_connections`
+/// connections per client against the server's `max_connections`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]

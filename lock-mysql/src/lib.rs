@@ -4,6 +4,7 @@ mod backend;
 mod config;
 mod error;
 mod lease_strategy;
+mod local_queue;
 mod lock_row;
 mod row_lock;
 mod schema;

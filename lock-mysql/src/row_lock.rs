@@ -7,7 +7,8 @@
 //!   session timeout is set to the budget rounded up, the query is raced against the budget,
 //!   and on expiry the waiting statement is stopped with `KILL QUERY` from a pooled
 //!   connection; the dedicated connection is then closed, never reused mid-statement. A zero
-//!   budget is `FOR UPDATE NOWAIT`.
+//!   budget is `FOR UPDATE NOWAIT`. Of one client's acquisitions of a name only one waits in
+//!   InnoDB at a time; the others queue in the client ([`LocalQueue`]).
 //! - **Fences** live in a separate `<table>_fences` row bumped by an autocommitted statement on
 //!   a pooled connection *after* the row lock is granted, so they follow the order of grants
 //!   and survive the rollback that ends every hold.
@@ -15,6 +16,11 @@
 //!   connection id into the row inside its transaction and never commits. Readers at `READ
 //!   UNCOMMITTED` ([`inspect`](lock_core::LockBackend::inspect)) see them exactly while the
 //!   hold lasts; the rollback that ends it erases them.
+//! - **One round trip after the grant**: the grant's reply also carries the committed fence
+//!   counter, so the record (with the fence the bump will issue: that counter plus one) goes
+//!   out on the hold's connection at the same time as the bump on a pooled one. In the rare
+//!   case the bump issues another fence (an earlier bump whose client gave up on it landed in
+//!   between), the record is corrected before the grant is returned.
 //! - **End of a hold**: release rolls back; a lost connection rolls back on the server. The
 //!   dedicated connection's `wait_timeout` is the lease TTL rounded up to whole seconds, so the
 //!   server itself ends a hold whose client stopped renewing (the watchdog's renewal is a
@@ -45,6 +51,7 @@ use crate::{
     TableName,
     config::ceil_secs,
     error::{Class, classify, lock_error, server_code},
+    local_queue::LocalQueue,
     lock_row::{HOLD_COLUMNS, HoldRow, HoldState},
     script::{Deadlocks, hex, retry_deadlocks, run, run_pooled, tagged},
 };
@@ -64,6 +71,7 @@ impl fmt::Debug for RowLockStrategy {
             .field("table", &self.shared.table)
             .field("held", &self.shared.holds().len())
             .field("idle_connections", &self.shared.idle().len())
+            .field("names_waited_on", &self.shared.queue.len())
             .finish()
     }
 }
@@ -81,6 +89,8 @@ struct Shared {
     holds: Mutex<HashMap<LeaseToken, Arc<Held>>>,
     /// Dedicated connections kept open for the next hold.
     idle: Mutex<Vec<Dedicated>>,
+    /// Which of this client's acquisitions of a name waits in InnoDB (one at a time).
+    queue: LocalQueue,
     max_idle: usize,
 }
 
@@ -156,6 +166,7 @@ impl RowLockStrategy {
                 table,
                 holds: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
+                queue: LocalQueue::default(),
                 max_idle,
             }),
         }
@@ -448,24 +459,47 @@ impl Shared {
         tx: &mut oneshot::Sender<Result<PendingGrant, LockError>>,
     ) -> Result<Grant, Failed> {
         let name = request.name();
+        // Only one acquisition of this client waits in InnoDB for a name; the others wait for
+        // their turn here.
+        let mut place = self.queue.join(name);
+        if request.deadline() <= Instant::now() {
+            if !place.try_turn() {
+                return Err(Failed::Stopped(Stop::Deadline));
+            }
+        } else {
+            let deadline = tokio::time::sleep_until(request.deadline().into());
+            tokio::select! {
+                biased;
+                () = place.turn() => {}
+                () = deadline => return Err(Failed::Stopped(Stop::Deadline)),
+                () = tx.closed() => return Err(Failed::Stopped(Stop::Cancelled)),
+            }
+        }
         let (mut dedicated, mut fresh) = self.checkout().await.map_err(Failed::Error)?;
         let t = self.table.quoted();
+        let f = self.table.fences().quoted();
         let n = hex(name.as_str().as_bytes());
+        let token = LeaseToken::random();
         // Deadlocks cannot happen on one row; retrying only guards against a surprise.
         let mut deadlocks = Deadlocks::default();
-        loop {
+        let expected = loop {
             let remaining = request.deadline().saturating_duration_since(Instant::now());
             let nowait = remaining.is_zero();
-            let mut sql = String::new();
+            let mut sql = dedicated.wait_timeout_for(request.ttl());
             let seconds = ceil_secs(remaining).max(1);
             if !nowait && dedicated.lock_wait != seconds {
                 sql.push_str(&format!(
                     "SET SESSION innodb_lock_wait_timeout = {seconds}; "
                 ));
             }
+            // The wait and, in the same round trip once granted, the fence the bump after
+            // the grant will issue: the committed counter plus one, read without a lock (a
+            // shared lock on the counter row would block that bump until the hold ends).
             sql.push_str(&format!(
-                "ROLLBACK; START TRANSACTION; SELECT 'row', {HOLD_COLUMNS} FROM {t} WHERE name = {n} FOR UPDATE{}",
-                if nowait { " NOWAIT" } else { "" }
+                "ROLLBACK; START TRANSACTION; \
+                 SELECT 'row', {HOLD_COLUMNS} FROM {t} WHERE name = {n} FOR UPDATE{}; \
+                 SELECT 'next', CAST(COALESCE(MAX(fence), 0) + 1 AS UNSIGNED) FROM {f} WHERE name = {n}",
+                if nowait { " NOWAIT" } else { "" },
             ));
             let result = self
                 .wait(&mut dedicated, sql, request.deadline(), nowait, tx)
@@ -541,26 +575,61 @@ impl Shared {
                 self.rollback_and_keep(dedicated).await;
                 return Err(Failed::Error(foreign));
             }
-            break;
-        }
-        // The row lock is ours: take the next fence, then record the hold in the row.
-        let fence = match self.bump_fence(name).await {
+            let expected = tagged(&rows, "next")
+                .next()
+                .map(|row| row.try_get::<u64, _>(1));
+            match expected {
+                Some(Ok(expected)) => break expected,
+                Some(Err(error)) => {
+                    self.discard(dedicated);
+                    return Err(Failed::Error(lock_error(
+                        &format!("reading the next fence of `{name}`"),
+                        error,
+                    )));
+                }
+                None => {
+                    self.discard(dedicated);
+                    return Err(Failed::Error(LockError::Backend {
+                        message: format!("granting `{name}`: the server returned no next fence"),
+                        source: None,
+                    }));
+                }
+            }
+        };
+        // The row lock is ours: take the next fence and, at the same time, record the hold in
+        // the row (inside the transaction) with the fence the bump is expected to issue. The
+        // record is the last statement on the hold's connection, so the server's idle clock
+        // (`wait_timeout`) starts after `valid_from` and the lease's local deadline is never
+        // later than the server ending the hold.
+        let valid_from = Instant::now();
+        let record = format!(
+            "UPDATE {t} SET token = {}, fence = {expected}, acquired_at = NOW(6), \
+             connection_id = CONNECTION_ID() WHERE name = {n}",
+            hex(token.as_str().as_bytes()),
+        );
+        let (bumped, recorded) = futures::join!(
+            self.bump_fence(name),
+            run(&mut dedicated.conn, AssertSqlSafe(record))
+        );
+        let fence = match bumped {
             Ok(fence) => fence,
             Err(error) => {
                 self.rollback_and_keep(dedicated).await;
                 return Err(Failed::Error(error));
             }
         };
-        let token = LeaseToken::random();
-        let record = format!(
-            "{}UPDATE {t} SET token = {}, fence = {}, acquired_at = NOW(6), connection_id = CONNECTION_ID() \
-             WHERE name = {n}",
-            dedicated.wait_timeout_for(request.ttl()),
-            hex(token.as_str().as_bytes()),
-            fence.get(),
-        );
-        let valid_from = Instant::now();
-        if let Err(error) = run(&mut dedicated.conn, AssertSqlSafe(record)).await {
+        // Out of InnoDB's queue: the next of this client's waiters may enter it.
+        drop(place);
+        let mut recorded = recorded.map(drop);
+        if recorded.is_ok() && fence.get() != expected {
+            // Another bump landed between the read and ours (one whose client gave up
+            // waiting for its answer): correct the record.
+            let correct = format!("UPDATE {t} SET fence = {} WHERE name = {n}", fence.get());
+            recorded = run(&mut dedicated.conn, AssertSqlSafe(correct))
+                .await
+                .map(drop);
+        }
+        if let Err(error) = recorded {
             self.discard(dedicated);
             return Err(Failed::Error(lock_error(
                 &format!("recording the hold of `{name}`"),

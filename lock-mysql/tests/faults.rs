@@ -6,6 +6,9 @@
 //!   chosen as a deadlock victim (1213): classified, retried where safe;
 //! - wait budgets below a second on the row-lock strategy: on time, and no statement is left
 //!   waiting on the server; a waiting `acquire` dropped mid-wait leaves nothing behind;
+//! - one client's waiters for a name: only one waits in InnoDB, the others (and their budgets)
+//!   in the client; a fence issued by someone else between a grant and its bump is recorded
+//!   as the fence the holder really got;
 //! - an unreachable server and a refused login: typed errors;
 //! - a server restart while locks are held and waited for: typed errors, then recovery with
 //!   no manual clean-up;
@@ -60,6 +63,12 @@ fn main() -> ExitCode {
         })
         .case("row_lock/dropped_waiter_leaves_nothing", || {
             Box::pin(row_lock_dropped_waiter())
+        })
+        .case("row_lock/one_waiter_per_name_per_client", || {
+            Box::pin(row_lock_one_waiter_per_client())
+        })
+        .case("row_lock/fence_bumped_between_grant_and_bump", || {
+            Box::pin(row_lock_fence_bumped_in_between())
         })
         .case("errors/unreachable_and_refused", || {
             Box::pin(unreachable_and_refused())
@@ -535,6 +544,151 @@ async fn row_lock_sub_second_budgets() -> Outcome {
         .map_err(err)?
         .ok_or_else(|| Failure("the lock was not free after release".into()))?;
     after.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// A global status counter of the server (`SHOW GLOBAL STATUS` needs no privilege).
+async fn global_status(admin: &mut MySqlConnection, variable: &str) -> Result<u64, Failure> {
+    let value: String = sqlx::query_scalar(
+        "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = ?",
+    )
+    .bind(variable)
+    .fetch_one(admin)
+    .await
+    .map_err(|e| Failure(format!("reading {variable}: {e}")))?;
+    value
+        .parse()
+        .map_err(|e| Failure(format!("{variable} = {value:?}: {e}")))
+}
+
+/// Row lock: of one client's acquisitions of a held name, only the first waits in InnoDB
+/// (`Innodb_row_lock_waits` grows by one for all six); the others wait in the client, where
+/// their budgets hold as they do on the server, and a zero-budget try answers busy at once.
+/// The first then gets the lock when the holder releases, with the next fence.
+async fn row_lock_one_waiter_per_client() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let name = name("one-waiter")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(10));
+    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    let mut admin = admin_conn().await?;
+    let waits_before = global_status(&mut admin, "INNODB_ROW_LOCK_WAITS").await?;
+    let first = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(20)));
+    until_waiting(&name).await?;
+    let budget = Duration::from_millis(300);
+    let start = Instant::now();
+    let others: Vec<_> = (0..5)
+        .map(|_| spawn_acquire(&b, &name, long.clone().wait(budget)))
+        .collect();
+    for (i, other) in others.into_iter().enumerate() {
+        let result = other.await.map_err(err)?;
+        ensure!(
+            matches!(result, Err(LockError::Timeout { .. })),
+            "waiter {i} behind the first: {result:?}, expected Timeout"
+        );
+    }
+    let took = start.elapsed();
+    ensure!(
+        took >= budget.mul_f64(0.9) && took <= budget + Duration::from_millis(150),
+        "five {budget:?} budgets in the client's queue ended after {took:?}"
+    );
+    let tried = Instant::now();
+    let busy = b.try_acquire(&Holder::new(), &name, &long).await;
+    ensure!(
+        matches!(busy, Ok(None)),
+        "a zero-budget try while the first waits: {busy:?}, expected busy"
+    );
+    ensure!(
+        tried.elapsed() <= Duration::from_millis(100),
+        "the zero-budget try answered after {:?}",
+        tried.elapsed()
+    );
+    let waits = global_status(&mut admin, "INNODB_ROW_LOCK_WAITS").await? - waits_before;
+    ensure!(
+        waits == 1,
+        "{waits} row-lock waits in InnoDB for one client's 7 acquisitions; expected 1"
+    );
+    let held_fence = held.fence().get();
+    held.release().await.map_err(err)?;
+    let next = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .map_err(|_| Failure("the first waiter did not get the released lock within 5 s".into()))?
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the first waiter failed: {e}")))?;
+    ensure!(
+        next.fence().get() == held_fence + 1,
+        "fence {} after {held_fence}",
+        next.fence()
+    );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Row lock: a fence issued by someone else after a grant read the counter and before its own
+/// bump (here, an administrator's bump committed while the holder's waits for its row) makes
+/// the bump issue a larger fence than the one the grant recorded; the record is corrected, so
+/// the guard, `inspect` and the row all show the fence the holder really got.
+async fn row_lock_fence_bumped_in_between() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let a = client(store.config()).await?;
+    let name = name("fence-between")?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(10));
+    // Creates the lock row and the counter row (fence 1).
+    let first = a
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(err)?;
+    let first_fence = first.fence().get();
+    first.release().await.map_err(err)?;
+    let fences = format!("`{}_fences`", store.config().table().as_str());
+    let mut admin = admin_conn().await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "START TRANSACTION; UPDATE {fences} SET fence = fence + 1 WHERE name = X'{}'",
+        hex(name.as_str())
+    )))
+    .execute(&mut admin)
+    .await
+    .map_err(err)?;
+    let mut probe = admin_conn().await?;
+    let waits_before = global_status(&mut probe, "INNODB_ROW_LOCK_CURRENT_WAITS").await?;
+    let acquiring = spawn_acquire(&a, &name, options.clone());
+    // The grant has read the committed counter once its bump waits for the counter row.
+    let mut polls = 0;
+    while global_status(&mut probe, "INNODB_ROW_LOCK_CURRENT_WAITS").await? <= waits_before {
+        polls += 1;
+        ensure!(
+            polls < 200 && !acquiring.is_finished(),
+            "the holder's bump never waited for the counter row"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let guard = acquiring
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the acquire failed: {e}")))?;
+    let fence = guard.fence().get();
+    ensure!(
+        fence == first_fence + 2,
+        "fence {fence} after {first_fence} and the administrator's bump"
+    );
+    let info = a
+        .backend()
+        .inspect(&name)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| Failure("inspect shows no holder".into()))?;
+    ensure!(
+        info.fence.get() == fence,
+        "inspect shows fence {}, the guard has {fence}",
+        info.fence
+    );
+    guard.release().await.map_err(err)?;
     Ok(())
 }
 

@@ -13,9 +13,12 @@
 //! - a server restart while locks are held and waited for: typed errors, then recovery with
 //!   no manual clean-up;
 //! - the client clock: every statement the library sends is captured on the wire, and none
-//!   carries a time computed by the client: expiry is `NOW(6) + INTERVAL <ttl>` on the server.
+//!   carries a time computed by the client: expiry is `NOW(6) + INTERVAL <ttl>` on the server;
+//!   and clients run under `faketime` 10 minutes behind and ahead never get a lock another
+//!   holds, while a killed holder's lease still ends after its TTL by the server's clock.
 //!
-//! Needs `LOCK_TEST_MYSQL_URL` and `LOCK_TEST_SERVICES_DIR` (`cargo xtask test` sets both);
+//! Needs `LOCK_TEST_MYSQL_URL`, `LOCK_TEST_SERVICES_DIR` and `LOCK_TEST_FAKETIME` (`cargo
+//! xtask test` sets them; `cargo xtask services up` installs `faketime`);
 //! without them every case fails. Arguments filter cases by substring.
 
 mod support;
@@ -44,6 +47,9 @@ use tokio::{
 type Stream = Arc<Mutex<Vec<u8>>>;
 
 fn main() -> ExitCode {
+    if let Ok(role) = std::env::var(SKEWED_ROLE_VAR) {
+        return skewed::child(&role);
+    }
     Cases::<Failure>::new("faults")
         .limit(Duration::from_secs(120))
         .case("row_lock/kill_holder_connection", || {
@@ -78,6 +84,9 @@ fn main() -> ExitCode {
         })
         .case("clock/client_sends_no_time", || {
             Box::pin(client_sends_no_time())
+        })
+        .case("clock/skewed_clients_never_double_grant", || {
+            Box::pin(skewed::never_double_grant())
         })
         .case("clock/source_never_reads_the_wall_clock", || {
             Box::pin(source_never_reads_wall_clock())
@@ -1119,8 +1128,8 @@ fn client_time_in(sql: &str, ttls_us: &[u64]) -> Option<String> {
 /// client computed; every expiry is `NOW(6) + INTERVAL <ttl>` evaluated by the server, and
 /// every expiry comparison is against the server's `NOW(6)`. So a client whose clock is
 /// minutes off sends exactly the same statements as one whose clock is right, and cannot
-/// cause a double grant. (This proves it from the traffic; it does not run a process with a
-/// skewed clock.)
+/// cause a double grant. (This proves it from the traffic; `skewed_clients_never_double_grant`
+/// runs clients whose clock is minutes off.)
 async fn client_sends_no_time() -> Outcome {
     let mut url = url::Url::parse(&support::url().map_err(Failure)?).map_err(err)?;
     let upstream: SocketAddr = format!(
@@ -1260,4 +1269,258 @@ async fn source_never_reads_wall_clock() -> Outcome {
         dir.display()
     );
     Ok(())
+}
+
+/// Set in a child process of this binary (run under `faketime`): its role, `hold` or `try`.
+const SKEWED_ROLE_VAR: &str = "LOCK_FAULTS_SKEWED_ROLE";
+/// The lock name and lease table the child uses (its parent's).
+const SKEWED_NAME_VAR: &str = "LOCK_FAULTS_SKEWED_NAME";
+const SKEWED_TABLE_VAR: &str = "LOCK_FAULTS_SKEWED_TABLE";
+
+/// Lease clients whose clock is 10 minutes off, in child processes of this binary run under
+/// `faketime`: the child reports its wall clock, so the test proves the skew took effect.
+mod skewed {
+    use std::{
+        io::Write as _,
+        process::{ExitCode, Stdio},
+        time::{Duration, Instant, SystemTime},
+    };
+
+    use conformance_tests::{Failure, Outcome, ensure};
+    use lock_core::{Holder, LockClient, LockError, LockName, LockOptions};
+    use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
+    use tokio::{
+        io::{AsyncBufReadExt, BufReader},
+        process::{Child, ChildStdout, Command},
+    };
+
+    use super::{SKEWED_NAME_VAR, SKEWED_ROLE_VAR, SKEWED_TABLE_VAR, err, support};
+
+    /// The lease TTL of every client here.
+    const TTL: Duration = Duration::from_secs(2);
+    /// How far off the children's clocks are.
+    const SKEW_SECS: i64 = 600;
+
+    fn options() -> LockOptions {
+        LockOptions::new().ttl(TTL).wait(Duration::ZERO)
+    }
+
+    fn wall_secs() -> i64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+    }
+
+    /// The child: `hold` acquires (watchdog on), prints `HELD <fence> <pid> <wall clock>` and
+    /// holds until its stdin closes; `try` tries once and prints `BUSY <wall clock>` or
+    /// `GOT <fence> <wall clock>`.
+    pub(super) fn child(role: &str) -> ExitCode {
+        let result = conformance_tests::runtime().and_then(|runtime| {
+            runtime.block_on(async {
+                let name = std::env::var(SKEWED_NAME_VAR).map_err(|e| e.to_string())?;
+                let table = std::env::var(SKEWED_TABLE_VAR).map_err(|e| e.to_string())?;
+                let config = MySqlConfig::new(support::url()?)
+                    .strategy(Strategy::Lease)
+                    .with_table(TableName::new(table).map_err(|e| e.to_string())?);
+                let backend = MySqlBackend::connect(&config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let client = LockClient::new(backend);
+                let name = LockName::new(name).map_err(|e| e.to_string())?;
+                let got = client
+                    .try_acquire(&Holder::new(), &name, &options())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut out = std::io::stdout();
+                let line = match (&got, role) {
+                    (Some(guard), "hold") => format!(
+                        "HELD {} {} {}",
+                        guard.fence(),
+                        std::process::id(),
+                        wall_secs()
+                    ),
+                    (Some(guard), _) => format!("GOT {} {}", guard.fence(), wall_secs()),
+                    (None, _) => format!("BUSY {}", wall_secs()),
+                };
+                writeln!(out, "{line}").map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+                if let Some(guard) = got {
+                    if role == "hold" {
+                        // Until the parent closes stdin (or kills this process).
+                        let _ = tokio::task::spawn_blocking(|| {
+                            std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+                        })
+                        .await;
+                    }
+                    guard.release().await.map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            })
+        });
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("skewed client: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// A child of this binary under `faketime` with its clock `skew_secs` off.
+    struct Skewed {
+        child: Child,
+        lines: tokio::io::Lines<BufReader<ChildStdout>>,
+    }
+
+    impl Skewed {
+        fn spawn(
+            role: &str,
+            skew_secs: i64,
+            name: &LockName,
+            table: &TableName,
+        ) -> Result<Self, Failure> {
+            let faketime = std::env::var("LOCK_TEST_FAKETIME").map_err(|_| {
+                Failure("LOCK_TEST_FAKETIME is not set; run `cargo xtask test`".into())
+            })?;
+            let exe = std::env::current_exe().map_err(err)?;
+            let mut child = Command::new(&faketime)
+                .arg("-f")
+                .arg(format!("{skew_secs:+}s"))
+                .arg(exe)
+                .env(SKEWED_ROLE_VAR, role)
+                .env(SKEWED_NAME_VAR, name.as_str())
+                .env(SKEWED_TABLE_VAR, table.as_str())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| Failure(format!("running {faketime}: {e}")))?;
+            let stdout = child
+                .stdout
+                .take()
+                .ok_or_else(|| Failure("no stdout from the child".into()))?;
+            Ok(Self {
+                child,
+                lines: BufReader::new(stdout).lines(),
+            })
+        }
+
+        /// The child's report, its words split; fails if its wall clock is not `skew_secs` off.
+        async fn report(&mut self, skew_secs: i64) -> Result<Vec<String>, Failure> {
+            let line = tokio::time::timeout(Duration::from_secs(20), self.lines.next_line())
+                .await
+                .map_err(|_| Failure("the skewed client did not answer within 20 s".into()))?
+                .map_err(err)?
+                .ok_or_else(|| Failure("the skewed client exited without a report".into()))?;
+            let words: Vec<String> = line.split_whitespace().map(String::from).collect();
+            let clock: i64 = words
+                .last()
+                .and_then(|w| w.parse().ok())
+                .ok_or_else(|| Failure(format!("the skewed client said {line:?}")))?;
+            let off = clock - wall_secs();
+            ensure!(
+                (off - skew_secs).abs() <= 30,
+                "the child's clock is {off} s off, not {skew_secs} s: faketime did not take effect"
+            );
+            Ok(words)
+        }
+
+        async fn finish(mut self) -> Outcome {
+            drop(self.child.stdin.take());
+            let status = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+                .await
+                .map_err(|_| Failure("the skewed client did not exit".into()))?
+                .map_err(err)?;
+            ensure!(status.success(), "the skewed client ended with {status}");
+            Ok(())
+        }
+    }
+
+    /// One try by a client `skew_secs` off: its first word (`BUSY` or `GOT`).
+    async fn try_once(
+        skew_secs: i64,
+        name: &LockName,
+        table: &TableName,
+    ) -> Result<String, Failure> {
+        let mut taker = Skewed::spawn("try", skew_secs, name, table)?;
+        let words = taker.report(skew_secs).await?;
+        taker.finish().await?;
+        Ok(words.first().cloned().unwrap_or_default())
+    }
+
+    /// A holder 10 minutes behind keeps the lock from a client with a right clock past its
+    /// TTL (the watchdog renews by the server's clock); a taker 10 minutes ahead finds it
+    /// busy; killed, the skewed holder's lease ends after its TTL by the server's clock, not
+    /// 10 minutes later; then a holder with a right clock is not taken from by a taker 10
+    /// minutes ahead, which gets the lock once it is released.
+    pub(super) async fn never_double_grant() -> Outcome {
+        let store = support::MySqlStore::new(Strategy::Lease)
+            .await
+            .map_err(Failure)?;
+        let table = store.config().table();
+        let name = super::name("skewed")?;
+        let client = super::client(store.config()).await?;
+
+        let mut holder = Skewed::spawn("hold", -SKEW_SECS, &name, &table)?;
+        let held = holder.report(-SKEW_SECS).await?;
+        ensure!(
+            held.first().map(String::as_str) == Some("HELD"),
+            "the holder said {held:?}"
+        );
+        let pid: i32 = held
+            .get(2)
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| Failure(format!("no pid in {held:?}")))?;
+        let held_fence: u64 = held
+            .get(1)
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| Failure(format!("no fence in {held:?}")))?;
+        // Waiting out twice the TTL: the holder's lease is renewed, not expired.
+        let waited = client
+            .acquire(&Holder::new(), &name, &options().wait(TTL * 2))
+            .await;
+        ensure!(
+            matches!(waited, Err(LockError::Timeout { .. })),
+            "a client with a right clock, waiting {:?}, got {waited:?} from a holder 10 minutes behind",
+            TTL * 2
+        );
+        let taken = try_once(SKEW_SECS, &name, &table).await?;
+        ensure!(taken == "BUSY", "a taker 10 minutes ahead said {taken}");
+
+        // Killed without releasing: the lease ends TTL after its last renewal, by the server.
+        let killed = Instant::now();
+        let kill = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .map_err(err)?;
+        ensure!(kill.success(), "kill -KILL {pid}: {kill}");
+        let _ = holder.child.wait().await;
+        let next = client
+            .acquire(&Holder::new(), &name, &options().wait(TTL * 3))
+            .await
+            .map_err(|e| Failure(format!("after the skewed holder was killed: {e}")))?;
+        let after = killed.elapsed();
+        ensure!(
+            after <= TTL + Duration::from_secs(1),
+            "the killed skewed holder's lease ended {after:?} after the kill (TTL {TTL:?})"
+        );
+        ensure!(
+            next.fence().get() > held_fence,
+            "fence {} after {held_fence}",
+            next.fence()
+        );
+
+        let taken = try_once(SKEW_SECS, &name, &table).await?;
+        ensure!(
+            taken == "BUSY",
+            "a taker 10 minutes ahead said {taken} while the lock was held"
+        );
+        next.release().await.map_err(err)?;
+        let taken = try_once(SKEW_SECS, &name, &table).await?;
+        ensure!(
+            taken == "GOT",
+            "a taker 10 minutes ahead said {taken} for a free lock"
+        );
+        Ok(())
+    }
 }

@@ -198,6 +198,13 @@ pub(crate) fn env_vars() -> Vec<(String, String)> {
             "LOCK_TEST_SERVICES_DIR",
             services_root().display().to_string(),
         ),
+        (
+            "LOCK_TEST_FAKETIME",
+            install::find_program("faketime")
+                .unwrap_or_else(|| PathBuf::from("/usr/bin/faketime"))
+                .display()
+                .to_string(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

@@ -14,13 +14,17 @@
 //!   and survive the rollback that ends every hold.
 //! - **Who holds it**: once it has the row lock, the holder writes its token, fence and
 //!   connection id into the row inside its transaction and never commits. Readers at `READ
-//!   UNCOMMITTED` ([`inspect`](lock_core::LockBackend::inspect)) see them exactly while the
-//!   hold lasts; the rollback that ends it erases them.
+//!   UNCOMMITTED` see them while the hold lasts; the rollback that ends it erases them.
+//!   [`inspect`](lock_core::LockBackend::inspect) reports a record only once its fence is
+//!   committed in the counter (a record written with a grant whose bump is still running
+//!   reads as not held yet, as before the record existed).
 //! - **One round trip after the grant**: the grant's reply also carries the committed fence
 //!   counter, so the record (with the fence the bump will issue: that counter plus one) goes
 //!   out on the hold's connection at the same time as the bump on a pooled one. In the rare
 //!   case the bump issues another fence (an earlier bump whose client gave up on it landed in
-//!   between), the record is corrected before the grant is returned.
+//!   between), the record is corrected before the grant is returned; until then `inspect`
+//!   may show the record's fence, lower than the one the holder gets. A counter at its
+//!   maximum is [`LockError::Foreign`].
 //! - **End of a hold**: release rolls back; a lost connection rolls back on the server. The
 //!   dedicated connection's `wait_timeout` is the lease TTL rounded up to whole seconds, so the
 //!   server itself ends a hold whose client stopped renewing (the watchdog's renewal is a
@@ -303,10 +307,12 @@ impl RowLockStrategy {
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
         let t = self.shared.table.quoted();
         let n = hex(name.as_str().as_bytes());
+        let f = self.shared.table.fences().quoted();
         let sql = format!(
             "ROLLBACK; SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
              SELECT 'current', {HOLD_COLUMNS} FROM {t} WHERE name = {n}; COMMIT; \
-             SELECT 'committed', {HOLD_COLUMNS} FROM {t} WHERE name = {n}"
+             SELECT 'committed', {HOLD_COLUMNS} FROM {t} WHERE name = {n}; \
+             SELECT 'counter', fence FROM {f} WHERE name = {n}"
         );
         let rows = run_pooled(&self.shared.pool, sql)
             .await
@@ -324,7 +330,16 @@ impl RowLockStrategy {
         let Some(current) = read("current")? else {
             return Ok(None);
         };
+        let counter = tagged(&rows, "counter")
+            .next()
+            .map(|row| row.try_get::<u64, _>(1))
+            .transpose()
+            .map_err(|e| lock_error(&format!("reading the fence counter of `{name}`"), e))?
+            .unwrap_or(0);
         Ok(match current.judge_current(&self.shared.table, name)? {
+            // A record whose fence is above the committed counter belongs to a grant whose
+            // bump has not committed yet (and may fail): not a hold yet.
+            HoldState::Held { fence, .. } if fence.get() > counter => None,
             HoldState::Free => None,
             HoldState::Held { token, fence } => {
                 Some(LockInfo::new(name.clone(), token, fence, None))
@@ -474,6 +489,10 @@ impl Shared {
                 () = deadline => return Err(Failed::Stopped(Stop::Deadline)),
                 () = tx.closed() => return Err(Failed::Stopped(Stop::Cancelled)),
             }
+            // The turn may come to a caller that has just left.
+            if tx.is_closed() {
+                return Err(Failed::Stopped(Stop::Cancelled));
+            }
         }
         let (mut dedicated, mut fresh) = self.checkout().await.map_err(Failed::Error)?;
         let t = self.table.quoted();
@@ -498,7 +517,7 @@ impl Shared {
             sql.push_str(&format!(
                 "ROLLBACK; START TRANSACTION; \
                  SELECT 'row', {HOLD_COLUMNS} FROM {t} WHERE name = {n} FOR UPDATE{}; \
-                 SELECT 'next', CAST(COALESCE(MAX(fence), 0) + 1 AS UNSIGNED) FROM {f} WHERE name = {n}",
+                 SELECT 'counter', CAST(COALESCE(MAX(fence), 0) AS UNSIGNED) FROM {f} WHERE name = {n}",
                 if nowait { " NOWAIT" } else { "" },
             ));
             let result = self
@@ -575,22 +594,34 @@ impl Shared {
                 self.rollback_and_keep(dedicated).await;
                 return Err(Failed::Error(foreign));
             }
-            let expected = tagged(&rows, "next")
+            let counter = tagged(&rows, "counter")
                 .next()
                 .map(|row| row.try_get::<u64, _>(1));
-            match expected {
-                Some(Ok(expected)) => break expected,
+            match counter {
+                Some(Ok(counter)) => match counter.checked_add(1) {
+                    Some(expected) => break expected,
+                    None => {
+                        self.rollback_and_keep(dedicated).await;
+                        return Err(Failed::Error(LockError::Foreign {
+                            name: name.to_string(),
+                            found: format!(
+                                "the row of table `{}` has its fence at the maximum ({counter})",
+                                self.table.fences()
+                            ),
+                        }));
+                    }
+                },
                 Some(Err(error)) => {
                     self.discard(dedicated);
                     return Err(Failed::Error(lock_error(
-                        &format!("reading the next fence of `{name}`"),
+                        &format!("reading the fence counter of `{name}`"),
                         error,
                     )));
                 }
                 None => {
                     self.discard(dedicated);
                     return Err(Failed::Error(LockError::Backend {
-                        message: format!("granting `{name}`: the server returned no next fence"),
+                        message: format!("granting `{name}`: the server returned no fence counter"),
                         source: None,
                     }));
                 }

@@ -76,6 +76,9 @@ fn main() -> ExitCode {
         .case("row_lock/fence_bumped_between_grant_and_bump", || {
             Box::pin(row_lock_fence_bumped_in_between())
         })
+        .case("row_lock/fence_counter_at_maximum_is_foreign", || {
+            Box::pin(row_lock_fence_at_maximum())
+        })
         .case("errors/unreachable_and_refused", || {
             Box::pin(unreachable_and_refused())
         })
@@ -556,24 +559,24 @@ async fn row_lock_sub_second_budgets() -> Outcome {
     Ok(())
 }
 
-/// A global status counter of the server (`SHOW GLOBAL STATUS` needs no privilege).
-async fn global_status(admin: &mut MySqlConnection, variable: &str) -> Result<u64, Failure> {
-    let value: String = sqlx::query_scalar(
-        "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = ?",
+/// How many statements naming `table` (quoted) run on the server now, besides the probe.
+async fn statements_naming(admin: &mut MySqlConnection, table: &str) -> Result<i64, Failure> {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
     )
-    .bind(variable)
+    .bind(format!("%{table}%"))
     .fetch_one(admin)
     .await
-    .map_err(|e| Failure(format!("reading {variable}: {e}")))?;
-    value
-        .parse()
-        .map_err(|e| Failure(format!("{variable} = {value:?}: {e}")))
+    .map_err(err)
 }
 
-/// Row lock: of one client's acquisitions of a held name, only the first waits in InnoDB
-/// (`Innodb_row_lock_waits` grows by one for all six); the others wait in the client, where
-/// their budgets hold as they do on the server, and a zero-budget try answers busy at once.
-/// The first then gets the lock when the holder releases, with the next fence.
+/// Row lock: of one client's seven acquisitions of a held name, only the first waits in
+/// InnoDB (the server never runs more than one statement on the name while five more wait
+/// out their budgets; without the client's queue all six would wait there); the others wait
+/// in the client, where their budgets hold as they do on the server, and a zero-budget try
+/// answers busy at once. The first then gets the lock when the holder releases, with the
+/// next fence.
 async fn row_lock_one_waiter_per_client() -> Outcome {
     let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);
@@ -581,7 +584,6 @@ async fn row_lock_one_waiter_per_client() -> Outcome {
     let long = LockOptions::new().ttl(Duration::from_secs(10));
     let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
     let mut admin = admin_conn().await?;
-    let waits_before = global_status(&mut admin, "INNODB_ROW_LOCK_WAITS").await?;
     let first = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(20)));
     until_waiting(&name).await?;
     let budget = Duration::from_millis(300);
@@ -589,6 +591,16 @@ async fn row_lock_one_waiter_per_client() -> Outcome {
     let others: Vec<_> = (0..5)
         .map(|_| spawn_acquire(&b, &name, long.clone().wait(budget)))
         .collect();
+    // Watches the server while the five wait out their budgets.
+    let mut most = 0;
+    while !others.iter().all(|other| other.is_finished()) {
+        most = most.max(statements_on(&mut admin, &name).await?);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    ensure!(
+        most == 1,
+        "up to {most} statements waited on the server for one client's acquisitions; expected 1"
+    );
     for (i, other) in others.into_iter().enumerate() {
         let result = other.await.map_err(err)?;
         ensure!(
@@ -612,11 +624,6 @@ async fn row_lock_one_waiter_per_client() -> Outcome {
         "the zero-budget try answered after {:?}",
         tried.elapsed()
     );
-    let waits = global_status(&mut admin, "INNODB_ROW_LOCK_WAITS").await? - waits_before;
-    ensure!(
-        waits == 1,
-        "{waits} row-lock waits in InnoDB for one client's 7 acquisitions; expected 1"
-    );
     let held_fence = held.fence().get();
     held.release().await.map_err(err)?;
     let next = tokio::time::timeout(Duration::from_secs(5), first)
@@ -636,7 +643,8 @@ async fn row_lock_one_waiter_per_client() -> Outcome {
 /// Row lock: a fence issued by someone else after a grant read the counter and before its own
 /// bump (here, an administrator's bump committed while the holder's waits for its row) makes
 /// the bump issue a larger fence than the one the grant recorded; the record is corrected, so
-/// the guard, `inspect` and the row all show the fence the holder really got.
+/// the guard and `inspect` show the fence the holder really got. While the bump waits,
+/// `inspect` shows no holder: the recorded fence is not issued yet.
 async fn row_lock_fence_bumped_in_between() -> Outcome {
     let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
     let a = client(store.config()).await?;
@@ -661,11 +669,11 @@ async fn row_lock_fence_bumped_in_between() -> Outcome {
     .await
     .map_err(err)?;
     let mut probe = admin_conn().await?;
-    let waits_before = global_status(&mut probe, "INNODB_ROW_LOCK_CURRENT_WAITS").await?;
     let acquiring = spawn_acquire(&a, &name, options.clone());
-    // The grant has read the committed counter once its bump waits for the counter row.
+    // The grant has read the committed counter once its bump (the only statement naming this
+    // run's fence table besides the probe) runs, waiting for the counter row.
     let mut polls = 0;
-    while global_status(&mut probe, "INNODB_ROW_LOCK_CURRENT_WAITS").await? <= waits_before {
+    while statements_naming(&mut probe, &fences).await? == 0 {
         polls += 1;
         ensure!(
             polls < 200 && !acquiring.is_finished(),
@@ -673,6 +681,12 @@ async fn row_lock_fence_bumped_in_between() -> Outcome {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The grant's record is written, but its fence is not issued yet: not a hold yet.
+    let early = a.backend().inspect(&name).await.map_err(err)?;
+    ensure!(
+        early.is_none(),
+        "inspect shows {early:?} while the holder's fence bump has not committed"
+    );
     sqlx::raw_sql("COMMIT")
         .execute(&mut admin)
         .await
@@ -698,6 +712,52 @@ async fn row_lock_fence_bumped_in_between() -> Outcome {
         info.fence
     );
     guard.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Row lock: a fence counter at its maximum (no fence left to issue) is a `Foreign` row, not
+/// a server error: the acquire changes nothing, and the lock is free for the next try.
+async fn row_lock_fence_at_maximum() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let a = client(store.config()).await?;
+    let name = name("fence-max")?;
+    let options = LockOptions::new().ttl(Duration::from_secs(10));
+    let first = a
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(err)?;
+    first.release().await.map_err(err)?;
+    let fences = format!("`{}_fences`", store.config().table().as_str());
+    let mut admin = admin_conn().await?;
+    let set = |fence: &str| {
+        format!(
+            "UPDATE {fences} SET fence = {fence} WHERE name = X'{}'",
+            hex(name.as_str())
+        )
+    };
+    sqlx::raw_sql(AssertSqlSafe(set("18446744073709551615")))
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let refused = a.acquire(&Holder::new(), &name, &options).await;
+    ensure!(
+        matches!(&refused, Err(LockError::Foreign { found, .. }) if found.contains("maximum")),
+        "acquire with the fence counter at its maximum: {refused:?}, expected Foreign"
+    );
+    sqlx::raw_sql(AssertSqlSafe(set("7")))
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let next = a
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(err)?;
+    ensure!(
+        next.fence().get() == 8,
+        "fence {} after the counter was set to 7",
+        next.fence()
+    );
+    next.release().await.map_err(err)?;
     Ok(())
 }
 
@@ -1383,8 +1443,10 @@ mod skewed {
                 Failure("LOCK_TEST_FAKETIME is not set; run `cargo xtask test`".into())
             })?;
             let exe = std::env::current_exe().map_err(err)?;
+            // Only the wall clock is off (the monotonic clock, which Instant and the timers
+            // read, stays right, as on a real machine), in libfaketime's thread-safe variant.
             let mut child = Command::new(&faketime)
-                .arg("-f")
+                .args(["-m", "--exclude-monotonic", "-f"])
                 .arg(format!("{skew_secs:+}s"))
                 .arg(exe)
                 .env(SKEWED_ROLE_VAR, role)

@@ -137,11 +137,16 @@ async fn kill_connection(id: u64) -> Outcome {
 
 /// How many statements mentioning `name` run on the server now (besides the probe).
 async fn statements_on(admin: &mut MySqlConnection, name: &LockName) -> Result<i64, Failure> {
+    statements_mentioning(admin, &hex(name.as_str())).await
+}
+
+/// How many statements whose text contains `text` run on the server now, besides the probe.
+async fn statements_mentioning(admin: &mut MySqlConnection, text: &str) -> Result<i64, Failure> {
     sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
          WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
     )
-    .bind(format!("%{}%", hex(name.as_str())))
+    .bind(format!("%{text}%"))
     .fetch_one(admin)
     .await
     .map_err(err)
@@ -559,18 +564,6 @@ async fn row_lock_sub_second_budgets() -> Outcome {
     Ok(())
 }
 
-/// How many statements naming `table` (quoted) run on the server now, besides the probe.
-async fn statements_naming(admin: &mut MySqlConnection, table: &str) -> Result<i64, Failure> {
-    sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-         WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
-    )
-    .bind(format!("%{table}%"))
-    .fetch_one(admin)
-    .await
-    .map_err(err)
-}
-
 /// Row lock: of one client's seven acquisitions of a held name, only the first waits in
 /// InnoDB (the server never runs more than one statement on the name while five more wait
 /// out their budgets; without the client's queue all six would wait there); the others wait
@@ -673,7 +666,7 @@ async fn row_lock_fence_bumped_in_between() -> Outcome {
     // The grant has read the committed counter once its bump (the only statement naming this
     // run's fence table besides the probe) runs, waiting for the counter row.
     let mut polls = 0;
-    while statements_naming(&mut probe, &fences).await? == 0 {
+    while statements_mentioning(&mut probe, &fences).await? == 0 {
         polls += 1;
         ensure!(
             polls < 200 && !acquiring.is_finished(),

@@ -330,9 +330,7 @@ impl RowLockStrategy {
         let Some(current) = read("current")? else {
             return Ok(None);
         };
-        let counter = tagged(&rows, "counter")
-            .next()
-            .map(|row| row.try_get::<u64, _>(1))
+        let counter = fence_counter(&rows)
             .transpose()
             .map_err(|e| lock_error(&format!("reading the fence counter of `{name}`"), e))?
             .unwrap_or(0);
@@ -594,10 +592,7 @@ impl Shared {
                 self.rollback_and_keep(dedicated).await;
                 return Err(Failed::Error(foreign));
             }
-            let counter = tagged(&rows, "counter")
-                .next()
-                .map(|row| row.try_get::<u64, _>(1));
-            match counter {
+            match fence_counter(&rows) {
                 Some(Ok(counter)) => match counter.checked_add(1) {
                     Some(expected) => break expected,
                     None => {
@@ -758,6 +753,14 @@ impl Shared {
             Err(_) => drop(held),
         }
     }
+}
+
+/// The committed fence counter a script read with `SELECT 'counter', <fence> ...`, if it
+/// returned that row.
+fn fence_counter(rows: &[MySqlRow]) -> Option<Result<u64, sqlx::Error>> {
+    tagged(rows, "counter")
+        .next()
+        .map(|row| row.try_get::<u64, _>(1))
 }
 
 /// A grant on its way to the caller: released in the background if it is dropped unclaimed

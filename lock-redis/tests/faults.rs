@@ -330,28 +330,7 @@ async fn replica_acknowledgements_are_required() -> Outcome {
         .map_err(fail("starting a replica"))?;
     let outcome = async {
         let replica_url = format!("redis://127.0.0.1:{replica_port}");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let linked = async {
-                let client = redis::Client::open(replica_url.as_str()).ok()?;
-                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query_async(&mut conn)
-                    .await
-                    .ok()?;
-                Some(info.contains("master_link_status:up"))
-            }
-            .await;
-            if linked == Some(true) {
-                break;
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the replica did not link within 15 s"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        replica_streams(&url, &replica_url).await?;
         let acked = name("replica-one")?;
         let guard = client
             .acquire(
@@ -372,6 +351,67 @@ async fn replica_acknowledgements_are_required() -> Outcome {
     let _ = replica.wait();
     let _ = std::fs::remove_dir_all(&dir);
     outcome
+}
+
+/// Waits until the replica at `replica_url` has linked to `primary_url` and acknowledges a write
+/// made after that.
+///
+/// "Linked" is not enough: after a diskless full sync Redis 7.0 may put the replica online but
+/// hold back the command stream until the replica's next periodic `REPLCONF ACK`, up to a second
+/// later; until then `WAIT` does not count it. A probe written before the link is no proof
+/// either: the snapshot already holds it. So the condition is a write made after the link,
+/// acknowledged.
+async fn replica_streams(primary_url: &str, replica_url: &str) -> Outcome {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let linked = async {
+            let client = redis::Client::open(replica_url).ok()?;
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            Some(info.contains("master_link_status:up"))
+        }
+        .await;
+        if linked == Some(true) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the replica did not link within 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let client = redis::Client::open(primary_url).map_err(fail("client"))?;
+    // One connection for the write and its WAIT: WAIT counts acknowledgements of this
+    // connection's own last write.
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail(primary_url))?;
+    loop {
+        let _: () = conn
+            .set_ex("faults:replica-probe", "x", 60)
+            .await
+            .map_err(fail("probe SET"))?;
+        // Blocks up to 500 ms while the replica does not acknowledge, so the loop does not spin.
+        let acked: Result<i64, _> = redis::cmd("WAIT")
+            .arg(1)
+            .arg(500)
+            .query_async(&mut conn)
+            .await;
+        let last = match acked {
+            Ok(n) if n >= 1 => return Ok(()),
+            Ok(n) => format!("WAIT counted {n} replicas"),
+            Err(e) => format!("WAIT failed: {e}"),
+        };
+        ensure!(
+            Instant::now() < deadline,
+            "the replica at {replica_url} did not acknowledge a write within 15 s ({last})"
+        );
+    }
 }
 
 /// Batched renewals work on a server that forgot the scripts (restart, `SCRIPT FLUSH`).

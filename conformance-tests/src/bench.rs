@@ -84,6 +84,53 @@ where
     Ok(stats(&h))
 }
 
+/// Times `n` runs each of `value` and `floor`, alternating one of each, after `n / 10` warm-up
+/// pairs; returns `(value, floor)`.
+///
+/// Alternating op by op exposes both sides of a ratio to the same moments of the machine: a
+/// hiccup of a few milliseconds lands on one side or the other at random instead of on a whole
+/// block of one side, so the ratio of means moves far less from run to run than when one side
+/// is timed after the other.
+///
+/// # Errors
+/// The first error of either operation.
+pub async fn time_pairs<V, VF, F, FF>(
+    n: usize,
+    mut value: V,
+    mut floor: F,
+) -> Result<(Stats, Stats), String>
+where
+    V: FnMut() -> VF,
+    VF: Future<Output = Result<(), String>>,
+    F: FnMut() -> FF,
+    FF: Future<Output = Result<(), String>>,
+{
+    for _ in 0..n / 10 {
+        floor().await?;
+        value().await?;
+    }
+    let (mut hv, mut hf) = (histogram()?, histogram()?);
+    for i in 0..n {
+        // Alternate which side goes first, so neither always follows the other.
+        if i % 2 == 0 {
+            let start = Instant::now();
+            floor().await?;
+            record(&mut hf, start.elapsed());
+            let start = Instant::now();
+            value().await?;
+            record(&mut hv, start.elapsed());
+        } else {
+            let start = Instant::now();
+            value().await?;
+            record(&mut hv, start.elapsed());
+            let start = Instant::now();
+            floor().await?;
+            record(&mut hf, start.elapsed());
+        }
+    }
+    Ok((stats(&hv), stats(&hf)))
+}
+
 fn bench_name(tag: &str) -> Result<LockName, String> {
     LockName::new(format!("bench/{tag}/{:016x}", rand::random::<u64>())).map_err(|e| e.to_string())
 }
@@ -100,14 +147,41 @@ pub async fn uncontended(
 ) -> Result<Stats, String> {
     let name = bench_name("uncontended")?;
     let holder = Holder::new();
-    time_op(n, || async {
-        let guard = client
-            .acquire(&holder, &name, options)
-            .await
-            .map_err(|e| e.to_string())?;
-        guard.release().await.map_err(|e| e.to_string())
-    })
-    .await
+    time_op(n, || cycle(client, &holder, &name, options)).await
+}
+
+/// Like [`uncontended`], alternating each cycle with one run of `floor` ([`time_pairs`]);
+/// returns `(cycle, floor)`.
+///
+/// # Errors
+/// The first lock error or error of `floor`, as text.
+pub async fn uncontended_against<F, FF>(
+    client: &LockClient,
+    options: &LockOptions,
+    n: usize,
+    floor: F,
+) -> Result<(Stats, Stats), String>
+where
+    F: FnMut() -> FF,
+    FF: Future<Output = Result<(), String>>,
+{
+    let name = bench_name("uncontended")?;
+    let holder = Holder::new();
+    time_pairs(n, || cycle(client, &holder, &name, options), floor).await
+}
+
+/// One acquire + release.
+async fn cycle(
+    client: &LockClient,
+    holder: &Holder,
+    name: &LockName,
+    options: &LockOptions,
+) -> Result<(), String> {
+    let guard = client
+        .acquire(holder, name, options)
+        .await
+        .map_err(|e| e.to_string())?;
+    guard.release().await.map_err(|e| e.to_string())
 }
 
 /// What [`contended`] measured.
@@ -343,6 +417,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn pairs_alternate_and_time_each_side() {
+        let order = Mutex::new(String::new());
+        let push = |c| order.lock().unwrap().push(c);
+        let (value, floor) = time_pairs(
+            20,
+            || async {
+                push('v');
+                tokio::time::sleep(Duration::from_millis(4)).await;
+                Ok(())
+            },
+            || async {
+                push('f');
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!((value.samples, floor.samples), (20, 20));
+        assert!(value.p50 >= Duration::from_millis(4), "{value}");
+        // Two warm-up pairs, then pairs whose order alternates.
+        let order = order.into_inner().unwrap();
+        assert_eq!(&order[..8], "fvfvfvvf", "{order}");
+        assert_eq!(order.matches('v').count(), 22);
+    }
+
+    #[tokio::test]
     async fn round_ratios_take_the_median() {
         let mut n = 0u64;
         let ratios = round_ratios(3, || {
@@ -361,6 +461,10 @@ mod tests {
         let options = LockOptions::new();
         let cycle = uncontended(&client, &options, 50).await.unwrap();
         assert_eq!(cycle.samples, 50);
+        let (paired, floor) = uncontended_against(&client, &options, 50, || async { Ok(()) })
+            .await
+            .unwrap();
+        assert_eq!((paired.samples, floor.samples), (50, 50));
         assert!(cycle.p50 <= cycle.p99);
         let handoff = contended(&[client], &options, 4, 40).await.unwrap();
         assert!(handoff.handoff.samples >= 39);

@@ -114,9 +114,10 @@ impl RedisBackend {
         request: &AcquireRequest,
         keys: &Keys,
         token: &LeaseToken,
+        waiting: bool,
     ) -> Result<Result<Grant, Option<Duration>>, LockError> {
         let sent = Instant::now();
-        match ops::try_acquire(conn, request.name(), keys, token, request.ttl()).await? {
+        match ops::try_acquire(conn, request.name(), keys, token, request.ttl(), waiting).await? {
             Try::Granted { fence, server_ms } => {
                 let lease = ops::lease(request.name(), token, fence, request.ttl(), server_ms);
                 if self.inner.config.replica_acks > 0 {
@@ -158,7 +159,10 @@ impl LockBackend for RedisBackend {
         let token = LeaseToken::random();
         let mut conn = self.inner.conn.clone();
         // The uncontended path: one round trip, no subscription.
-        let mut holder_left = match self.try_once(&mut conn, request, &keys, &token).await? {
+        let mut holder_left = match self
+            .try_once(&mut conn, request, &keys, &token, false)
+            .await?
+        {
             Ok(grant) => return Ok(grant),
             Err(pttl) => pttl,
         };
@@ -172,8 +176,12 @@ impl LockBackend for RedisBackend {
             let notified = registration.notify().notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            // Try again now that we are subscribed: a release may have come in between.
-            match self.try_once(&mut conn, request, &keys, &token).await? {
+            // Try again now that we are subscribed: a release may have come in between. When
+            // busy, the try also marks the lock as waited for, so its release publishes.
+            match self
+                .try_once(&mut conn, request, &keys, &token, push)
+                .await?
+            {
                 Ok(grant) => return Ok(grant),
                 Err(pttl) => holder_left = pttl.or(holder_left),
             }

@@ -1,6 +1,7 @@
-//! Where a lock lives in Redis: its key, its fence counter and its release channel.
+//! Where a lock lives in Redis: its key, its fence counter, its waiter mark and its release
+//! channel.
 //!
-//! All three share one hash tag, `{<encoded name>}`, so they live in one cluster slot. The
+//! All four share one hash tag, `{<encoded name>}`, so they live in one cluster slot. The
 //! encoding escapes `%`, `{` and `}` as `%25`, `%7B`, `%7D`: injective (every valid name maps
 //! to one tag and back) and brace-free, so the tag is exactly the encoded name.
 
@@ -23,7 +24,10 @@ pub struct RedisKeys {
     pub lock: String,
     /// The fence counter; it outlives releases so fences never go back.
     pub fence: String,
-    /// Receives a message on every release.
+    /// Present while some client waits for the lock; a release that finds it deletes it and
+    /// publishes on [`channel`](Self::channel).
+    pub waiters: String,
+    /// Receives a message on every release that found the waiter mark.
     pub channel: String,
 }
 
@@ -34,6 +38,7 @@ impl RedisKeys {
         Self {
             lock: format!("{prefix}:{{{tag}}}:lock"),
             fence: format!("{prefix}:{{{tag}}}:fence"),
+            waiters: format!("{prefix}:{{{tag}}}:waiters"),
             channel: format!("{prefix}:{{{tag}}}:released"),
         }
     }
@@ -65,6 +70,7 @@ mod tests {
         let k = keys("a{b}c");
         assert_eq!(k.lock, "lock:{a%7Bb%7Dc}:lock");
         assert_eq!(k.fence, "lock:{a%7Bb%7Dc}:fence");
+        assert_eq!(k.waiters, "lock:{a%7Bb%7Dc}:waiters");
         assert_eq!(k.channel, "lock:{a%7Bb%7Dc}:released");
     }
 

@@ -96,19 +96,24 @@ fn check_ours(name: &LockName, keys: &Keys, value: &str, pttl: i64) -> Result<()
     Ok(())
 }
 
-/// One acquisition try.
+/// One acquisition try. `waiting`: the caller is subscribed to the release channel, so a busy
+/// answer marks the lock as waited for (see [`scripts::ACQUIRE`]).
 pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     name: &LockName,
     keys: &Keys,
     token: &LeaseToken,
     ttl: Duration,
+    waiting: bool,
 ) -> Result<Try, LockError> {
     let reply: Vec<Value> = scripts::ACQUIRE
         .key(&keys.lock)
         .key(&keys.fence)
+        .key(&keys.waiters)
         .arg(token.as_str())
         .arg(millis(ttl))
+        .arg(u8::from(waiting))
+        .arg(scripts::MARK_MARGIN_MS)
         .invoke_async(conn)
         .await
         .map_err(|e| classify("acquire", e))?;
@@ -206,6 +211,7 @@ pub(crate) async fn release<C: ConnectionLike + Send>(
 ) -> Result<bool, LockError> {
     let released: i64 = scripts::RELEASE
         .key(&keys.lock)
+        .key(&keys.waiters)
         .arg(token.as_str())
         .arg(&keys.channel)
         .invoke_async(conn)

@@ -123,7 +123,7 @@ impl RedlockBackend {
         let start = Instant::now();
         let votes = self
             .everywhere("acquire", |mut conn| async move {
-                ops::try_acquire(&mut conn, name, keys, token, ttl).await
+                ops::try_acquire(&mut conn, name, keys, token, ttl, false).await
             })
             .await;
         let mut granted = Vec::new();

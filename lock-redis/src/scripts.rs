@@ -8,6 +8,12 @@ use redis::Script;
 /// time, in one atomic step. Returns `{1, fence, server_ms}`; `{0, pttl, value}` when held;
 /// `{2, which, what}` when a key holds something this library did not write (a fence counter
 /// that is not a number undoes the `SET`). `pcall` turns a wrong-type read into a report.
+///
+/// `ARGV[3]` is `1` when the caller is subscribed to the release channel and waits: a busy
+/// answer then also sets the waiter mark (`KEYS[3]`) until the hold's expiry plus
+/// [`MARK_MARGIN_MS`], so that the release publishes. In the same atomic step as the busy
+/// answer, so no release falls between the check and the mark. A waiter retries at the
+/// expiry it was told, and renews the mark then if the holder renewed.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -24,7 +30,11 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then return {2, 'lock', redis.call('TYPE', KEYS[1]).ok} end
-return {0, redis.call('PTTL', KEYS[1]), cur}
+local pttl = redis.call('PTTL', KEYS[1])
+if ARGV[3] == '1' and pttl > 0 then
+  redis.call('SET', KEYS[3], '1', 'PX', pttl + tonumber(ARGV[4]))
+end
+return {0, pttl, cur}
 ",
     )
 });
@@ -41,13 +51,19 @@ return t[1] * 1000 + math.floor(t[2] / 1000)
     )
 });
 
-/// Release: delete only if the key holds our token, and publish the release. Returns 1 or 0.
+/// How long a waiter mark outlives the hold it was set against: time for a waiter woken by
+/// the hold's expiry to try again and renew the mark if the holder renewed instead.
+pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
+
+/// Release: delete only if the key holds our token; if the waiter mark (`KEYS[2]`) is there,
+/// delete it too and publish the release. Returns 1 or 0. Without waiters nothing is
+/// published: on a cluster a `PUBLISH` goes to every node.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], '1')
+if redis.call('DEL', KEYS[2]) == 1 then redis.call('PUBLISH', ARGV[2], '1') end
 return 1
 ",
     )

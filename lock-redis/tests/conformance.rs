@@ -138,14 +138,20 @@ impl TestStore for RedisStore {
     }
 
     async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
-        let key = Self::keys(name).lock;
-        let found = self.each(redis::cmd("EXISTS").arg(&key)).await?;
-        Ok(found
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| **v == redis::Value::Int(1))
-            .map(|(i, _)| format!("key `{key}` on server {i}"))
-            .collect())
+        let keys = Self::keys(name);
+        let mut left = Vec::new();
+        // Everything but the fence counter, which must stay.
+        for key in [keys.lock, keys.waiters] {
+            let found = self.each(redis::cmd("EXISTS").arg(&key)).await?;
+            left.extend(
+                found
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| **v == redis::Value::Int(1))
+                    .map(|(i, _)| format!("key `{key}` on server {i}")),
+            );
+        }
+        Ok(left)
     }
 
     async fn plant_foreign(&self, name: &LockName) -> Result<(), LockError> {

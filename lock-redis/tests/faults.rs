@@ -520,6 +520,100 @@ async fn lost_release_message_strands_no_waiter() -> Outcome {
     guard.release().await.map_err(fail("release"))
 }
 
+/// A release publishes only when someone waits: without a waiter nothing goes out (on a cluster
+/// a `PUBLISH` reaches every node); with one, the release publishes, wakes it, and removes the
+/// waiter mark.
+async fn releases_publish_only_for_waiters() -> Outcome {
+    use futures::StreamExt;
+
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let config = RedisConfig::single(&url).with_key_prefix("faults");
+    let a = LockClient::new(
+        RedisBackend::connect(config.clone())
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let b = LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let lock = name("publish-for-waiters")?;
+    let keys = RedisKeys::new("faults", &lock);
+    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
+    let mut conn = raw
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail("raw"))?;
+    let mut listener = raw.get_async_pubsub().await.map_err(fail("pubsub"))?;
+    listener
+        .subscribe(&keys.channel)
+        .await
+        .map_err(fail("SUBSCRIBE"))?;
+    let mut messages = listener.into_on_message();
+    let mut next_message = async || -> Result<String, Failure> {
+        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .map_err(|_| Failure("no message on the release channel within 5 s".into()))?
+            .ok_or_else(|| Failure("the release channel closed".into()))?;
+        message.get_payload().map_err(fail("payload"))
+    };
+
+    // Nobody waits: the release publishes nothing. Our own marker, published after it, is the
+    // first message on the channel (one connection delivers in the server's order).
+    let guard = a
+        .acquire(&Holder::new(), &lock, &LockOptions::new())
+        .await
+        .map_err(fail("acquire"))?;
+    guard.release().await.map_err(fail("release"))?;
+    let _: i64 = conn
+        .publish(&keys.channel, "marker")
+        .await
+        .map_err(fail("PUBLISH"))?;
+    let first = next_message().await?;
+    ensure!(
+        first == "marker",
+        "a release without waiters published {first:?}"
+    );
+
+    // Someone waits: the release publishes and the waiter gets the lock.
+    let guard = a
+        .acquire(&Holder::new(), &lock, &LockOptions::new())
+        .await
+        .map_err(fail("acquire"))?;
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move {
+            let options = LockOptions::new().wait(Duration::from_secs(30));
+            b.acquire(&Holder::new(), &lock, &options).await
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !exists_on(&url, &keys.waiters).await? {
+        ensure!(
+            Instant::now() < deadline,
+            "the waiter did not mark the lock within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    guard.release().await.map_err(fail("release"))?;
+    let published = next_message().await?;
+    ensure!(
+        published == "1",
+        "the release with a waiter published {published:?}"
+    );
+    let next = waiter
+        .await
+        .map_err(fail("waiter task"))?
+        .map_err(fail("the waiter did not get the lock"))?;
+    next.release().await.map_err(fail("release"))?;
+    ensure!(
+        !exists_on(&url, &keys.waiters).await?,
+        "the waiter mark outlived the last release"
+    );
+    Ok(())
+}
+
 /// Every waiting lock of one client shares one pub/sub connection.
 async fn waiters_share_one_pubsub_connection() -> Outcome {
     const LOCKS: usize = 10;
@@ -636,6 +730,9 @@ fn main() -> ExitCode {
     conformance_tests::Cases::<Failure>::new("redis faults")
         .case("lost_release_message_strands_no_waiter", || {
             Box::pin(lost_release_message_strands_no_waiter())
+        })
+        .case("releases_publish_only_for_waiters", || {
+            Box::pin(releases_publish_only_for_waiters())
         })
         .case("waiters_share_one_pubsub_connection", || {
             Box::pin(waiters_share_one_pubsub_connection())

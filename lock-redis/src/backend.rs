@@ -18,6 +18,7 @@ use crate::{
     error::classify,
     keys::RedisKeys as Keys,
     ops::{self, Try},
+    scripts::Mark,
     waiters::Waiters,
 };
 
@@ -26,14 +27,15 @@ use crate::{
 ///
 /// - Acquire is one Lua script: `SET key token PX ttl` if the key is free, with the fence
 ///   counter bumped in the same atomic step; release is a compare-and-delete that also
-///   publishes the release; renew is a compare-and-`PEXPIRE`. Scripts run by `EVALSHA` and are
-///   reloaded on `NOSCRIPT`.
-/// - Waiters are woken by the release message on one pub/sub connection shared by all waiting
-///   locks of this backend, and retry when the holder's TTL runs out in case a message is lost.
+///   publishes the release when a waiter marked the lock; renew is a compare-and-`PEXPIRE`.
+///   Scripts run by `EVALSHA` and are reloaded on `NOSCRIPT`.
+/// - Waiters mark the lock, are woken by the release message on one pub/sub connection shared
+///   by all waiting locks of this backend, and retry when the holder's TTL runs out in case a
+///   message is lost.
 /// - The watchdog's renewals of many locks go out as one pipeline (on a cluster, which refuses
 ///   pipelines across slots, as concurrent requests on the multiplexed connection).
-/// - Keys are `<prefix>:{<name>}:lock`, `...:fence` and the channel `...:released`: one hash
-///   tag, one cluster slot.
+/// - Keys are `<prefix>:{<name>}:lock`, `...:fence`, `...:waiters` and the channel
+///   `...:released`: one hash tag, one cluster slot.
 ///
 /// Clones share the connections.
 #[derive(Debug, Clone)]
@@ -114,10 +116,10 @@ impl RedisBackend {
         request: &AcquireRequest,
         keys: &Keys,
         token: &LeaseToken,
-        waiting: bool,
+        mark: Mark,
     ) -> Result<Result<Grant, Option<Duration>>, LockError> {
         let sent = Instant::now();
-        match ops::try_acquire(conn, request.name(), keys, token, request.ttl(), waiting).await? {
+        match ops::try_acquire(conn, request.name(), keys, token, request.ttl(), mark).await? {
             Try::Granted { fence, server_ms } => {
                 let lease = ops::lease(request.name(), token, fence, request.ttl(), server_ms);
                 if self.inner.config.replica_acks > 0 {
@@ -160,7 +162,7 @@ impl LockBackend for RedisBackend {
         let mut conn = self.inner.conn.clone();
         // The uncontended path: one round trip, no subscription.
         let mut holder_left = match self
-            .try_once(&mut conn, request, &keys, &token, false)
+            .try_once(&mut conn, request, &keys, &token, Mark::No)
             .await?
         {
             Ok(grant) => return Ok(grant),
@@ -177,9 +179,15 @@ impl LockBackend for RedisBackend {
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Try again now that we are subscribed: a release may have come in between. When
-            // busy, the try also marks the lock as waited for, so its release publishes.
+            // busy, the try also marks the lock as waited for, so its release publishes; when
+            // other waiters of this client wait too, a grant marks it for them.
+            let mark = match (push, registration.others_wait()) {
+                (false, _) => Mark::No,
+                (true, false) => Mark::WhenBusy,
+                (true, true) => Mark::Always,
+            };
             match self
-                .try_once(&mut conn, request, &keys, &token, push)
+                .try_once(&mut conn, request, &keys, &token, mark)
                 .await?
             {
                 Ok(grant) => return Ok(grant),

@@ -6,7 +6,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lock_core::{Fence, Lease, LeaseToken, LockError, LockInfo, LockName};
 use redis::{Value, aio::ConnectionLike};
 
-use crate::{error::classify, keys::RedisKeys as Keys, scripts};
+use crate::{
+    error::classify,
+    keys::RedisKeys as Keys,
+    scripts::{self, Mark},
+};
 
 /// The outcome of one acquisition try.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,15 +100,15 @@ fn check_ours(name: &LockName, keys: &Keys, value: &str, pttl: i64) -> Result<()
     Ok(())
 }
 
-/// One acquisition try. `waiting`: the caller is subscribed to the release channel, so a busy
-/// answer marks the lock as waited for (see [`scripts::ACQUIRE`]).
+/// One acquisition try; `mark` says when it marks the lock as waited for (see
+/// [`scripts::ACQUIRE`]).
 pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     name: &LockName,
     keys: &Keys,
     token: &LeaseToken,
     ttl: Duration,
-    waiting: bool,
+    mark: Mark,
 ) -> Result<Try, LockError> {
     let reply: Vec<Value> = scripts::ACQUIRE
         .key(&keys.lock)
@@ -112,7 +116,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         .key(&keys.waiters)
         .arg(token.as_str())
         .arg(millis(ttl))
-        .arg(u8::from(waiting))
+        .arg(mark as u8)
         .arg(scripts::MARK_MARGIN_MS)
         .invoke_async(conn)
         .await

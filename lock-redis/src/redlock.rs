@@ -20,6 +20,7 @@ use crate::{
     error::timed_out,
     keys::RedisKeys as Keys,
     ops::{self, Try},
+    scripts::Mark,
 };
 
 /// Redlock: a lock is held when a majority (N/2 + 1) of N independent servers granted it
@@ -123,7 +124,7 @@ impl RedlockBackend {
         let start = Instant::now();
         let votes = self
             .everywhere("acquire", |mut conn| async move {
-                ops::try_acquire(&mut conn, name, keys, token, ttl, false).await
+                ops::try_acquire(&mut conn, name, keys, token, ttl, Mark::No).await
             })
             .await;
         let mut granted = Vec::new();

@@ -9,14 +9,19 @@ use redis::Script;
 /// `{2, which, what}` when a key holds something this library did not write (a fence counter
 /// that is not a number undoes the `SET`). `pcall` turns a wrong-type read into a report.
 ///
-/// `ARGV[3]` is `1` when the caller is subscribed to the release channel and waits: a busy
-/// answer then also sets the waiter mark (`KEYS[3]`) until the hold's expiry plus
-/// [`MARK_MARGIN_MS`], so that the release publishes. In the same atomic step as the busy
-/// answer, so no release falls between the check and the mark. A waiter retries at the
-/// expiry it was told, and renews the mark then if the holder renewed.
+/// `ARGV[3]` is the caller's [`Mark`] (as a number): a subscribed waiter's busy answer also sets
+/// the waiter mark (`KEYS[3]`) until the hold's expiry plus `ARGV[4]` ms, so that the release
+/// publishes. In the same atomic step as the busy answer, so no release falls between the
+/// check and the mark. A waiter retries at the expiry it was told, and renews the mark then if
+/// the holder renewed. A grant also marks when the caller's siblings (other waiters of the
+/// same client, which one release message does not all wake) still wait. A mark is only ever
+/// lengthened.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local function mark(ms)
+  if redis.call('PTTL', KEYS[3]) < ms then redis.call('SET', KEYS[3], '1', 'PX', ms) end
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local fence = redis.pcall('INCR', KEYS[2])
   if type(fence) == 'table' then
@@ -25,15 +30,14 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if ft == 'string' then return {2, 'fence', redis.call('GET', KEYS[2])} end
     return {2, 'fence', ft}
   end
+  if ARGV[3] == '2' then mark(tonumber(ARGV[2]) + tonumber(ARGV[4])) end
   local t = redis.call('TIME')
   return {1, fence, t[1] * 1000 + math.floor(t[2] / 1000)}
 end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then return {2, 'lock', redis.call('TYPE', KEYS[1]).ok} end
 local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[3] == '1' and pttl > 0 then
-  redis.call('SET', KEYS[3], '1', 'PX', pttl + tonumber(ARGV[4]))
-end
+if ARGV[3] ~= '0' and pttl > 0 then mark(pttl + tonumber(ARGV[4])) end
 return {0, pttl, cur}
 ",
     )
@@ -50,6 +54,17 @@ return t[1] * 1000 + math.floor(t[2] / 1000)
 ",
     )
 });
+
+/// Whether an acquisition try sets the waiter mark (see [`ACQUIRE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// Not waiting (a first try, Redlock, or no subscription): never.
+    No = 0,
+    /// A subscribed waiter: when the lock is busy.
+    WhenBusy = 1,
+    /// A subscribed waiter whose siblings wait too: when busy, and on a grant.
+    Always = 2,
+}
 
 /// How long a waiter mark outlives the hold it was set against: time for a waiter woken by
 /// the hold's expiry to try again and renew the mark if the holder renewed instead.

@@ -206,6 +206,16 @@ impl Registration {
         }
     }
 
+    /// True when other waiters of this client wait on the same channel: a release message
+    /// wakes only one of them, so whoever of them wins must mark the lock again.
+    pub(crate) fn others_wait(&self) -> bool {
+        self.waiters
+            .state()
+            .channels
+            .get(&self.channel)
+            .is_some_and(|c| c.users > 1)
+    }
+
     /// The notifier woken on every release message of the channel.
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify

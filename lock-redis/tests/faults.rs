@@ -391,9 +391,10 @@ async fn replica_streams(primary_url: &str, replica_url: &str) -> Outcome {
         .get_multiplexed_async_connection()
         .await
         .map_err(fail(primary_url))?;
+    let probe = format!("faults:replica-probe:{:016x}", rand::random::<u64>());
     loop {
         let _: () = conn
-            .set_ex("faults:replica-probe", "x", 60)
+            .set_ex(&probe, "x", 60)
             .await
             .map_err(fail("probe SET"))?;
         // Blocks up to 500 ms while the replica does not acknowledge, so the loop does not spin.
@@ -403,7 +404,10 @@ async fn replica_streams(primary_url: &str, replica_url: &str) -> Outcome {
             .query_async(&mut conn)
             .await;
         let last = match acked {
-            Ok(n) if n >= 1 => return Ok(()),
+            Ok(n) if n >= 1 => {
+                let _: i64 = conn.del(&probe).await.map_err(fail("probe DEL"))?;
+                return Ok(());
+            }
             Ok(n) => format!("WAIT counted {n} replicas"),
             Err(e) => format!("WAIT failed: {e}"),
         };
@@ -596,6 +600,7 @@ async fn releases_publish_only_for_waiters() -> Outcome {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let released = Instant::now();
     guard.release().await.map_err(fail("release"))?;
     let published = next_message().await?;
     ensure!(
@@ -606,7 +611,90 @@ async fn releases_publish_only_for_waiters() -> Outcome {
         .await
         .map_err(fail("waiter task"))?
         .map_err(fail("the waiter did not get the lock"))?;
+    let took = released.elapsed();
+    // Woken by the message, not by the holder's 30 s TTL running out.
+    ensure!(
+        took < Duration::from_secs(10),
+        "the waiter got the lock {took:?} after the release"
+    );
     next.release().await.map_err(fail("release"))?;
+    ensure!(
+        !exists_on(&url, &keys.waiters).await?,
+        "the waiter mark outlived the last release"
+    );
+    Ok(())
+}
+
+/// Waiters of one client share a subscription, and a release message wakes one of them: the
+/// one that wins must leave the lock marked for the others, or they sleep until the TTL.
+async fn siblings_in_one_client_are_all_woken() -> Outcome {
+    const SIBLINGS: usize = 3;
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let config = RedisConfig::single(&url).with_key_prefix("faults");
+    let a = LockClient::new(
+        RedisBackend::connect(config.clone())
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let b = LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("connect"))?,
+    );
+    let lock = name("siblings")?;
+    let keys = RedisKeys::new("faults", &lock);
+    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
+    let mut conn = raw
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail("raw"))?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(60))
+        .watchdog(false);
+    let guard = a
+        .acquire(&Holder::new(), &lock, &options)
+        .await
+        .map_err(fail("acquire"))?;
+    let mut waiters = Vec::new();
+    for i in 0..SIBLINGS {
+        waiters.push(tokio::spawn({
+            let (b, lock, options) = (b.clone(), lock.clone(), options.clone());
+            async move {
+                let next = b.acquire(&Holder::new(), &lock, &options).await?;
+                let at = Instant::now();
+                next.release().await?;
+                Ok::<_, LockError>(at)
+            }
+        }));
+        // Sibling i is asleep once its busy try has set the mark; clear the mark so the next
+        // sibling's try shows too (the last one's stays for the release).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !exists_on(&url, &keys.waiters).await? {
+            ensure!(
+                Instant::now() < deadline,
+                "waiter {i} did not mark the lock within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if i + 1 < SIBLINGS {
+            let _: i64 = conn.del(&keys.waiters).await.map_err(fail("DEL"))?;
+        }
+    }
+    let released = Instant::now();
+    guard.release().await.map_err(fail("release"))?;
+    for waiter in waiters {
+        let at = waiter
+            .await
+            .map_err(fail("waiter task"))?
+            .map_err(fail("a sibling did not get the lock"))?;
+        let took = at - released;
+        // Each hand-off is pushed; a sibling left without a mark would sleep out the 30 s TTL.
+        ensure!(
+            took < Duration::from_secs(10),
+            "a sibling got the lock {took:?} after the first release"
+        );
+    }
     ensure!(
         !exists_on(&url, &keys.waiters).await?,
         "the waiter mark outlived the last release"
@@ -733,6 +821,9 @@ fn main() -> ExitCode {
         })
         .case("releases_publish_only_for_waiters", || {
             Box::pin(releases_publish_only_for_waiters())
+        })
+        .case("siblings_in_one_client_are_all_woken", || {
+            Box::pin(siblings_in_one_client_are_all_woken())
         })
         .case("waiters_share_one_pubsub_connection", || {
             Box::pin(waiters_share_one_pubsub_connection())

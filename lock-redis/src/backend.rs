@@ -19,7 +19,7 @@ use crate::{
     keys::RedisKeys as Keys,
     ops::{self, Try},
     scripts::Mark,
-    waiters::Waiters,
+    waiters::{Waiters, WakeUp},
 };
 
 /// Locks on one Redis server (optionally waiting for replica acknowledgements) or on a Redis
@@ -173,6 +173,8 @@ impl LockBackend for RedisBackend {
         }
         let registration = self.inner.waiters.register(&keys.channel);
         let mut fallback = request.backoff().delays();
+        // Declared after the registration, so dropped before it.
+        let mut woken: Option<WakeUp<'_>> = None;
         loop {
             let push = registration.ensure().await;
             let notified = registration.notify().notified();
@@ -186,10 +188,13 @@ impl LockBackend for RedisBackend {
                 (true, false) => Mark::WhenBusy,
                 (true, true) => Mark::Always,
             };
-            match self
+            let tried = self
                 .try_once(&mut conn, request, &keys, &token, mark)
-                .await?
-            {
+                .await?;
+            if let Some(wake_up) = woken.take() {
+                wake_up.done();
+            }
+            match tried {
                 Ok(grant) => return Ok(grant),
                 Err(pttl) => holder_left = pttl.or(holder_left),
             }
@@ -204,7 +209,7 @@ impl LockBackend for RedisBackend {
                 until = until.min(now + step);
             }
             tokio::select! {
-                () = notified => {}
+                () = notified => woken = Some(registration.took_wake_up()),
                 () = tokio::time::sleep_until(until.min(deadline).into()) => {}
             }
             holder_left = None;

@@ -127,7 +127,8 @@ impl Waiters {
                     .get(message.get_channel_name())
                     .map(|c| c.notify.clone());
                 // One waiter per release: it tries, and if another client won it waits for
-                // the next release. (A woken waiter that was dropped passes the wake-up on.)
+                // the next release. (A woken waiter dropped before its retry answered passes
+                // the wake-up on: see `WakeUp`.)
                 if let Some(notify) = notify {
                     notify.notify_one();
                 }
@@ -216,6 +217,15 @@ impl Registration {
             .is_some_and(|c| c.users > 1)
     }
 
+    /// Holds a wake-up this waiter took from [`notify`](Self::notify) until its retry has
+    /// answered: if the waiter is dropped or fails first, the guard wakes a sibling instead.
+    pub(crate) fn took_wake_up(&self) -> WakeUp<'_> {
+        WakeUp {
+            notify: &self.notify,
+            armed: true,
+        }
+    }
+
     /// The notifier woken on every release message of the channel.
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify
@@ -225,5 +235,73 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.waiters.leave(&self.channel);
+    }
+}
+
+/// A release message one waiter took: the release deleted the waiter mark, so if that waiter
+/// leaves before its retry marks the lock again (or takes it), the message must go to a
+/// sibling, or the siblings sleep until the holder's TTL with the lock free.
+#[derive(Debug)]
+pub(crate) struct WakeUp<'a> {
+    notify: &'a Notify,
+    armed: bool,
+}
+
+impl WakeUp<'_> {
+    /// The retry answered (and marked the lock if others wait): nothing to pass on.
+    pub(crate) fn done(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for WakeUp<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.notify.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{pin::pin, task::Poll};
+
+    use futures::poll;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wake_up_dropped_before_the_retry_answered_wakes_a_sibling() {
+        let notify = Notify::new();
+        let mut first = pin!(notify.notified());
+        let mut second = pin!(notify.notified());
+        first.as_mut().enable();
+        second.as_mut().enable();
+        notify.notify_one();
+        assert!(matches!(poll!(first.as_mut()), Poll::Ready(())));
+        assert!(matches!(poll!(second.as_mut()), Poll::Pending));
+        // The woken waiter leaves before its retry answered.
+        drop(WakeUp {
+            notify: &notify,
+            armed: true,
+        });
+        assert!(matches!(poll!(second.as_mut()), Poll::Ready(())));
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_whose_retry_answered_wakes_nobody() {
+        let notify = Notify::new();
+        let mut first = pin!(notify.notified());
+        let mut second = pin!(notify.notified());
+        first.as_mut().enable();
+        second.as_mut().enable();
+        notify.notify_one();
+        assert!(matches!(poll!(first.as_mut()), Poll::Ready(())));
+        WakeUp {
+            notify: &notify,
+            armed: true,
+        }
+        .done();
+        assert!(matches!(poll!(second.as_mut()), Poll::Pending));
     }
 }

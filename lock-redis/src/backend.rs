@@ -221,16 +221,7 @@ impl LockBackend for RedisBackend {
         let mut conn = self.inner.conn.clone();
         let sent = Instant::now();
         match ops::renew(&mut conn, &self.keys(lease.name()), lease.token(), ttl).await? {
-            Some(server_ms) => Ok(Grant::new(
-                ops::lease(
-                    lease.name(),
-                    lease.token(),
-                    lease.fence().get(),
-                    ttl,
-                    server_ms,
-                ),
-                sent,
-            )),
+            Some(server_ms) => Ok(Grant::new(ops::renewed(lease, ttl, server_ms), sent)),
             None => Err(LockError::not_held(lease.name())),
         }
     }
@@ -256,13 +247,7 @@ impl LockBackend for RedisBackend {
                 .zip(replies)
                 .map(|(lease, reply)| match ops::renewed_at(&reply) {
                     Some(server_ms) => Ok(Grant::new(
-                        ops::lease(
-                            lease.name(),
-                            lease.token(),
-                            lease.fence().get(),
-                            lease.ttl(),
-                            server_ms,
-                        ),
+                        ops::renewed(lease, lease.ttl(), server_ms),
                         sent,
                     )),
                     None => Err(LockError::not_held(lease.name())),

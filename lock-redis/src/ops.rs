@@ -37,6 +37,17 @@ pub(crate) fn lease(
         .with_expires_at(UNIX_EPOCH + Duration::from_millis(server_ms) + ttl)
 }
 
+/// `lease` renewed for `ttl` at this server time (ms since the epoch).
+pub(crate) fn renewed(lease: &Lease, ttl: Duration, server_ms: u64) -> Lease {
+    self::lease(
+        lease.name(),
+        lease.token(),
+        lease.fence().get(),
+        ttl,
+        server_ms,
+    )
+}
+
 fn int(value: &Value) -> Option<i64> {
     match value {
         Value::Int(i) => Some(*i),

@@ -191,16 +191,7 @@ impl RedlockBackend {
         let refused = votes.iter().filter(|v| matches!(v, Ok(None))).count();
         if renewed.len() >= self.quorum() && Self::validity(ttl, start).is_some() {
             let server_ms = renewed.iter().copied().max().unwrap_or_else(ops::now_ms);
-            return Ok(Grant::new(
-                ops::lease(
-                    lease.name(),
-                    lease.token(),
-                    lease.fence().get(),
-                    ttl,
-                    server_ms,
-                ),
-                start,
-            ));
+            return Ok(Grant::new(ops::renewed(lease, ttl, server_ms), start));
         }
         if refused > self.inner.nodes.len() - self.quorum() {
             return Err(LockError::not_held(lease.name()));

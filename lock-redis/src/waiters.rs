@@ -270,8 +270,9 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
-    async fn a_wake_up_dropped_before_the_retry_answered_wakes_a_sibling() {
+    /// Two siblings wait and a release message wakes the first; then the first's wake-up
+    /// guard ends, after its retry answered or not. Returns whether the second was woken.
+    async fn second_woken(retry_answered: bool) -> bool {
         let notify = Notify::new();
         let mut first = pin!(notify.notified());
         let mut second = pin!(notify.notified());
@@ -280,28 +281,25 @@ mod tests {
         notify.notify_one();
         assert!(matches!(poll!(first.as_mut()), Poll::Ready(())));
         assert!(matches!(poll!(second.as_mut()), Poll::Pending));
-        // The woken waiter leaves before its retry answered.
-        drop(WakeUp {
+        let wake_up = WakeUp {
             notify: &notify,
             armed: true,
-        });
-        assert!(matches!(poll!(second.as_mut()), Poll::Ready(())));
+        };
+        if retry_answered {
+            wake_up.done();
+        } else {
+            drop(wake_up);
+        }
+        matches!(poll!(second.as_mut()), Poll::Ready(()))
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_dropped_before_the_retry_answered_wakes_a_sibling() {
+        assert!(second_woken(false).await);
     }
 
     #[tokio::test]
     async fn a_wake_up_whose_retry_answered_wakes_nobody() {
-        let notify = Notify::new();
-        let mut first = pin!(notify.notified());
-        let mut second = pin!(notify.notified());
-        first.as_mut().enable();
-        second.as_mut().enable();
-        notify.notify_one();
-        assert!(matches!(poll!(first.as_mut()), Poll::Ready(())));
-        WakeUp {
-            notify: &notify,
-            armed: true,
-        }
-        .done();
-        assert!(matches!(poll!(second.as_mut()), Poll::Pending));
+        assert!(!second_woken(true).await);
     }
 }

@@ -99,6 +99,38 @@ async fn exists_on(url: &str, key: &str) -> Result<bool, Failure> {
     conn.exists(key).await.map_err(fail("EXISTS"))
 }
 
+/// A lock client of the single test server, with a backend (and connections) of its own.
+async fn single_client(url: &str) -> Result<LockClient, Failure> {
+    let config = RedisConfig::single(url).with_key_prefix("faults");
+    Ok(LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("connect"))?,
+    ))
+}
+
+/// Waits until a waiter has marked the lock (its busy try is done and it sleeps).
+async fn until_marked(url: &str, keys: &RedisKeys, who: &str) -> Outcome {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !exists_on(url, &keys.waiters).await? {
+        ensure!(
+            Instant::now() < deadline,
+            "{who} did not mark the lock within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// Fails if the waiter mark is still there (after the last release it must be gone).
+async fn ensure_unmarked(url: &str, keys: &RedisKeys) -> Outcome {
+    ensure!(
+        !exists_on(url, &keys.waiters).await?,
+        "the waiter mark outlived the last release"
+    );
+    Ok(())
+}
+
 /// Redlock keeps working with 2 of 5 servers down.
 async fn redlock_survives_two_of_five_down() -> Outcome {
     let (a, b) = (redlock_client().await?, redlock_client().await?);
@@ -174,12 +206,7 @@ async fn redlock_fails_cleanly_with_three_of_five_down() -> Outcome {
 /// free for others.
 async fn restart_while_held_fires_lost() -> Outcome {
     let url = var("LOCK_TEST_REDIS_URL")?;
-    let config = RedisConfig::single(&url).with_key_prefix("faults");
-    let a = LockClient::new(
-        RedisBackend::connect(config.clone())
-            .await
-            .map_err(fail("connect"))?,
-    );
+    let a = single_client(&url).await?;
     let lock = name("restart")?;
     let ttl = Duration::from_secs(2);
     let guard = a
@@ -196,11 +223,7 @@ async fn restart_while_held_fires_lost() -> Outcome {
         "lost() said {reason:?}"
     );
     ensure!(!guard.is_held(), "is_held() after the loss");
-    let b = LockClient::new(
-        RedisBackend::connect(config)
-            .await
-            .map_err(fail("connect"))?,
-    );
+    let b = single_client(&url).await?;
     let next = b
         .try_acquire(&Holder::new(), &lock, &LockOptions::new())
         .await
@@ -470,17 +493,8 @@ async fn batched_renewal_survives_a_flushed_script_cache() -> Outcome {
 /// waiter past the holder's TTL: the waiter retries when the TTL it saw runs out.
 async fn lost_release_message_strands_no_waiter() -> Outcome {
     let url = var("LOCK_TEST_REDIS_URL")?;
-    let config = RedisConfig::single(&url).with_key_prefix("faults");
-    let a = LockClient::new(
-        RedisBackend::connect(config.clone())
-            .await
-            .map_err(fail("connect"))?,
-    );
-    let b = LockClient::new(
-        RedisBackend::connect(config)
-            .await
-            .map_err(fail("connect"))?,
-    );
+    let a = single_client(&url).await?;
+    let b = single_client(&url).await?;
     let lock = name("lost-message")?;
     let ttl = Duration::from_secs(1);
     let start = Instant::now();
@@ -531,17 +545,8 @@ async fn releases_publish_only_for_waiters() -> Outcome {
     use futures::StreamExt;
 
     let url = var("LOCK_TEST_REDIS_URL")?;
-    let config = RedisConfig::single(&url).with_key_prefix("faults");
-    let a = LockClient::new(
-        RedisBackend::connect(config.clone())
-            .await
-            .map_err(fail("connect"))?,
-    );
-    let b = LockClient::new(
-        RedisBackend::connect(config)
-            .await
-            .map_err(fail("connect"))?,
-    );
+    let a = single_client(&url).await?;
+    let b = single_client(&url).await?;
     let lock = name("publish-for-waiters")?;
     let keys = RedisKeys::new("faults", &lock);
     let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
@@ -592,14 +597,7 @@ async fn releases_publish_only_for_waiters() -> Outcome {
             b.acquire(&Holder::new(), &lock, &options).await
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !exists_on(&url, &keys.waiters).await? {
-        ensure!(
-            Instant::now() < deadline,
-            "the waiter did not mark the lock within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_marked(&url, &keys, "the waiter").await?;
     let released = Instant::now();
     guard.release().await.map_err(fail("release"))?;
     let published = next_message().await?;
@@ -618,11 +616,7 @@ async fn releases_publish_only_for_waiters() -> Outcome {
         "the waiter got the lock {took:?} after the release"
     );
     next.release().await.map_err(fail("release"))?;
-    ensure!(
-        !exists_on(&url, &keys.waiters).await?,
-        "the waiter mark outlived the last release"
-    );
-    Ok(())
+    ensure_unmarked(&url, &keys).await
 }
 
 /// Waiters of one client share a subscription, and a release message wakes one of them: the
@@ -630,17 +624,8 @@ async fn releases_publish_only_for_waiters() -> Outcome {
 async fn siblings_in_one_client_are_all_woken() -> Outcome {
     const SIBLINGS: usize = 3;
     let url = var("LOCK_TEST_REDIS_URL")?;
-    let config = RedisConfig::single(&url).with_key_prefix("faults");
-    let a = LockClient::new(
-        RedisBackend::connect(config.clone())
-            .await
-            .map_err(fail("connect"))?,
-    );
-    let b = LockClient::new(
-        RedisBackend::connect(config)
-            .await
-            .map_err(fail("connect"))?,
-    );
+    let a = single_client(&url).await?;
+    let b = single_client(&url).await?;
     let lock = name("siblings")?;
     let keys = RedisKeys::new("faults", &lock);
     let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
@@ -669,14 +654,7 @@ async fn siblings_in_one_client_are_all_woken() -> Outcome {
         }));
         // Sibling i is asleep once its busy try has set the mark; clear the mark so the next
         // sibling's try shows too (the last one's stays for the release).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !exists_on(&url, &keys.waiters).await? {
-            ensure!(
-                Instant::now() < deadline,
-                "waiter {i} did not mark the lock within 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_marked(&url, &keys, &format!("waiter {i}")).await?;
         if i + 1 < SIBLINGS {
             let _: i64 = conn.del(&keys.waiters).await.map_err(fail("DEL"))?;
         }
@@ -695,28 +673,15 @@ async fn siblings_in_one_client_are_all_woken() -> Outcome {
             "a sibling got the lock {took:?} after the first release"
         );
     }
-    ensure!(
-        !exists_on(&url, &keys.waiters).await?,
-        "the waiter mark outlived the last release"
-    );
-    Ok(())
+    ensure_unmarked(&url, &keys).await
 }
 
 /// Every waiting lock of one client shares one pub/sub connection.
 async fn waiters_share_one_pubsub_connection() -> Outcome {
     const LOCKS: usize = 10;
     let url = var("LOCK_TEST_REDIS_URL")?;
-    let config = RedisConfig::single(&url).with_key_prefix("faults");
-    let holder = LockClient::new(
-        RedisBackend::connect(config.clone())
-            .await
-            .map_err(fail("connect"))?,
-    );
-    let waiter = LockClient::new(
-        RedisBackend::connect(config)
-            .await
-            .map_err(fail("connect"))?,
-    );
+    let holder = single_client(&url).await?;
+    let waiter = single_client(&url).await?;
     let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
     let mut conn = raw
         .get_multiplexed_async_connection()

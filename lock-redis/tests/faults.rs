@@ -13,7 +13,7 @@ use std::{
 use conformance_tests::{Failure, ensure};
 use lock_core::{Holder, LockClient, LockError, LockName, LockOptions, LossReason};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
-use redis::AsyncCommands;
+use redis::{AsyncCommands, aio::MultiplexedConnection};
 
 type Outcome = Result<(), Failure>;
 
@@ -90,13 +90,21 @@ async fn redlock_client() -> Result<LockClient, Failure> {
     Ok(LockClient::new(backend))
 }
 
-async fn exists_on(url: &str, key: &str) -> Result<bool, Failure> {
-    let client = redis::Client::open(url).map_err(fail("client"))?;
-    let mut conn = client
+/// A plain connection to the server at `url`, for what the test does behind the library's back.
+async fn raw_conn(url: &str) -> Result<MultiplexedConnection, Failure> {
+    redis::Client::open(url)
+        .map_err(fail("client"))?
         .get_multiplexed_async_connection()
         .await
-        .map_err(fail(url))?;
-    conn.exists(key).await.map_err(fail("EXISTS"))
+        .map_err(fail(url))
+}
+
+async fn exists_on(url: &str, key: &str) -> Result<bool, Failure> {
+    raw_conn(url)
+        .await?
+        .exists(key)
+        .await
+        .map_err(fail("EXISTS"))
 }
 
 /// A lock client of the single test server, with a backend (and connections) of its own.
@@ -110,9 +118,9 @@ async fn single_client(url: &str) -> Result<LockClient, Failure> {
 }
 
 /// Waits until a waiter has marked the lock (its busy try is done and it sleeps).
-async fn until_marked(url: &str, keys: &RedisKeys, who: &str) -> Outcome {
+async fn until_marked(conn: &mut MultiplexedConnection, keys: &RedisKeys, who: &str) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !exists_on(url, &keys.waiters).await? {
+    while !marked(conn, keys).await? {
         ensure!(
             Instant::now() < deadline,
             "{who} did not mark the lock within 10 s"
@@ -122,13 +130,8 @@ async fn until_marked(url: &str, keys: &RedisKeys, who: &str) -> Outcome {
     Ok(())
 }
 
-/// Fails if the waiter mark is still there (after the last release it must be gone).
-async fn ensure_unmarked(url: &str, keys: &RedisKeys) -> Outcome {
-    ensure!(
-        !exists_on(url, &keys.waiters).await?,
-        "the waiter mark outlived the last release"
-    );
-    Ok(())
+async fn marked(conn: &mut MultiplexedConnection, keys: &RedisKeys) -> Result<bool, Failure> {
+    conn.exists(&keys.waiters).await.map_err(fail("EXISTS"))
 }
 
 /// Redlock keeps working with 2 of 5 servers down.
@@ -243,11 +246,7 @@ async fn foreign_values_are_reported_not_taken() -> Outcome {
         .await
         .map_err(fail("connect"))?;
     let client = LockClient::new(backend);
-    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
-    let mut conn = raw
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(fail("raw"))?;
+    let mut conn = raw_conn(&url).await?;
     let options = LockOptions::new().wait(Duration::from_millis(100));
 
     let hash_lock = name("foreign-hash")?;
@@ -388,8 +387,7 @@ async fn replica_streams(primary_url: &str, replica_url: &str) -> Outcome {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let linked = async {
-            let client = redis::Client::open(replica_url).ok()?;
-            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            let mut conn = raw_conn(replica_url).await.ok()?;
             let info: String = redis::cmd("INFO")
                 .arg("replication")
                 .query_async(&mut conn)
@@ -407,13 +405,9 @@ async fn replica_streams(primary_url: &str, replica_url: &str) -> Outcome {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let client = redis::Client::open(primary_url).map_err(fail("client"))?;
     // One connection for the write and its WAIT: WAIT counts acknowledgements of this
     // connection's own last write.
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(fail(primary_url))?;
+    let mut conn = raw_conn(primary_url).await?;
     let probe = format!("faults:replica-probe:{:016x}", rand::random::<u64>());
     loop {
         let _: () = conn
@@ -461,11 +455,7 @@ async fn batched_renewal_survives_a_flushed_script_cache() -> Outcome {
                 .map_err(fail("acquire"))?,
         );
     }
-    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
-    let mut conn = raw
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(fail("raw"))?;
+    let mut conn = raw_conn(&url).await?;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
@@ -517,11 +507,7 @@ async fn lost_release_message_strands_no_waiter() -> Outcome {
     });
     // The stimulus: while the waiter waits, the key goes without a release message.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
-    let mut conn = raw
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(fail("raw"))?;
+    let mut conn = raw_conn(&url).await?;
     let _: () = conn
         .del(RedisKeys::new("faults", &lock).lock)
         .await
@@ -549,11 +535,8 @@ async fn releases_publish_only_for_waiters() -> Outcome {
     let b = single_client(&url).await?;
     let lock = name("publish-for-waiters")?;
     let keys = RedisKeys::new("faults", &lock);
+    let mut conn = raw_conn(&url).await?;
     let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
-    let mut conn = raw
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(fail("raw"))?;
     let mut listener = raw.get_async_pubsub().await.map_err(fail("pubsub"))?;
     listener
         .subscribe(&keys.channel)
@@ -597,7 +580,7 @@ async fn releases_publish_only_for_waiters() -> Outcome {
             b.acquire(&Holder::new(), &lock, &options).await
         }
     });
-    until_marked(&url, &keys, "the waiter").await?;
+    until_marked(&mut conn, &keys, "the waiter").await?;
     let released = Instant::now();
     guard.release().await.map_err(fail("release"))?;
     let published = next_message().await?;
@@ -616,7 +599,11 @@ async fn releases_publish_only_for_waiters() -> Outcome {
         "the waiter got the lock {took:?} after the release"
     );
     next.release().await.map_err(fail("release"))?;
-    ensure_unmarked(&url, &keys).await
+    ensure!(
+        !marked(&mut conn, &keys).await?,
+        "the waiter mark outlived the last release"
+    );
+    Ok(())
 }
 
 /// Waiters of one client share a subscription, and a release message wakes one of them: the
@@ -628,11 +615,7 @@ async fn siblings_in_one_client_are_all_woken() -> Outcome {
     let b = single_client(&url).await?;
     let lock = name("siblings")?;
     let keys = RedisKeys::new("faults", &lock);
-    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
-    let mut conn = raw
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(fail("raw"))?;
+    let mut conn = raw_conn(&url).await?;
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(60))
@@ -654,7 +637,7 @@ async fn siblings_in_one_client_are_all_woken() -> Outcome {
         }));
         // Sibling i is asleep once its busy try has set the mark; clear the mark so the next
         // sibling's try shows too (the last one's stays for the release).
-        until_marked(&url, &keys, &format!("waiter {i}")).await?;
+        until_marked(&mut conn, &keys, &format!("waiter {i}")).await?;
         if i + 1 < SIBLINGS {
             let _: i64 = conn.del(&keys.waiters).await.map_err(fail("DEL"))?;
         }
@@ -673,7 +656,11 @@ async fn siblings_in_one_client_are_all_woken() -> Outcome {
             "a sibling got the lock {took:?} after the first release"
         );
     }
-    ensure_unmarked(&url, &keys).await
+    ensure!(
+        !marked(&mut conn, &keys).await?,
+        "the waiter mark outlived the last release"
+    );
+    Ok(())
 }
 
 /// Every waiting lock of one client shares one pub/sub connection.
@@ -682,11 +669,7 @@ async fn waiters_share_one_pubsub_connection() -> Outcome {
     let url = var("LOCK_TEST_REDIS_URL")?;
     let holder = single_client(&url).await?;
     let waiter = single_client(&url).await?;
-    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
-    let mut conn = raw
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(fail("raw"))?;
+    let mut conn = raw_conn(&url).await?;
     let pubsub_clients = |list: String| list.lines().filter(|l| !l.trim().is_empty()).count();
     let before: String = redis::cmd("CLIENT")
         .arg("LIST")

@@ -77,6 +77,23 @@ fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Waiter `i`: acquires, records its fence in `fences`, releases.
+async fn take_record_release(
+    i: usize,
+    client: LockClient,
+    name: LockName,
+    options: LockOptions,
+    fences: Arc<Mutex<Vec<Fence>>>,
+) -> Outcome {
+    let failed = |e: LockError| Failure(format!("waiter {i}: {e}"));
+    let guard = client
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(failed)?;
+    locked(&fences).push(guard.fence());
+    guard.release().await.map_err(failed)
+}
+
 async fn client(config: &ZkConfig) -> Result<(LockClient, ZkBackend), Failure> {
     let backend = ZkBackend::connect(config.clone()).await.map_err(err)?;
     Ok((LockClient::new(backend.clone()), backend))
@@ -318,18 +335,13 @@ async fn leader_killed() -> Outcome {
     let mut waiters = tokio::task::JoinSet::new();
     for i in 0..3 {
         let (waiter, _) = client(&config).await?;
-        let (lock, options, order) = (name.clone(), options.clone(), order.clone());
-        waiters.spawn(async move {
-            let guard = waiter
-                .acquire(&Holder::new(), &lock, &options)
-                .await
-                .map_err(|e| Failure(format!("waiter {i}: {e}")))?;
-            locked(&order).push(guard.fence());
-            guard
-                .release()
-                .await
-                .map_err(|e| Failure(format!("waiter {i}: {e}")))
-        });
+        waiters.spawn(take_record_release(
+            i,
+            waiter,
+            name.clone(),
+            options.clone(),
+            order.clone(),
+        ));
         // Queue them one after another so the expected order is known.
         wait_until(Duration::from_secs(10), "a waiter queueing", || async {
             Ok(store.children(&name).await.map_err(err)?.len() == i + 2)
@@ -568,18 +580,13 @@ async fn no_herd() -> Outcome {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..WAITERS {
         let client = clients[i % BACKENDS].0.clone();
-        let (name, options, acquired) = (name.clone(), options.clone(), acquired.clone());
-        tasks.spawn(async move {
-            let guard = client
-                .acquire(&Holder::new(), &name, &options)
-                .await
-                .map_err(|e| Failure(format!("waiter {i}: {e}")))?;
-            locked(&acquired).push(guard.fence());
-            guard
-                .release()
-                .await
-                .map_err(|e| Failure(format!("waiter {i}: {e}")))
-        });
+        tasks.spawn(take_record_release(
+            i,
+            client,
+            name.clone(),
+            options.clone(),
+            acquired.clone(),
+        ));
     }
     // Queued: every waiter created its node, listed, and set its one watch.
     wait_until(Duration::from_secs(30), "100 waiters watching", || {

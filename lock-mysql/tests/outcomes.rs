@@ -57,6 +57,24 @@ async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, Failu
 }
 
 /// Ends the lease on `name` by the server clock, as if its TTL had passed (no sleeping).
+/// A refused release or renewal: it must answer `NotHeld` and leave the row as it was.
+fn refused_unchanged<T: std::fmt::Debug>(
+    label: &str,
+    answer: &Result<T, LockError>,
+    before: &Snapshot,
+    after: &Snapshot,
+) -> Outcome {
+    ensure!(
+        matches!(answer, Err(LockError::NotHeld { .. })),
+        "{label}: answered {answer:?}, expected NotHeld"
+    );
+    ensure!(
+        after == before,
+        "{label}: NotHeld, but the row changed from {before:?} to {after:?}"
+    );
+    Ok(())
+}
+
 async fn expire(store: &MySqlStore, name: &LockName) -> Outcome {
     sqlx::query(AssertSqlSafe(format!(
         "UPDATE `{}` SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE name = ?",
@@ -228,14 +246,7 @@ async fn release_matches_row() -> Outcome {
             });
             ensure!(released, "{label}: Ok, but the row shows {after:?}");
         } else {
-            ensure!(
-                matches!(answer, Err(LockError::NotHeld { .. })),
-                "{label}: answered {answer:?}, expected NotHeld"
-            );
-            ensure!(
-                after == before,
-                "{label}: NotHeld, but the row changed from {before:?} to {after:?}"
-            );
+            refused_unchanged(label, &answer, &before, &after)?;
         }
         Ok(())
     }
@@ -348,14 +359,7 @@ async fn renew_matches_row() -> Outcome {
                 "{label}: Ok, but the row went from {before:?} to {after:?}"
             );
         } else {
-            ensure!(
-                matches!(answer, Err(LockError::NotHeld { .. })),
-                "{label}: answered {answer:?}, expected NotHeld"
-            );
-            ensure!(
-                after == before,
-                "{label}: NotHeld, but the row changed from {before:?} to {after:?}"
-            );
+            refused_unchanged(&label, &answer, &before, &after)?;
         }
         Ok(())
     };

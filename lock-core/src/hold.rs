@@ -9,7 +9,8 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
-    Fence, Grant, Holder, Lease, LockError, LockName, LockOptions, LossReason, client::ClientShared,
+    EndSignal, Fence, Grant, Holder, Lease, LockError, LockName, LockOptions, LossReason,
+    client::ClientShared,
 };
 
 /// Where a hold stands.
@@ -32,6 +33,8 @@ pub(crate) struct Hold {
     /// Fixed for the life of the hold (renewals keep both), so read without the lock.
     pub(crate) name: LockName,
     pub(crate) fence: Fence,
+    /// The backend's signal that the store ended the hold by itself, if it has one.
+    end: Option<EndSignal>,
     state: Mutex<HoldState>,
     status: watch::Sender<Status>,
 }
@@ -79,7 +82,7 @@ impl Hold {
         let ttl = grant.lease.ttl();
         let valid_from = grant.valid_from;
         let mut state = HoldState {
-            lease: grant.lease,
+            lease: grant.lease.clone(),
             depth: 1,
             valid_from,
             deadline: valid_from + ttl.saturating_sub(drift(ttl)),
@@ -95,6 +98,7 @@ impl Hold {
             holder,
             name: state.lease.name().clone(),
             fence: state.lease.fence(),
+            end: grant.end().cloned(),
             state: Mutex::new(state),
             status: watch::channel(Status::Held).0,
         })
@@ -104,7 +108,11 @@ impl Hold {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Where the hold stands (marking it lost first if the store has ended it).
     pub(crate) fn status(&self) -> Status {
+        if let Some(reason) = self.end.as_ref().and_then(EndSignal::ended_now) {
+            self.mark_lost(reason);
+        }
         *self.status.borrow()
     }
 
@@ -284,17 +292,27 @@ impl Hold {
     pub(crate) async fn lost(self: Arc<Self>) -> LossReason {
         let mut rx = self.status.subscribe();
         loop {
+            self.status();
             match *rx.borrow_and_update() {
                 Status::Lost(reason) => return reason,
                 Status::Released => return LossReason::Released,
                 Status::Held => {}
             }
             let deadline = self.deadline();
+            let ended = async {
+                match &self.end {
+                    Some(end) => end.ended().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 changed = rx.changed() => {
                     if changed.is_err() {
                         return LossReason::Released;
                     }
+                }
+                reason = ended => {
+                    self.mark_lost(reason);
                 }
                 () = tokio::time::sleep_until(deadline.into()) => {
                     if Instant::now() >= self.deadline() {

@@ -7,7 +7,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Fence, LockName};
+use crate::{EndSignal, Fence, LockName};
 
 /// The owner token of a lease: at least 128 random bits, unique per acquisition.
 ///
@@ -118,6 +118,11 @@ impl Lease {
 /// `valid_from` is a monotonic instant no later than the moment the store started the lease's
 /// TTL: backends take it just before sending the request that succeeded. The guard's local
 /// deadline is `valid_from + ttl - drift`.
+///
+/// A backend that learns by itself when the store ends a hold (a dedicated connection closing,
+/// a session expiring) attaches an [`EndSignal`] with [`Grant::with_end`] to the grant of an
+/// acquisition, so the hold is lost the moment the store ends it rather than at the next
+/// renewal.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Grant {
@@ -125,12 +130,29 @@ pub struct Grant {
     pub lease: Lease,
     /// When the request that obtained the lease was sent.
     pub valid_from: Instant,
+    end: Option<EndSignal>,
 }
 
 impl Grant {
     /// A grant of `lease`, valid from `valid_from`.
     pub fn new(lease: Lease, valid_from: Instant) -> Self {
-        Self { lease, valid_from }
+        Self {
+            lease,
+            valid_from,
+            end: None,
+        }
+    }
+
+    /// Attaches the signal by which the backend reports that the store ended the hold (read
+    /// on the grant of an acquisition; renewals keep the acquisition's signal).
+    pub fn with_end(mut self, end: EndSignal) -> Self {
+        self.end = Some(end);
+        self
+    }
+
+    /// The end signal attached with [`Grant::with_end`], if any.
+    pub fn end(&self) -> Option<&EndSignal> {
+        self.end.as_ref()
     }
 }
 

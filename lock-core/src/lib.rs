@@ -3,6 +3,7 @@
 mod backend;
 mod capabilities;
 mod client;
+mod end_signal;
 mod error;
 mod fence;
 mod guard;
@@ -18,6 +19,7 @@ mod watchdog;
 pub use backend::{AcquireRequest, LockBackend};
 pub use capabilities::{Capabilities, Clock, Expiry, Failover, Fencing, WaitOrder, Wakeup};
 pub use client::LockClient;
+pub use end_signal::{EndNotifier, EndSignal, end_signal};
 pub use error::{BoxError, LockError, LossReason};
 pub use fence::Fence;
 pub use guard::{LockGuard, Lost};

@@ -15,6 +15,7 @@
 pub mod bench;
 mod cases;
 mod counting;
+mod delaying;
 mod report;
 mod runner;
 mod scenario;
@@ -23,6 +24,7 @@ mod store;
 
 pub use cases::{CaseFuture, Cases};
 pub use counting::{CountingBackend, Counts};
+pub use delaying::DelayingBackend;
 pub use report::{ScenarioResult, SuiteReport, Verdict};
 pub use runner::{
     HOLDER_NAME_VAR, HOLDER_STORE_VAR, HOLDER_TTL_VAR, REPORT_DIR_VAR, Runner, run_suite,

@@ -241,12 +241,16 @@ pub async fn run_suite(
         let (verdict, detail) = match (scenario.applies)(&ctx) {
             Applies::No(why) => (Verdict::NotApplicable, why.to_owned()),
             Applies::Yes => {
-                match tokio::time::timeout(SCENARIO_LIMIT, tokio::spawn((scenario.run)(ctx))).await
-                {
+                let mut task = tokio::spawn((scenario.run)(ctx));
+                match tokio::time::timeout(SCENARIO_LIMIT, &mut task).await {
                     Ok(Ok(Ok(()))) => (Verdict::Pass, String::new()),
                     Ok(Ok(Err(failure))) => (Verdict::Fail, failure.0),
                     Ok(Err(join)) => (Verdict::Fail, format!("panicked: {join}")),
-                    Err(_) => (Verdict::Fail, format!("hung for {SCENARIO_LIMIT:?}")),
+                    Err(_) => {
+                        // A hung scenario must not run on beside the next ones.
+                        task.abort();
+                        (Verdict::Fail, format!("hung for {SCENARIO_LIMIT:?}"))
+                    }
                 }
             }
         };

@@ -11,7 +11,7 @@ use std::{
 
 use lock_core::{Capabilities, Holder, LockClient, LockError, LockGuard, LockName, LockOptions};
 
-use crate::{CountingBackend, TestStore};
+use crate::{CountingBackend, DelayingBackend, TestStore};
 
 /// A boxed scenario future.
 pub type ScenarioFuture = Pin<Box<dyn Future<Output = Outcome> + Send + 'static>>;
@@ -131,6 +131,13 @@ impl Ctx {
         Ok((LockClient::from_arc(counting.clone()), counting))
     }
 
+    /// A new client whose backend can hold chosen requests back.
+    pub async fn delaying_client(&self) -> Result<(LockClient, Arc<DelayingBackend>), Failure> {
+        let plain = self.client().await?;
+        let delaying = Arc::new(DelayingBackend::new(plain.backend().clone()));
+        Ok((LockClient::from_arc(delaying.clone()), delaying))
+    }
+
     /// The store's short TTL.
     pub fn ttl(&self) -> Duration {
         self.store.ttl()
@@ -207,6 +214,15 @@ pub(crate) fn portable(ctx: &Ctx) -> Applies {
         Applies::Yes
     } else {
         Applies::No("leases are bound to a session or connection")
+    }
+}
+
+/// Applies to stores that declare FIFO wait order.
+pub(crate) fn fifo(ctx: &Ctx) -> Applies {
+    if ctx.caps.order == lock_core::WaitOrder::Fifo {
+        Applies::Yes
+    } else {
+        Applies::No("no wait order declared")
     }
 }
 

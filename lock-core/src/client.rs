@@ -6,14 +6,17 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use tracing::Instrument;
 
 use crate::{
-    AcquireRequest, Capabilities, Holder, Lease, LockBackend, LockError, LockGuard, LockInfo,
-    LockName, LockOptions, hold::Hold, holder::SlotUse, watchdog::Watchdog,
+    AcquireRequest, Capabilities, Grant, Holder, Lease, LockBackend, LockError, LockGuard,
+    LockInfo, LockName, LockOptions,
+    hold::{Hold, drift},
+    holder::SlotUse,
+    watchdog::Watchdog,
 };
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
@@ -133,18 +136,49 @@ impl LockClient {
             tracing::debug!(depth = hold.depth(), "lock re-entered");
             return Ok(LockGuard::new(hold));
         }
-        let grant = match self.shared.backend.acquire(&request).await {
-            Ok(grant) => grant,
-            Err(error) => {
-                tracing::debug!(%error, "lock not acquired");
-                return Err(error);
-            }
-        };
+        let grant = self.grant(&request).await?;
         tracing::debug!(fence = %grant.lease.fence(), "lock acquired");
         let hold = Hold::new(self.shared.clone(), holder.clone(), grant, options);
         *slot_guard = Arc::downgrade(&hold);
         self.shared.watchdog.register(&self.shared, &hold);
         Ok(LockGuard::new(hold))
+    }
+
+    /// Asks the backend for the lock until it grants a lease that is still valid or the wait
+    /// budget runs out. A retryable failure ([`LockError::Unavailable`]: the store is
+    /// unreachable) is tried again after a jittered back-off while the budget lasts, and
+    /// returned when it has run out, so "the store is down" stays distinct from "the lock is
+    /// busy". A grant that arrives already past its local deadline is released in the
+    /// background and counts as a busy try.
+    async fn grant(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        let backend = &self.shared.backend;
+        let mut delays = request.backoff().delays();
+        loop {
+            let error = match backend.acquire(request).await {
+                Ok(grant) if still_valid(&grant) => return Ok(grant),
+                Ok(grant) => {
+                    tracing::debug!(fence = %grant.lease.fence(), "lock granted too late to use");
+                    let backend = backend.clone();
+                    tokio::spawn(async move {
+                        let _ = backend.release(&grant.lease).await;
+                    });
+                    request.timeout_error()
+                }
+                Err(error @ LockError::Unavailable { .. }) => error,
+                Err(error) => {
+                    tracing::debug!(%error, "lock not acquired");
+                    return Err(error);
+                }
+            };
+            let now = Instant::now();
+            let delay = delays.next().unwrap_or(request.backoff().max);
+            if now + delay >= request.deadline() {
+                tracing::debug!(%error, "lock not acquired");
+                return Err(error);
+            }
+            tracing::debug!(%error, ?delay, "acquire failed; retrying within the wait budget");
+            tokio::time::sleep(delay).await;
+        }
     }
 
     /// One try: the guard, or `None` when another holder has the lock.
@@ -194,6 +228,12 @@ impl LockClient {
     pub async fn release_lease(&self, lease: &Lease) -> Result<(), LockError> {
         self.shared.backend.release(lease).await
     }
+}
+
+/// Whether a fresh grant is still inside its local deadline.
+fn still_valid(grant: &Grant) -> bool {
+    let ttl = grant.lease.ttl();
+    grant.valid_from.elapsed() < ttl.saturating_sub(drift(ttl))
 }
 
 impl fmt::Debug for LockClient {

@@ -22,8 +22,9 @@ use crate::{
 ///
 /// - [`release`](LockGuard::release) is the documented way to end a hold: it reports the
 ///   outcome.
-/// - Dropping the guard releases in the background when a Tokio runtime is present; without one
-///   it never panics and the lease simply expires at its TTL.
+/// - Dropping the guard releases in the background, on any thread: on the thread's Tokio
+///   runtime, else on the runtime the lock was acquired on. It never panics; only if that
+///   runtime has shut down does the lease end by itself (at its TTL, or with its session).
 /// - With reentrancy, every guard of the same holder and name shares one store lease; the lease
 ///   is released when the last guard is.
 #[must_use = "dropping the guard releases the lock at once"]
@@ -90,20 +91,34 @@ impl LockGuard {
     /// session and `ttl` cannot change that: `extend` only confirms the hold is still there,
     /// and the lease keeps the session timeout as its TTL.
     ///
+    /// Renewals of one hold never overlap: `extend` waits for a watchdog renewal in flight to
+    /// be answered before it sends its own, so the store applies them in the order their
+    /// answers are counted.
+    ///
     /// # Errors
     /// [`LockError::InvalidOptions`] for a TTL out of range (nothing changes);
     /// [`LockError::Lost`] when the hold is already lost or the store says it is not ours;
     /// [`LockError::Unavailable`] when the store could not be reached (the hold stays as it was).
     ///
     /// # Cancel safety
-    /// Dropping the future may or may not have extended the lease; the hold stays valid either way.
+    /// Dropping the future may or may not have extended the lease; the hold stays valid either
+    /// way, but until it ends the local deadline counts on no more than the shorter of the old
+    /// TTL and `ttl` (the store may apply the abandoned request at any later moment).
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         crate::validate_ttl(ttl)?;
+        let _permit = self.hold.renewing.lock().await;
         let lease = self.hold.lease();
         if let Status::Lost(reason) = self.hold.status() {
             return Err(lost(&lease, reason));
         }
-        match self.hold.client.backend.renew(&lease, ttl).await {
+        let in_flight = InFlight {
+            hold: &self.hold,
+            ttl,
+            answered: false,
+        };
+        let result = self.hold.client.backend.renew(&lease, ttl).await;
+        in_flight.answered();
+        match result {
             Ok(grant) => {
                 self.hold.confirm(grant, false);
                 self.hold.client.watchdog.wake();
@@ -130,14 +145,16 @@ impl LockGuard {
     /// store could not be reached (the lease then ends at its TTL).
     ///
     /// # Cancel safety
-    /// Dropping the future releases in the background, as dropping the guard does.
+    /// The hold ends on this side at the first poll (`is_held()` is false, the watchdog stops,
+    /// `lost()` resolves to `Released`). Dropping the future before the store answered
+    /// releases in the background, as dropping the guard does.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.active = false;
         let hold = self.hold.clone();
         if !hold.leave() {
             return Ok(());
         }
-        end_hold(hold).await
+        Ending::begin(hold).finish().await
     }
 }
 
@@ -148,53 +165,110 @@ fn lost(lease: &Lease, reason: LossReason) -> LockError {
     }
 }
 
-/// Ends a hold whose last guard left: releases the store lease (unless the store can no longer
-/// have it) and forgets the reentrancy slot.
-pub(crate) async fn end_hold(hold: Arc<Hold>) -> Result<(), LockError> {
-    let lease = hold.lease();
-    let status = hold.status();
-    // After "not held", a session's end, or the watchdog's release at max_hold, a release
-    // could only answer "not held": spare the round trip. A hold that passed its local
-    // deadline may still be in the store, so it is released.
-    let result = match status {
-        Status::Lost(LossReason::NotHeld | LossReason::SessionEnded | LossReason::MaxHold) => {
-            Err(LockError::not_held(&hold.name))
+/// A renewal request of `extend` on its way: abandoned if dropped before its answer.
+struct InFlight<'a> {
+    hold: &'a Hold,
+    ttl: Duration,
+    answered: bool,
+}
+
+impl InFlight<'_> {
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.hold.abandoned(self.ttl);
         }
-        _ => hold.client.backend.release(&lease).await,
-    };
-    hold.mark_released();
-    hold.holder.forget_slot(hold.client.id, &hold.name, 0);
-    match (status, result) {
-        (Status::Lost(reason), _) => Err(lost(&lease, reason)),
-        (_, Ok(())) => {
-            tracing::debug!(lock = %hold.name, fence = %hold.fence, "lock released");
-            Ok(())
+    }
+}
+
+/// The end of a hold whose last guard left. [`Ending::begin`] ends it on this side at once
+/// (released, reentrancy slot forgotten, the watchdog stops); what is left is the store
+/// release, done by [`Ending::finish`], or in the background when the `Ending` is dropped
+/// unfinished (a dropped guard, a cancelled `release()`).
+struct Ending {
+    hold: Arc<Hold>,
+    status: Status,
+    lease: Lease,
+    pending: bool,
+}
+
+impl Ending {
+    fn begin(hold: Arc<Hold>) -> Self {
+        let status = hold.status();
+        let lease = hold.lease();
+        hold.mark_released();
+        hold.holder.forget_slot(hold.client.id, &hold.name, 0);
+        // After "not held", a session's end, or the watchdog's release at max_hold, a release
+        // could only answer "not held": spare the round trip. A hold that passed its local
+        // deadline may still be in the store, so it is released.
+        let pending = !matches!(
+            status,
+            Status::Lost(LossReason::NotHeld | LossReason::SessionEnded | LossReason::MaxHold)
+        );
+        Self {
+            hold,
+            status,
+            lease,
+            pending,
         }
-        (_, Err(LockError::NotHeld { .. })) => Err(lost(&lease, LossReason::NotHeld)),
-        (_, Err(error)) => Err(error),
+    }
+
+    async fn finish(mut self) -> Result<(), LockError> {
+        let result = if self.pending {
+            self.hold.client.backend.release(&self.lease).await
+        } else {
+            Err(LockError::not_held(&self.hold.name))
+        };
+        self.pending = false;
+        match (self.status, result) {
+            (Status::Lost(reason), _) => Err(lost(&self.lease, reason)),
+            (_, Ok(())) => {
+                tracing::debug!(lock = %self.hold.name, fence = %self.hold.fence, "lock released");
+                Ok(())
+            }
+            (_, Err(LockError::NotHeld { .. })) => Err(lost(&self.lease, LossReason::NotHeld)),
+            (_, Err(error)) => Err(error),
+        }
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if !self.pending {
+            return;
+        }
+        let (backend, lease) = (self.hold.client.backend.clone(), self.lease.clone());
+        let release = async move {
+            if let Err(error) = backend.release(&lease).await {
+                tracing::debug!(%error, "background release failed");
+            }
+        };
+        // The runtime of this thread, else the one the hold was acquired on (a guard dropped
+        // on a plain thread). If that one has shut down, the task is dropped unrun and the
+        // lease ends at its TTL (or with its session).
+        match tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.hold.runtime.clone())
+        {
+            Some(runtime) => {
+                runtime.spawn(release);
+            }
+            None => {
+                tracing::debug!(lock = %self.hold.name, "no runtime to release on; the lease will expire");
+            }
+        }
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.active || !self.hold.leave() {
-            return;
-        }
-        let hold = self.hold.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(error) = end_hold(hold).await {
-                        tracing::debug!(%error, "background release after drop failed");
-                    }
-                });
-            }
-            Err(_) => {
-                // No runtime to talk to the store: stop renewing; the lease ends at its TTL.
-                hold.mark_released();
-                hold.holder.forget_slot(hold.client.id, &hold.name, 0);
-                tracing::debug!(lock = %hold.name, "guard dropped without a runtime; lease will expire");
-            }
+        if self.active && self.hold.leave() {
+            drop(Ending::begin(self.hold.clone()));
         }
     }
 }

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::watch;
+use tokio::{runtime::Handle, sync::watch};
 
 use crate::{
     EndSignal, Fence, Grant, Holder, Lease, LockError, LockName, LockOptions, LossReason,
@@ -35,6 +35,12 @@ pub(crate) struct Hold {
     pub(crate) fence: Fence,
     /// The backend's signal that the store ended the hold by itself, if it has one.
     end: Option<EndSignal>,
+    /// The runtime the hold was acquired on: background work (a release after a drop on a
+    /// thread without a runtime) is spawned there.
+    pub(crate) runtime: Option<Handle>,
+    /// Held across every renewal request of this hold (the watchdog's and `extend`'s), so the
+    /// store sees them one at a time, in the order their replies are applied.
+    pub(crate) renewing: Arc<tokio::sync::Mutex<()>>,
     state: Mutex<HoldState>,
     status: watch::Sender<Status>,
 }
@@ -51,23 +57,38 @@ struct HoldState {
     hard_end: Option<Instant>,
     /// The last renewal was shortened to end at `max_hold`.
     capped: bool,
+    /// The shortest TTL of a renewal whose request was abandoned (timed out or cancelled)
+    /// before its answer: the store may still apply it at any later moment, so no confirmation
+    /// may count on more than this TTL from its own send time.
+    ttl_floor: Option<Duration>,
 }
 
 impl HoldState {
+    /// The TTL the local deadline may count on: the lease's, unless an abandoned renewal
+    /// asked for less.
+    fn effective_ttl(&self) -> Duration {
+        let ttl = self.lease.ttl();
+        self.ttl_floor.map_or(ttl, |floor| floor.min(ttl))
+    }
+
     fn interval(&self) -> Duration {
+        let ttl = self.effective_ttl();
         match self.renew_every {
-            Some(every) if every < self.lease.ttl() => every,
-            _ => self.lease.ttl() / 3,
+            Some(every) if every < ttl => every,
+            _ => ttl / 3,
         }
     }
 }
+
+/// The right to have one renewal request of a hold in flight (see [`Hold::renewing`]).
+pub(crate) type RenewPermit = tokio::sync::OwnedMutexGuard<()>;
 
 /// What the watchdog should do with a hold now.
 pub(crate) enum Plan {
     /// Nothing before this instant.
     Sleep(Instant),
-    /// Renew this lease for this TTL.
-    Renew(Lease, Duration),
+    /// Renew this lease for this TTL, holding the hold's renewal permit until the answer.
+    Renew(Lease, Duration, RenewPermit),
     /// The hold reached `max_hold`; release it in the store so waiters need not wait.
     End(Lease),
 }
@@ -89,8 +110,10 @@ impl Hold {
             next_renew: valid_from,
             renew_every: options.renew_every,
             watchdog: options.watchdog,
-            hard_end: options.max_hold.map(|m| valid_from + m),
+            // A max_hold too far to be an instant is no cap at all.
+            hard_end: options.max_hold.and_then(|m| valid_from.checked_add(m)),
             capped: false,
+            ttl_floor: None,
         };
         state.next_renew = valid_from + state.interval();
         Arc::new(Self {
@@ -99,6 +122,8 @@ impl Hold {
             name: state.lease.name().clone(),
             fence: state.lease.fence(),
             end: grant.end().cloned(),
+            runtime: Handle::try_current().ok(),
+            renewing: Arc::new(tokio::sync::Mutex::new(())),
             state: Mutex::new(state),
             status: watch::channel(Status::Held).0,
         })
@@ -167,22 +192,37 @@ impl Hold {
         state.depth == 0
     }
 
-    /// Records a renewal confirmed by the store (ignoring one older than what we know).
+    /// Records a renewal confirmed by the store. The answer to a request older than the one
+    /// last confirmed can only shorten the local deadline: the store may have applied the two
+    /// in either order.
     pub(crate) fn confirm(&self, grant: Grant, capped: bool) {
         if self.status() != Status::Held {
             return;
         }
         let mut state = self.state();
-        if grant.lease.token() != state.lease.token() || grant.valid_from < state.valid_from {
+        if grant.lease.token() != state.lease.token() {
             return;
         }
-        let ttl = grant.lease.ttl();
+        let floor = state.ttl_floor.unwrap_or(Duration::MAX);
+        let ttl = grant.lease.ttl().min(floor);
+        let deadline = grant.valid_from + ttl.saturating_sub(drift(ttl));
+        if grant.valid_from < state.valid_from {
+            state.deadline = state.deadline.min(deadline);
+            return;
+        }
         state.valid_from = grant.valid_from;
-        state.deadline = grant.valid_from + ttl.saturating_sub(drift(ttl));
+        state.deadline = deadline;
         state.lease = grant.lease;
         state.capped = capped;
         state.next_renew = state.valid_from + state.interval();
         tracing::debug!(lock = %state.lease.name(), fence = %state.lease.fence(), ?ttl, "lock renewed");
+    }
+
+    /// A renewal request for `ttl` was abandoned before its answer (timed out or cancelled):
+    /// from now on no confirmation counts on more than `ttl`.
+    pub(crate) fn abandoned(&self, ttl: Duration) {
+        let mut state = self.state();
+        state.ttl_floor = Some(state.ttl_floor.map_or(ttl, |floor| floor.min(ttl)));
     }
 
     /// A renewal failed for a reason that may pass: try again a quarter interval later (the
@@ -251,9 +291,13 @@ impl Hold {
                 ttl = ttl.min(end.saturating_duration_since(now));
             }
             if ttl >= crate::MIN_TTL {
+                let Ok(permit) = self.renewing.clone().try_lock_owned() else {
+                    // An `extend` is in flight; its answer re-plans (or this retry does).
+                    return Plan::Sleep(now + (interval / 4).max(Duration::from_millis(1)));
+                };
                 // Until the result arrives, do not plan another renewal of this hold.
                 state.next_renew = state.deadline;
-                return Plan::Renew(state.lease.clone(), ttl);
+                return Plan::Renew(state.lease.clone(), ttl, permit);
             }
         }
         let mut wake = state.deadline;

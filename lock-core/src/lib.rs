@@ -27,7 +27,9 @@ pub use holder::{Holder, HolderId};
 pub use lease::{Grant, Lease, LeaseToken, LockInfo};
 pub use memory::MemoryBackend;
 pub use name::LockName;
-pub use options::{Backoff, LockOptions, MAX_TTL, MAX_WAIT, MIN_TTL, validate_ttl};
+pub use options::{
+    Backoff, LockOptions, MAX_TTL, MAX_WAIT, MIN_RENEW_EVERY, MIN_TTL, validate_ttl,
+};
 pub use waiting::{Attempt, poll_until_acquired};
 
 /// Re-exported so backends implement [`LockBackend`] with the same macro version.

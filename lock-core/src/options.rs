@@ -11,6 +11,8 @@ use crate::LockError;
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// The longest TTL accepted.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The shortest renewal interval accepted.
+pub const MIN_RENEW_EVERY: Duration = Duration::from_millis(1);
 /// The longest wait budget accepted (acquire in a loop to wait longer).
 pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
@@ -92,7 +94,8 @@ impl LockOptions {
         self
     }
 
-    /// Caps how long the watchdog keeps the lock.
+    /// Caps how long the watchdog keeps the lock (a cap too large to be an instant, such as
+    /// `Duration::MAX`, means no cap).
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
@@ -128,10 +131,10 @@ impl LockOptions {
             )));
         }
         if let Some(every) = self.renew_every
-            && (every.is_zero() || every >= self.ttl)
+            && (every < MIN_RENEW_EVERY || every >= self.ttl)
         {
             return Err(LockError::invalid_options(format!(
-                "renew_every is {every:?} with a ttl of {:?}; it must be above zero and shorter than the ttl",
+                "renew_every is {every:?} with a ttl of {:?}; it must be at least {MIN_RENEW_EVERY:?} and shorter than the ttl",
                 self.ttl
             )));
         }

@@ -1,17 +1,22 @@
 //! The watchdog: one background task per client that renews every held lease of that client,
 //! batching renewals that fall due together into one `renew_many` call, and ends holds at their
 //! local deadline or `max_hold`.
+//!
+//! It never dies silently: a task that ended (its runtime shut down) is started again by the
+//! next hold, and each round of renewals runs as its own task, so a backend that panics costs
+//! that round (its holds retry soon), not the watchdog.
 
 use std::{
     sync::{Arc, Mutex, PoisonError, Weak},
     time::{Duration, Instant},
 };
 
-use tokio::sync::Notify;
+use tokio::{sync::Notify, task::JoinHandle};
 
 use crate::{
+    Lease,
     client::ClientShared,
-    hold::{Hold, Plan, Status},
+    hold::{Hold, Plan, RenewPermit, Status},
 };
 
 #[derive(Default)]
@@ -23,35 +28,26 @@ pub(crate) struct Watchdog {
 #[derive(Default)]
 struct List {
     holds: Vec<Weak<Hold>>,
-    running: bool,
+    /// The running task, if any; a finished one (its runtime shut down) is replaced.
+    task: Option<JoinHandle<()>>,
 }
 
 impl Watchdog {
-    /// Starts watching `hold`, starting the task if it is not running.
+    /// Starts watching `hold`, starting the task if none is running.
     pub(crate) fn register(&self, client: &Arc<ClientShared>, hold: &Arc<Hold>) {
-        let start = {
+        {
             let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
             list.holds.push(Arc::downgrade(hold));
-            !std::mem::replace(&mut list.running, true)
-        };
-        if start {
-            let client = client.clone();
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(run(client));
-                }
-                Err(_) => {
-                    // Unreachable in practice (acquire runs on a runtime); without one the
-                    // local deadline still ends the hold through `is_held` and `lost`.
-                    self.list
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .running = false;
-                }
+            let running = list.task.as_ref().is_some_and(|task| !task.is_finished());
+            if !running {
+                // Acquire runs on a runtime, so there is one; without one the local deadline
+                // still ends the hold through `is_held` and `lost`.
+                list.task = tokio::runtime::Handle::try_current()
+                    .ok()
+                    .map(|runtime| runtime.spawn(run(client.clone())));
             }
-        } else {
-            self.wake();
         }
+        self.wake();
     }
 
     /// Re-plans at once (a hold was added or extended).
@@ -77,7 +73,7 @@ impl Watchdog {
     fn stop_if_idle(&self) -> bool {
         let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         if list.holds.is_empty() {
-            list.running = false;
+            list.task = None;
             return true;
         }
         false
@@ -87,6 +83,27 @@ impl Watchdog {
 /// How long an idle watchdog task waits for a new hold before it ends (so a client that
 /// acquires and releases in a loop does not spawn a task per cycle).
 const IDLE: Duration = Duration::from_secs(5);
+
+/// Renewals of one round: those at the lease's own TTL share one `renew_many`; shortened ones
+/// (ending at `max_hold`) go one by one.
+#[derive(Default)]
+struct Round {
+    batch: Vec<(Arc<Hold>, Lease, RenewPermit)>,
+    single: Vec<(Arc<Hold>, Lease, Duration, RenewPermit)>,
+}
+
+impl Round {
+    fn is_empty(&self) -> bool {
+        self.batch.is_empty() && self.single.is_empty()
+    }
+
+    /// The holds of the round and the TTL each asked for.
+    fn holds(&self) -> Vec<(Arc<Hold>, Duration)> {
+        let batch = self.batch.iter().map(|(h, l, _)| (h.clone(), l.ttl()));
+        let single = self.single.iter().map(|(h, _, ttl, _)| (h.clone(), *ttl));
+        batch.chain(single).collect()
+    }
+}
 
 async fn run(client: Arc<ClientShared>) {
     let watchdog = &client.watchdog;
@@ -106,21 +123,27 @@ async fn run(client: Arc<ClientShared>) {
         }
         let now = Instant::now();
         let mut wake_at = now + Duration::from_secs(3600);
-        let (mut batch, mut leases) = (Vec::new(), Vec::new());
-        let mut single = Vec::new();
-        let mut ended = Vec::new();
+        let mut round = Round::default();
         for hold in holds {
             match hold.plan(now) {
                 Plan::Sleep(at) => wake_at = wake_at.min(at),
-                Plan::Renew(lease, ttl) if ttl == lease.ttl() => {
-                    batch.push(hold);
-                    leases.push(lease);
+                Plan::Renew(lease, ttl, permit) if ttl == lease.ttl() => {
+                    round.batch.push((hold, lease, permit));
                 }
-                Plan::Renew(lease, ttl) => single.push((hold, lease, ttl)),
-                Plan::End(lease) => ended.push(lease),
+                Plan::Renew(lease, ttl, permit) => round.single.push((hold, lease, ttl, permit)),
+                Plan::End(lease) => {
+                    // The hold is over on our side; free the store so waiters need not wait
+                    // the TTL. In the background: a hanging release must not stall renewals.
+                    let backend = client.backend.clone();
+                    tokio::spawn(async move {
+                        if let Err(error) = backend.release(&lease).await {
+                            tracing::debug!(%error, "release at max_hold failed");
+                        }
+                    });
+                }
             }
         }
-        if batch.is_empty() && single.is_empty() && ended.is_empty() {
+        if round.is_empty() {
             let notified = watchdog.wake.notified();
             tokio::select! {
                 () = tokio::time::sleep_until(wake_at.into()) => {}
@@ -128,41 +151,61 @@ async fn run(client: Arc<ClientShared>) {
             }
             continue;
         }
-        for lease in ended {
-            // The hold is over on our side; free the store so waiters need not wait the TTL.
-            let _ = client.backend.release(&lease).await;
+        let holds = round.holds();
+        if let Err(error) = tokio::spawn(renew(client.clone(), round)).await {
+            tracing::error!(%error, "a renewal round failed; its locks retry soon");
+            let now = Instant::now();
+            for (hold, ttl) in holds {
+                hold.abandoned(ttl);
+                hold.retry_soon(now);
+            }
         }
-        if !batch.is_empty() {
-            let sent = Instant::now();
-            let limit = batch
-                .iter()
-                .map(|hold| hold.deadline().saturating_duration_since(sent))
-                .min()
-                .unwrap_or_default()
-                .max(Duration::from_millis(1));
-            match tokio::time::timeout(limit, client.backend.renew_many(&leases)).await {
-                Ok(results) if results.len() == batch.len() => {
-                    for (hold, result) in batch.iter().zip(results) {
-                        hold.apply_renewal(result, false, sent);
-                    }
-                }
-                _ => {
-                    for hold in &batch {
-                        hold.retry_soon(sent);
-                    }
+    }
+}
+
+/// Sends one round's renewals and applies the answers, each bounded by the hold's deadline.
+async fn renew(client: Arc<ClientShared>, round: Round) {
+    if !round.batch.is_empty() {
+        let leases: Vec<Lease> = round.batch.iter().map(|(_, l, _)| l.clone()).collect();
+        let sent = Instant::now();
+        let limit = round
+            .batch
+            .iter()
+            .map(|(hold, _, _)| hold.deadline().saturating_duration_since(sent))
+            .min()
+            .unwrap_or_default()
+            .max(Duration::from_millis(1));
+        match tokio::time::timeout(limit, client.backend.renew_many(&leases)).await {
+            Ok(results) if results.len() == round.batch.len() => {
+                for ((hold, _, _), result) in round.batch.iter().zip(results) {
+                    hold.apply_renewal(result, false, sent);
                 }
             }
-            tracing::trace!(locks = batch.len(), "watchdog renewed a batch");
+            Ok(_) => {
+                for (hold, _, _) in &round.batch {
+                    hold.retry_soon(sent);
+                }
+            }
+            Err(_) => {
+                for (hold, lease, _) in &round.batch {
+                    hold.abandoned(lease.ttl());
+                    hold.retry_soon(sent);
+                }
+            }
         }
-        for (hold, lease, ttl) in single {
-            let sent = Instant::now();
-            let limit = hold
-                .deadline()
-                .saturating_duration_since(sent)
-                .max(Duration::from_millis(1));
-            match tokio::time::timeout(limit, client.backend.renew(&lease, ttl)).await {
-                Ok(result) => hold.apply_renewal(result, true, sent),
-                Err(_) => hold.retry_soon(sent),
+        tracing::trace!(locks = round.batch.len(), "watchdog renewed a batch");
+    }
+    for (hold, lease, ttl, _permit) in round.single {
+        let sent = Instant::now();
+        let limit = hold
+            .deadline()
+            .saturating_duration_since(sent)
+            .max(Duration::from_millis(1));
+        match tokio::time::timeout(limit, client.backend.renew(&lease, ttl)).await {
+            Ok(result) => hold.apply_renewal(result, true, sent),
+            Err(_) => {
+                hold.abandoned(ttl);
+                hold.retry_soon(sent);
             }
         }
     }

@@ -78,3 +78,34 @@ pub(crate) async fn dropped_acquire_leaves_nothing_beyond_ttl(ctx: Ctx) -> Outco
     }
     Ok(())
 }
+
+/// A `release()` future dropped while the store release is in flight still ends the hold: the
+/// lock is freed in the background, the watchdog stops, and `lost()` resolves.
+pub(crate) async fn cancelled_release_still_releases(ctx: Ctx) -> Outcome {
+    let name = ctx.name("cancel-release");
+    let ((a, delaying), b) = (ctx.delaying_client().await?, ctx.client().await?);
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = a.acquire(&Holder::new(), &name, &long).await?;
+    let lost = tokio::spawn(guard.lost());
+    delaying.delay_releases(Duration::from_millis(100));
+    let cut = tokio::time::timeout(Duration::from_millis(10), guard.release()).await;
+    ensure!(
+        cut.is_err(),
+        "a release delayed by 100 ms finished in 10 ms"
+    );
+    let bound = ctx.margin() * 4 + Duration::from_millis(100);
+    let next = b
+        .acquire(&Holder::new(), &name, &long.clone().wait(bound))
+        .await
+        .map_err(|e| Failure(format!("a cancelled release left the lock held: {e}")))?;
+    let reason = tokio::time::timeout(ctx.margin(), lost)
+        .await
+        .map_err(|_| Failure("lost() did not resolve after a cancelled release".into()))?
+        .map_err(|e| Failure(format!("the lost() task failed: {e}")))?;
+    ensure!(
+        reason == lock_core::LossReason::Released,
+        "lost() said {reason:?} after a cancelled release"
+    );
+    next.release().await?;
+    Ok(())
+}

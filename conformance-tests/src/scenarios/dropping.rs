@@ -25,3 +25,25 @@ pub(crate) async fn dropping_guard_releases(ctx: Ctx) -> Outcome {
     next.release().await?;
     Ok(())
 }
+
+/// A guard dropped on a thread with no Tokio runtime (while the client's runtime runs on)
+/// still frees the lock in the background, long before its TTL.
+pub(crate) async fn guard_dropped_on_foreign_thread_releases(ctx: Ctx) -> Outcome {
+    let name = ctx.name("drop-thread");
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = a.acquire(&Holder::new(), &name, &long).await?;
+    std::thread::spawn(move || drop(guard))
+        .join()
+        .map_err(|_| crate::Failure("dropping the guard on a plain thread panicked".into()))?;
+    let next = b
+        .acquire(&Holder::new(), &name, &long.clone().wait(ctx.margin() * 4))
+        .await
+        .map_err(|e| {
+            crate::Failure(format!(
+                "a guard dropped on a plain thread kept the lock: {e}"
+            ))
+        })?;
+    next.release().await?;
+    Ok(())
+}

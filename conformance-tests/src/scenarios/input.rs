@@ -120,3 +120,67 @@ pub(crate) async fn foreign_value_is_an_error(ctx: Ctx) -> Outcome {
     );
     Ok(())
 }
+
+/// Extreme option values never panic: each is refused with `InvalidOptions` before reaching
+/// the store, or gives a working guard.
+pub(crate) async fn extreme_options_never_panic(ctx: Ctx) -> Outcome {
+    let client = ctx.client().await?;
+    let ttl = ctx.ttl();
+    let cases = [
+        (
+            "max_hold(Duration::MAX)",
+            ctx.options(Duration::ZERO).max_hold(Duration::MAX),
+        ),
+        (
+            "max_hold(u64::MAX s)",
+            ctx.options(Duration::ZERO)
+                .max_hold(Duration::from_secs(u64::MAX)),
+        ),
+        (
+            "renew_every(1ns)",
+            ctx.options(Duration::ZERO)
+                .renew_every(Duration::from_nanos(1)),
+        ),
+        (
+            "ttl(MAX_TTL) with max_hold(MAX)",
+            LockOptions::new()
+                .ttl(lock_core::MAX_TTL)
+                .wait(Duration::ZERO)
+                .max_hold(Duration::MAX),
+        ),
+        (
+            "wait(MAX_WAIT)",
+            LockOptions::new().ttl(ttl).wait(lock_core::MAX_WAIT),
+        ),
+        (
+            "backoff(MAX, MAX)",
+            ctx.options(Duration::ZERO)
+                .backoff(Backoff::new(Duration::MAX, Duration::MAX)),
+        ),
+    ];
+    for (what, options) in cases {
+        let name = ctx.name("extreme");
+        let client = client.clone();
+        let outcome = tokio::spawn(async move {
+            match client.acquire(&Holder::new(), &name, &options).await {
+                Ok(guard) => {
+                    let held = guard.is_held();
+                    guard.release().await.map(|()| held)
+                }
+                Err(error) => Err(error),
+            }
+        })
+        .await;
+        match outcome {
+            Err(join) => return Err(crate::Failure(format!("{what} panicked: {join}"))),
+            Ok(Ok(held)) => ensure!(held, "{what} gave a guard that is not held"),
+            Ok(Err(LockError::InvalidOptions { .. })) => {}
+            Ok(Err(other)) => {
+                return Err(crate::Failure(format!(
+                    "{what} gave {other:?}, expected InvalidOptions or a guard"
+                )));
+            }
+        }
+    }
+    Ok(())
+}

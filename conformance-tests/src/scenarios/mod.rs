@@ -16,7 +16,7 @@ mod reentrancy;
 mod waiting;
 mod watchdog;
 
-use crate::scenario::{Scenario, always, cross_process, foreign, portable, ttl_expiry};
+use crate::scenario::{Scenario, always, cross_process, fifo, foreign, portable, ttl_expiry};
 
 macro_rules! scenario {
     ($name:literal, $covers:literal, $applies:expr, $run:path) => {
@@ -123,6 +123,12 @@ pub fn all() -> Vec<Scenario> {
             waiting::release_wakes_waiter_promptly
         ),
         scenario!(
+            "waiting/fifo_order_where_declared",
+            "5 waiting, WaitOrder::Fifo",
+            fifo,
+            waiting::fifo_order_where_declared
+        ),
+        scenario!(
             "reentrancy/depth_needs_as_many_releases",
             "6 reentrancy",
             always,
@@ -183,6 +189,12 @@ pub fn all() -> Vec<Scenario> {
             watchdog::batches_renewals
         ),
         scenario!(
+            "watchdog/extend_during_renewal",
+            "1, 8 extend vs watchdog",
+            always,
+            watchdog::extend_during_renewal
+        ),
+        scenario!(
             "cancel/dropped_waiter_leaves_nothing",
             "9 cancellation",
             always,
@@ -195,10 +207,22 @@ pub fn all() -> Vec<Scenario> {
             cancellation::dropped_acquire_leaves_nothing_beyond_ttl
         ),
         scenario!(
+            "cancel/cancelled_release_still_releases",
+            "9, 10 cancellation",
+            always,
+            cancellation::cancelled_release_still_releases
+        ),
+        scenario!(
             "drop/dropping_guard_releases",
             "10 drop",
             always,
             dropping::dropping_guard_releases
+        ),
+        scenario!(
+            "drop/guard_dropped_on_foreign_thread",
+            "10 drop",
+            always,
+            dropping::guard_dropped_on_foreign_thread_releases
         ),
         scenario!(
             "process/killed_holder_loses_lock",
@@ -217,6 +241,12 @@ pub fn all() -> Vec<Scenario> {
             "11 errors",
             always,
             input::invalid_options_change_nothing
+        ),
+        scenario!(
+            "errors/extreme_options_never_panic",
+            "11 errors",
+            always,
+            input::extreme_options_never_panic
         ),
         scenario!(
             "errors/foreign_value_is_an_error",

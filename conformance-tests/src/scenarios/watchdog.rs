@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
-use lock_core::{Holder, LossReason};
+use lock_core::{Holder, LockOptions, LossReason};
 
 use crate::{Ctx, Failure, Outcome, ensure};
 
@@ -126,5 +126,84 @@ pub(crate) async fn batches_renewals(ctx: Ctx) -> Outcome {
     for guard in guards {
         guard.release().await?;
     }
+    store_batches(&ctx, LOCKS).await
+}
+
+/// The store itself batches or pipelines: one `renew_many` of `locks` leases costs less than
+/// three quarters of `locks` single renewals, where one by one costs at least all of them
+/// (counting lock-core's calls cannot see a backend that renews one by one inside
+/// `renew_many`). Best of five of each; below 1 ms the store is in-process and batching is
+/// moot. Measured here: 20 pipelined ZooKeeper checks cost 5.5 (standalone) to 8 (ensemble)
+/// times one.
+async fn store_batches(ctx: &Ctx, locks: usize) -> Outcome {
+    let client = ctx.client().await?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::ZERO)
+        .watchdog(false);
+    let mut guards = Vec::with_capacity(locks);
+    for _ in 0..locks {
+        guards.push(
+            client
+                .acquire(&Holder::new(), &ctx.name("batch-store"), &options)
+                .await?,
+        );
+    }
+    let leases: Vec<_> = guards.iter().map(|guard| guard.lease()).collect();
+    let backend = client.backend();
+    let (mut single, mut batch) = (Duration::MAX, Duration::MAX);
+    for _ in 0..5 {
+        let start = Instant::now();
+        backend.renew(&leases[0], leases[0].ttl()).await?;
+        single = single.min(start.elapsed());
+        let start = Instant::now();
+        let results = backend.renew_many(&leases).await;
+        batch = batch.min(start.elapsed());
+        ensure!(
+            results.iter().all(Result::is_ok),
+            "renew_many of {locks} held leases failed: {results:?}"
+        );
+    }
+    let locks_u32 = u32::try_from(locks).unwrap_or(u32::MAX);
+    let bound = (single * locks_u32 * 3 / 4).max(Duration::from_millis(1));
+    ensure!(
+        batch <= bound,
+        "renew_many of {locks} leases took {batch:?}, one renewal {single:?}: the store renews one by one (bound {bound:?})"
+    );
+    for guard in guards {
+        guard.release().await?;
+    }
+    Ok(())
+}
+
+/// `extend` while a watchdog renewal is in flight: whatever order the store applies the two
+/// in, the client never believes it holds the lock after the store let it go.
+pub(crate) async fn extend_during_renewal(ctx: Ctx) -> Outcome {
+    let name = ctx.name("extend-race");
+    let ((client, delaying), other) = (ctx.delaying_client().await?, ctx.client().await?);
+    let ttl = ctx.ttl();
+    // The watchdog's renewals (at the short TTL) reach the store 100 ms late, after the extend.
+    delaying.delay_renewals_of(ttl, Duration::from_millis(100));
+    let in_flight = delaying.delayed_started();
+    let guard = client
+        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .await?;
+    tokio::time::timeout(ttl, in_flight)
+        .await
+        .map_err(|_| Failure(format!("no watchdog renewal started within {ttl:?}")))?;
+    guard.extend(Duration::from_secs(30)).await?;
+    tokio::time::sleep(ttl * 2 + ctx.margin()).await;
+    let taken = other
+        .try_acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .await?;
+    let held = guard.is_held();
+    ensure!(
+        !(held && taken.is_some()),
+        "two holders: the guard says held after its extend, and another client got the lock"
+    );
+    if let Some(taken) = taken {
+        taken.release().await?;
+    }
+    drop(guard);
     Ok(())
 }

@@ -1,13 +1,21 @@
 //! Deliberately broken wrappers of `MemoryBackend`, one contract violation each.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::Notify;
 
 use async_trait::async_trait;
 use conformance_tests::{MemoryStore, TestStore};
 use lock_core::{
     AcquireRequest, Capabilities, Fence, Grant, Lease, LockBackend, LockClient, LockError,
-    LockInfo, LockName, LockOptions, MAX_TTL, MemoryBackend,
+    LockInfo, LockName, LockOptions, MAX_TTL, MemoryBackend, WaitOrder,
 };
+
+/// How late [`Fault::ValidFromAfterReply`] takes its `valid_from`.
+const REPLY_LATE: Duration = Duration::from_millis(50);
 
 /// The violation a wrapper commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,16 +32,29 @@ pub(crate) enum Fault {
     ReportsLostAsHeld,
     /// Acquire takes the lock from its holder instead of waiting.
     GrantsEveryone,
+    /// Grants and renewals report the instant the reply arrived as `valid_from` (50 ms after
+    /// the request was sent), so the local deadline ends after the store's expiry.
+    ValidFromAfterReply,
+    /// A zero wait budget waits 200 ms for the holder before its one try.
+    ZeroBudgetWaits,
+    /// Every renewal costs a 1 ms round trip, and `renew_many` renews one by one.
+    RenewsOneByOne,
+    /// Declares FIFO wait order but serves the waiter that came last first.
+    ClaimsFifoServesLast,
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 6] = [
+    pub(crate) const ALL: [Fault; 10] = [
         Fault::IgnoresOwnerOnRelease,
         Fault::NeverExpires,
         Fault::ReusesFences,
         Fault::LosesWakeups,
         Fault::ReportsLostAsHeld,
         Fault::GrantsEveryone,
+        Fault::ValidFromAfterReply,
+        Fault::ZeroBudgetWaits,
+        Fault::RenewsOneByOne,
+        Fault::ClaimsFifoServesLast,
     ];
 
     /// Scenarios that must fail for the fault to count as caught (each one must).
@@ -58,6 +79,10 @@ impl Fault {
                 "exclusion/try_acquire_excludes",
                 "exclusion/contention_loses_no_update",
             ],
+            Fault::ValidFromAfterReply => &["lost/fires_at_local_deadline"],
+            Fault::ZeroBudgetWaits => &["waiting/zero_budget_is_one_try"],
+            Fault::RenewsOneByOne => &["watchdog/batches_renewals"],
+            Fault::ClaimsFifoServesLast => &["waiting/fifo_order_where_declared"],
         }
     }
 }
@@ -66,6 +91,54 @@ impl Fault {
 pub(crate) struct Broken {
     inner: MemoryBackend,
     fault: Fault,
+    /// Waiters of [`Fault::ClaimsFifoServesLast`], in arrival order (shared by every client).
+    stack: Arc<Stack>,
+}
+
+/// A last-come-first-served queue of waiting tickets.
+#[derive(Debug, Default)]
+pub(crate) struct Stack {
+    tickets: Mutex<Vec<u64>>,
+    changed: Notify,
+}
+
+impl Stack {
+    fn push(&self) -> u64 {
+        let ticket = rand::random();
+        self.tickets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(ticket);
+        ticket
+    }
+
+    fn is_top(&self, ticket: u64) -> bool {
+        self.tickets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last()
+            == Some(&ticket)
+    }
+
+    fn remove(&self, ticket: u64) {
+        self.tickets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|t| *t != ticket);
+        self.changed.notify_waiters();
+    }
+}
+
+/// Removes a ticket from the stack however the acquisition ends.
+struct Ticket<'a> {
+    stack: &'a Stack,
+    ticket: u64,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        self.stack.remove(self.ticket);
+    }
 }
 
 impl Broken {
@@ -83,6 +156,28 @@ impl Broken {
         Grant::new(forged, grant.valid_from)
     }
 
+    /// Waits as a stack: only the newest waiter may try, polling every 5 ms.
+    async fn serve_last(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        let once = Self::one_try(request, request.ttl())?;
+        let ticket = Ticket {
+            stack: &self.stack,
+            ticket: self.stack.push(),
+        };
+        loop {
+            let changed = self.stack.changed.notified();
+            if self.stack.is_top(ticket.ticket) {
+                match self.inner.acquire(&once).await {
+                    Err(LockError::Timeout { .. }) => {}
+                    other => return other,
+                }
+            }
+            if Instant::now() >= request.deadline() {
+                return Err(request.timeout_error());
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(5), changed).await;
+        }
+    }
+
     fn one_try(request: &AcquireRequest, ttl: Duration) -> Result<AcquireRequest, LockError> {
         let options = LockOptions::new()
             .ttl(ttl)
@@ -95,7 +190,11 @@ impl Broken {
 #[async_trait]
 impl LockBackend for Broken {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        if self.fault == Fault::ClaimsFifoServesLast {
+            caps.order = WaitOrder::Fifo;
+        }
+        caps
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
@@ -127,9 +226,28 @@ impl LockBackend for Broken {
                 self.inner.force_release(request.name());
                 self.inner.acquire(request).await
             }
-            Fault::IgnoresOwnerOnRelease | Fault::ReportsLostAsHeld => {
-                self.inner.acquire(request).await
+            Fault::ValidFromAfterReply => {
+                let grant = self.inner.acquire(request).await?;
+                tokio::time::sleep(REPLY_LATE).await;
+                Ok(Grant::new(grant.lease, Instant::now()))
             }
+            Fault::ZeroBudgetWaits if request.wait().is_zero() => {
+                match self.inner.acquire(request).await {
+                    Err(LockError::Timeout { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        self.inner.acquire(request).await
+                    }
+                    other => other,
+                }
+            }
+            Fault::ClaimsFifoServesLast if !request.wait().is_zero() => {
+                self.serve_last(request).await
+            }
+            Fault::IgnoresOwnerOnRelease
+            | Fault::ClaimsFifoServesLast
+            | Fault::ReportsLostAsHeld
+            | Fault::ZeroBudgetWaits
+            | Fault::RenewsOneByOne => self.inner.acquire(request).await,
         }
     }
 
@@ -140,6 +258,15 @@ impl LockBackend for Broken {
                 Ok(Grant::new(grant.lease.with_ttl(ttl), grant.valid_from))
             }
             Fault::ReportsLostAsHeld => Ok(Grant::new(lease.clone().with_ttl(ttl), Instant::now())),
+            Fault::ValidFromAfterReply => {
+                let grant = self.inner.renew(lease, ttl).await?;
+                tokio::time::sleep(REPLY_LATE).await;
+                Ok(Grant::new(grant.lease, Instant::now()))
+            }
+            Fault::RenewsOneByOne => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                self.inner.renew(lease, ttl).await
+            }
             _ => self.inner.renew(lease, ttl).await,
         }
     }
@@ -164,6 +291,7 @@ impl LockBackend for Broken {
 pub(crate) struct BrokenStore {
     memory: MemoryStore,
     fault: Fault,
+    stack: Arc<Stack>,
 }
 
 impl BrokenStore {
@@ -171,6 +299,7 @@ impl BrokenStore {
         Self {
             memory: MemoryStore::new(),
             fault,
+            stack: Arc::default(),
         }
     }
 }
@@ -181,6 +310,7 @@ impl TestStore for BrokenStore {
         Ok(LockClient::new(Broken {
             inner: self.memory.backend().clone(),
             fault: self.fault,
+            stack: self.stack.clone(),
         }))
     }
 

@@ -1,0 +1,110 @@
+//! One rule for every store during an outage: `acquire` retries a retryable failure
+//! (`Unavailable`) with jittered back-off inside its wait budget, and returns the failure when
+//! the budget has run out; a zero budget is one try.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use lock_core::{
+    AcquireRequest, Capabilities, Grant, Holder, Lease, LockBackend, LockClient, LockError,
+    LockInfo, LockName, LockOptions, MemoryBackend, async_trait,
+};
+
+/// Fails the first `down_for` acquisitions with `Unavailable`, then behaves.
+#[derive(Debug, Default)]
+struct Outage {
+    inner: MemoryBackend,
+    down_for: usize,
+    tries: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl LockBackend for Outage {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        if self.tries.fetch_add(1, Ordering::SeqCst) < self.down_for {
+            return Err(LockError::Unavailable {
+                message: "connection refused".into(),
+                source: None,
+            });
+        }
+        self.inner.acquire(request).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(name).await
+    }
+}
+
+fn client(down_for: usize) -> (LockClient, Arc<AtomicUsize>) {
+    let backend = Outage {
+        down_for,
+        ..Outage::default()
+    };
+    let tries = backend.tries.clone();
+    (LockClient::new(backend), tries)
+}
+
+#[tokio::test]
+async fn a_short_outage_is_ridden_out_within_the_budget() {
+    let (client, tries) = client(3);
+    let name = LockName::new("outage-short").unwrap();
+    let options = LockOptions::new().wait(Duration::from_secs(2));
+    let guard = client
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .expect("three refusals within a 2 s budget are retried");
+    assert_eq!(tries.load(Ordering::SeqCst), 4);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_long_outage_returns_unavailable_at_the_budget_without_spinning() {
+    let (client, tries) = client(usize::MAX);
+    let name = LockName::new("outage-long").unwrap();
+    let budget = Duration::from_millis(500);
+    let start = Instant::now();
+    let result = client
+        .acquire(&Holder::new(), &name, &LockOptions::new().wait(budget))
+        .await;
+    let took = start.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "expected Unavailable, got {result:?}"
+    );
+    assert!(
+        took >= budget / 2,
+        "gave up after {took:?} of a {budget:?} budget"
+    );
+    assert!(took <= budget + Duration::from_millis(100), "took {took:?}");
+    let calls = tries.load(Ordering::SeqCst);
+    // Back-off from 10 ms doubling to 500 ms (jittered): a handful of tries, not a spin.
+    assert!((2..=20).contains(&calls), "{calls} tries in {took:?}");
+}
+
+#[tokio::test]
+async fn a_zero_budget_is_one_try_during_an_outage() {
+    let (client, tries) = client(usize::MAX);
+    let name = LockName::new("outage-zero").unwrap();
+    let result = client
+        .acquire(
+            &Holder::new(),
+            &name,
+            &LockOptions::new().wait(Duration::ZERO),
+        )
+        .await;
+    assert!(matches!(result, Err(LockError::Unavailable { .. })));
+    assert_eq!(tries.load(Ordering::SeqCst), 1);
+}

@@ -1,0 +1,196 @@
+//! The watchdog never dies silently nor stalls: a client whose first runtime shut down keeps
+//! renewing on the next one, a backend that panics once in a renewal costs one round, and a
+//! release at `max_hold` that hangs does not stop the renewal of other holds.
+
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use lock_core::{
+    AcquireRequest, Capabilities, Grant, Holder, Lease, LockBackend, LockClient, LockError,
+    LockInfo, LockName, LockOptions, MemoryBackend, async_trait,
+};
+
+#[allow(clippy::unwrap_used)] // test set-up
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_client_reused_on_a_second_runtime_keeps_renewing() {
+    let client = LockClient::new(MemoryBackend::new());
+    let options = LockOptions::new().ttl(Duration::from_millis(300));
+    let first = runtime();
+    first.block_on(async {
+        let name = LockName::new("first-runtime").unwrap();
+        let guard = client
+            .acquire(&Holder::new(), &name, &options)
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    });
+    drop(first);
+    runtime().block_on(async {
+        let name = LockName::new("second-runtime").unwrap();
+        let guard = client
+            .acquire(&Holder::new(), &name, &options)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            guard.is_held(),
+            "a hold taken on the second runtime was not renewed"
+        );
+        guard.release().await.unwrap();
+    });
+}
+
+/// Panics in its first `renew_many`, then behaves.
+#[derive(Debug, Default)]
+struct PanicsOnce {
+    inner: MemoryBackend,
+    panicked: AtomicBool,
+    hang_releases: bool,
+}
+
+#[async_trait]
+impl LockBackend for PanicsOnce {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        self.inner.acquire(request).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+        if !self.hang_releases && !self.panicked.swap(true, Ordering::SeqCst) {
+            #[allow(clippy::panic)] // the backend bug this test is about
+            {
+                panic!("a backend bug in renew_many");
+            }
+        }
+        self.inner.renew_many(leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        if self.hang_releases {
+            std::future::pending::<()>().await;
+        }
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_renewal_costs_one_round_not_the_watchdog() {
+    let client = LockClient::new(PanicsOnce::default());
+    let options = LockOptions::new().ttl(Duration::from_millis(300));
+    let name = LockName::new("panics-once").unwrap();
+    let guard = client
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        guard.is_held(),
+        "the hold was not renewed after one renewal panicked"
+    );
+    let later = LockName::new("after-the-panic").unwrap();
+    let second = client
+        .acquire(&Holder::new(), &later, &options)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        second.is_held(),
+        "a hold taken after the panic was not renewed"
+    );
+    guard.release().await.unwrap();
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hanging_release_at_max_hold_stalls_no_other_renewal() {
+    let client = LockClient::new(PanicsOnce {
+        hang_releases: true,
+        ..PanicsOnce::default()
+    });
+    let ttl = Duration::from_millis(300);
+    let capped = client
+        .acquire(
+            &Holder::new(),
+            &LockName::new("capped").unwrap(),
+            &LockOptions::new().ttl(ttl).max_hold(ttl),
+        )
+        .await
+        .unwrap();
+    let kept = client
+        .acquire(
+            &Holder::new(),
+            &LockName::new("kept").unwrap(),
+            &LockOptions::new().ttl(ttl),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!capped.is_held(), "the capped hold outlived its max_hold");
+    assert!(
+        kept.is_held(),
+        "a release hanging at max_hold stopped the renewal of another hold"
+    );
+    drop(capped);
+    drop(kept);
+}
+
+/// Grants through a MemoryBackend, but hands the grant over only after its TTL has passed.
+#[derive(Debug, Default)]
+struct LateGrants {
+    inner: MemoryBackend,
+}
+
+#[async_trait]
+impl LockBackend for LateGrants {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        let grant = self.inner.acquire(request).await?;
+        tokio::time::sleep(request.ttl() + Duration::from_millis(50)).await;
+        Ok(grant)
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[tokio::test]
+async fn a_grant_past_its_deadline_is_not_a_success() {
+    let client = LockClient::new(LateGrants::default());
+    let name = LockName::new("late").unwrap();
+    let options = LockOptions::new()
+        .ttl(Duration::from_millis(100))
+        .wait(Duration::ZERO);
+    match client.acquire(&Holder::new(), &name, &options).await {
+        Ok(guard) => panic!(
+            "a grant that arrived after its TTL was returned as a guard (held: {})",
+            guard.is_held()
+        ),
+        Err(error) => assert!(
+            matches!(error, LockError::Timeout { .. }),
+            "expected Timeout, got {error:?}"
+        ),
+    }
+}

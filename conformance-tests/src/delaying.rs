@@ -18,8 +18,10 @@ use tokio::sync::Notify;
 struct Delays {
     /// Renewals asking for exactly this TTL, and the delay.
     renew: Option<(Duration, Duration)>,
-    /// Every release.
+    /// Every release, before it reaches the store.
     release: Option<Duration>,
+    /// Every release's answer, after the store applied it.
+    release_reply: Option<Duration>,
 }
 
 /// Forwards every call to the wrapped backend; renewals of one chosen TTL and releases can be
@@ -60,6 +62,14 @@ impl DelayingBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .release = Some(delay);
+    }
+
+    /// Holds the answer of every release back for `delay` after the store applied it.
+    pub fn delay_release_replies(&self, delay: Duration) {
+        self.delays
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .release_reply = Some(delay);
     }
 
     /// Resolves when a delayed request has started (it is then in flight).
@@ -116,10 +126,15 @@ impl LockBackend for DelayingBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        if let Some(delay) = self.delays().release {
+        let delays = self.delays();
+        if let Some(delay) = delays.release {
             self.hold_back(delay).await;
         }
-        self.inner.release(lease).await
+        let result = self.inner.release(lease).await;
+        if let Some(delay) = delays.release_reply {
+            self.hold_back(delay).await;
+        }
+        result
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {

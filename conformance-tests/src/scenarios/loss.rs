@@ -88,3 +88,27 @@ pub(crate) async fn lost_future_resolves_on_release(ctx: Ctx) -> Outcome {
     );
     Ok(())
 }
+
+/// A normal release is not a loss: a watchdog renewal that reaches the store after the release
+/// (and is answered "not held") while the release's own answer is still on its way does not
+/// make `lost()` say `NotHeld`.
+pub(crate) async fn release_is_not_reported_as_loss(ctx: Ctx) -> Outcome {
+    let name = ctx.name("lost-release-race");
+    let (client, delaying) = ctx.delaying_client().await?;
+    let options = ctx.options(Duration::ZERO);
+    let guard = client.acquire(&Holder::new(), &name, &options).await?;
+    let lost = tokio::spawn(guard.lost());
+    // Two renewal intervals between the store's release and its answer: the watchdog renews
+    // at least once in between if it still considers the hold its own.
+    delaying.delay_release_replies(options.renew_interval() * 2);
+    guard.release().await?;
+    let reason = tokio::time::timeout(ctx.margin(), lost)
+        .await
+        .map_err(|_| Failure("lost() did not resolve after release".into()))?
+        .map_err(|e| Failure(format!("the lost() task failed: {e}")))?;
+    ensure!(
+        reason == LossReason::Released,
+        "lost() said {reason:?} for a hold that was released normally"
+    );
+    Ok(())
+}

@@ -165,6 +165,12 @@ pub fn all() -> Vec<Scenario> {
             loss::lost_future_resolves_on_release
         ),
         scenario!(
+            "lost/release_is_not_a_loss",
+            "7 lost signal",
+            always,
+            loss::release_is_not_reported_as_loss
+        ),
+        scenario!(
             "watchdog/keeps_lock_past_ttls",
             "8 watchdog",
             always,

@@ -217,6 +217,14 @@ pub(crate) fn portable(ctx: &Ctx) -> Applies {
     }
 }
 
+/// Applies where the store can be taken away for a moment.
+pub(crate) fn outages(ctx: &Ctx) -> Applies {
+    match ctx.store.can_fail() {
+        Ok(()) => Applies::Yes,
+        Err(why) => Applies::No(why),
+    }
+}
+
 /// Applies to stores that declare FIFO wait order.
 pub(crate) fn fifo(ctx: &Ctx) -> Applies {
     if ctx.caps.order == lock_core::WaitOrder::Fifo {

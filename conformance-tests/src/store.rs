@@ -1,10 +1,11 @@
 //! [`TestStore`]: what a backend's test provides so the suite can run against it, including
-//! the fault tools (taking a lock away behind its holder's back, planting foreign values).
+//! the fault tools (taking a lock away behind its holder's back, planting foreign values,
+//! taking the store away for a moment).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{LockClient, LockError, LockName, MemoryBackend};
+use lock_core::{LockClient, LockError, LockName};
 
 /// A backend under test, with the raw access to its store that fault scenarios need.
 #[async_trait]
@@ -36,6 +37,27 @@ pub trait TestStore: Send + Sync + 'static {
         false
     }
 
+    /// Makes the store unreachable for every client (its servers stopped; for a quorum store, a
+    /// majority of them) until [`TestStore::end_outage`]. Only called when
+    /// [`TestStore::can_fail`] is true.
+    async fn begin_outage(&self) -> Result<(), LockError> {
+        Err(LockError::Unsupported {
+            what: "outages".into(),
+        })
+    }
+
+    /// Brings the store back from [`TestStore::begin_outage`] and waits until it serves.
+    async fn end_outage(&self) -> Result<(), LockError> {
+        Err(LockError::Unsupported {
+            what: "outages".into(),
+        })
+    }
+
+    /// Whether [`TestStore::begin_outage`] is possible, and why not.
+    fn can_fail(&self) -> Result<(), &'static str> {
+        Err("this store cannot be taken away in a test")
+    }
+
     /// Whether another OS process can reach the same store (for the killed-holder scenario).
     fn cross_process(&self) -> bool {
         true
@@ -49,52 +71,5 @@ pub trait TestStore: Send + Sync + 'static {
     /// The tolerance added to time bounds (scheduling, round trips, server timers).
     fn margin(&self) -> Duration {
         (self.ttl() / 2).max(Duration::from_millis(250))
-    }
-}
-
-/// The [`TestStore`] of the in-memory reference backend.
-#[derive(Debug, Clone, Default)]
-pub struct MemoryStore {
-    backend: MemoryBackend,
-}
-
-impl MemoryStore {
-    /// A store over a fresh [`MemoryBackend`].
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The backend shared by every client of this store.
-    pub fn backend(&self) -> &MemoryBackend {
-        &self.backend
-    }
-}
-
-#[async_trait]
-impl TestStore for MemoryStore {
-    async fn client(&self) -> Result<LockClient, LockError> {
-        Ok(LockClient::new(self.backend.clone()))
-    }
-
-    async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
-        self.backend.force_release(name);
-        Ok(())
-    }
-
-    async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
-        let client = self.client().await?;
-        Ok(client
-            .inspect(name)
-            .await?
-            .map(|info| vec![format!("a live lease with fence {}", info.fence)])
-            .unwrap_or_default())
-    }
-
-    fn cross_process(&self) -> bool {
-        false
-    }
-
-    fn ttl(&self) -> Duration {
-        Duration::from_millis(300)
     }
 }

@@ -149,12 +149,28 @@ impl LockClient {
     /// unreachable) is tried again after a jittered back-off while the budget lasts, and
     /// returned when it has run out, so "the store is down" stays distinct from "the lock is
     /// busy". A grant that arrives already past its local deadline is released in the
-    /// background and counts as a busy try.
+    /// background and counts as a busy try. A store that does not answer at all is given up on
+    /// [`ANSWER_GRACE`] after the budget (a retry: [`RETRY_GRACE`]).
     async fn grant(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let backend = &self.shared.backend;
         let mut delays = request.backoff().delays();
+        // The first try may answer up to ANSWER_GRACE after the budget; a retry, RETRY_GRACE,
+        // and when it is cut the failure it retried is the answer.
+        let mut cut = request.deadline() + ANSWER_GRACE;
+        let mut last: Option<LockError> = None;
         loop {
-            let error = match backend.acquire(request).await {
+            let answer = match tokio::time::timeout_at(cut.into(), backend.acquire(request)).await
+            {
+                Ok(answer) => answer,
+                Err(_) => Err(last.take().unwrap_or_else(|| LockError::Unavailable {
+                    message: format!(
+                        "the store did not answer within the wait budget of {:?} and {ANSWER_GRACE:?} more",
+                        request.wait()
+                    ),
+                    source: None,
+                })),
+            };
+            let error = match answer {
                 Ok(grant) if still_valid(&grant) => return Ok(grant),
                 Ok(grant) => {
                     tracing::debug!(fence = %grant.lease.fence(), "lock granted too late to use");
@@ -171,13 +187,15 @@ impl LockClient {
                 }
             };
             let now = Instant::now();
-            let delay = delays.next().unwrap_or(request.backoff().max);
-            if now + delay >= request.deadline() {
+            if now >= request.deadline() {
                 tracing::debug!(%error, "lock not acquired");
                 return Err(error);
             }
+            let delay = delays.next().unwrap_or(request.backoff().max);
             tracing::debug!(%error, ?delay, "acquire failed; retrying within the wait budget");
-            tokio::time::sleep(delay).await;
+            last = Some(error);
+            cut = request.deadline() + RETRY_GRACE;
+            tokio::time::sleep_until((now + delay).min(request.deadline()).into()).await;
         }
     }
 
@@ -229,6 +247,15 @@ impl LockClient {
         self.shared.backend.release(lease).await
     }
 }
+
+/// How long after the wait budget `acquire` still waits for the store's answer to a try it
+/// started in time; then the try is dropped (cancel safe: nothing stays held beyond its TTL)
+/// and `acquire` reports [`LockError::Unavailable`]. Whatever the store does, `acquire`
+/// returns within the budget plus this.
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(1);
+
+/// How long after the wait budget a retry after a retryable failure may still answer.
+const RETRY_GRACE: Duration = Duration::from_millis(50);
 
 /// Whether a fresh grant is still inside its local deadline.
 fn still_valid(grant: &Grant) -> bool {

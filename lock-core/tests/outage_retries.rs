@@ -15,11 +15,13 @@ use lock_core::{
     LockInfo, LockName, LockOptions, MemoryBackend, async_trait,
 };
 
-/// Fails the first `down_for` acquisitions with `Unavailable`, then behaves.
+/// Fails the first `down_for` acquisitions with `Unavailable` (or, with `hangs`, never
+/// answers them), then behaves.
 #[derive(Debug, Default)]
 struct Outage {
     inner: MemoryBackend,
     down_for: usize,
+    hangs: bool,
     tries: Arc<AtomicUsize>,
 }
 
@@ -30,6 +32,9 @@ impl LockBackend for Outage {
     }
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         if self.tries.fetch_add(1, Ordering::SeqCst) < self.down_for {
+            if self.hangs {
+                std::future::pending::<()>().await;
+            }
             return Err(LockError::Unavailable {
                 message: "connection refused".into(),
                 source: None,
@@ -107,4 +112,32 @@ async fn a_zero_budget_is_one_try_during_an_outage() {
         .await;
     assert!(matches!(result, Err(LockError::Unavailable { .. })));
     assert_eq!(tries.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_store_that_never_answers_is_given_up_on_a_second_after_the_budget() {
+    let backend = Outage {
+        down_for: usize::MAX,
+        hangs: true,
+        ..Outage::default()
+    };
+    let client = LockClient::new(backend);
+    let name = LockName::new("outage-hang").unwrap();
+    let budget = Duration::from_millis(200);
+    let start = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.acquire(&Holder::new(), &name, &LockOptions::new().wait(budget)),
+    )
+    .await
+    .expect("acquire returned within 5 s of a 200 ms budget");
+    let took = start.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "expected Unavailable, got {result:?}"
+    );
+    assert!(
+        took <= budget + Duration::from_millis(1100),
+        "took {took:?}"
+    );
 }

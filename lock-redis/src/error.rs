@@ -11,6 +11,8 @@ pub(crate) fn classify(what: &str, error: RedisError) -> LockError {
         || error.is_connection_refusal()
         || error.is_timeout()
         || error.is_cluster_error()
+        // The cluster client found no node to send to (every node down or restarting).
+        || error.kind() == redis::ErrorKind::ClusterConnectionNotFound
         || matches!(
             error.kind(),
             redis::ErrorKind::Server(

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use conformance_tests::{Runner, TestStore};
+use conformance_tests::{Runner, Services, TestStore};
 use lock_core::{LockClient, LockError, LockName, async_trait};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 use redis::{AsyncCommands, aio::MultiplexedConnection, cluster_async::ClusterConnection};
@@ -33,6 +33,7 @@ enum Kind {
 struct RedisStore {
     kind: Kind,
     raw: Raw,
+    services: Services,
 }
 
 fn redis_err(e: redis::RedisError) -> LockError {
@@ -62,6 +63,7 @@ impl RedisStore {
         Ok(Self {
             raw: Self::servers(&[url]).await?,
             kind: Kind::Single(config),
+            services: Services::from_env().map_err(|e| e.to_string())?,
         })
     }
 
@@ -79,6 +81,7 @@ impl RedisStore {
         Ok(Self {
             raw: Raw::Cluster(raw),
             kind: Kind::Cluster(config),
+            services: Services::from_env().map_err(|e| e.to_string())?,
         })
     }
 
@@ -88,7 +91,51 @@ impl RedisStore {
         Ok(Self {
             raw: Self::servers(&urls).await?,
             kind: Kind::Redlock(config),
+            services: Services::from_env().map_err(|e| e.to_string())?,
         })
+    }
+
+    /// The service instances an outage stops: the server, a majority of the Redlock servers,
+    /// or every cluster node.
+    fn outage_instances(&self) -> &'static [&'static str] {
+        match self.kind {
+            Kind::Single(_) => &["redis"],
+            Kind::Redlock(_) => &["redlock-0", "redlock-1", "redlock-2"],
+            Kind::Cluster(_) => &["redis-cluster"],
+        }
+    }
+
+    /// Waits until every cluster node reports `cluster_state:ok` again (up to 30 s).
+    async fn cluster_ok() -> Result<(), LockError> {
+        let urls = urls("LOCK_TEST_REDIS_CLUSTER_URLS").map_err(|e| LockError::Unavailable {
+            message: e,
+            source: None,
+        })?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        for url in urls {
+            loop {
+                let client = redis::Client::open(url.as_str()).map_err(redis_err)?;
+                let info: Option<String> = match client.get_multiplexed_async_connection().await {
+                    Ok(mut conn) => redis::cmd("CLUSTER")
+                        .arg("INFO")
+                        .query_async(&mut conn)
+                        .await
+                        .ok(),
+                    Err(_) => None,
+                };
+                if info.is_some_and(|info| info.contains("cluster_state:ok")) {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(LockError::Unavailable {
+                        message: format!("cluster node {url} not ok 30 s after its restart"),
+                        source: None,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
     }
 
     fn keys(name: &LockName) -> RedisKeys {
@@ -179,6 +226,23 @@ impl TestStore for RedisStore {
 
     fn can_plant_foreign(&self) -> bool {
         true
+    }
+
+    /// Stops the servers (without persistence they come back empty).
+    async fn begin_outage(&self) -> Result<(), LockError> {
+        self.services.stop(self.outage_instances()).await
+    }
+
+    async fn end_outage(&self) -> Result<(), LockError> {
+        self.services.start(self.outage_instances()).await?;
+        if let Kind::Cluster(_) = self.kind {
+            Self::cluster_ok().await?;
+        }
+        Ok(())
+    }
+
+    fn can_fail(&self) -> Result<(), &'static str> {
+        Ok(())
     }
 
     fn ttl(&self) -> Duration {

@@ -10,13 +10,16 @@ mod input;
 mod leases;
 mod leftovers;
 mod loss;
+mod outage;
 mod ownership;
 mod process;
 mod reentrancy;
 mod waiting;
 mod watchdog;
 
-use crate::scenario::{Scenario, always, cross_process, fifo, foreign, portable, ttl_expiry};
+use crate::scenario::{
+    Scenario, always, cross_process, fifo, foreign, outages, portable, ttl_expiry,
+};
 
 macro_rules! scenario {
     ($name:literal, $covers:literal, $applies:expr, $run:path) => {
@@ -283,6 +286,13 @@ pub fn all() -> Vec<Scenario> {
             "portable leases",
             portable,
             leases::portable_lease_moves_between_clients
+        ),
+        // Last: an outage restarts servers, and some come back empty.
+        scenario!(
+            "errors/outage_retried_within_budget",
+            "5 waiting, 11 errors: outages",
+            outages,
+            outage::outage_is_retried_within_the_budget
         ),
     ]
 }

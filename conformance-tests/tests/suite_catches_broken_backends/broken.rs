@@ -1,14 +1,17 @@
 //! Deliberately broken wrappers of `MemoryBackend`, one contract violation each.
 
 use std::{
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use tokio::sync::Notify;
 
 use async_trait::async_trait;
-use conformance_tests::{MemoryStore, TestStore};
+use conformance_tests::{MemoryStore, TestStore, Unreachable};
 use lock_core::{
     AcquireRequest, Capabilities, Fence, Grant, Lease, LockBackend, LockClient, LockError,
     LockInfo, LockName, LockOptions, MAX_TTL, MemoryBackend, WaitOrder,
@@ -41,10 +44,12 @@ pub(crate) enum Fault {
     RenewsOneByOne,
     /// Declares FIFO wait order but serves the waiter that came last first.
     ClaimsFifoServesLast,
+    /// While the store is down, answers with a non-retryable error, so nobody retries.
+    OutageIsFinal,
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 10] = [
+    pub(crate) const ALL: [Fault; 11] = [
         Fault::IgnoresOwnerOnRelease,
         Fault::NeverExpires,
         Fault::ReusesFences,
@@ -55,6 +60,7 @@ impl Fault {
         Fault::ZeroBudgetWaits,
         Fault::RenewsOneByOne,
         Fault::ClaimsFifoServesLast,
+        Fault::OutageIsFinal,
     ];
 
     /// Scenarios that must fail for the fault to count as caught (each one must).
@@ -83,6 +89,7 @@ impl Fault {
             Fault::ZeroBudgetWaits => &["waiting/zero_budget_is_one_try"],
             Fault::RenewsOneByOne => &["watchdog/batches_renewals"],
             Fault::ClaimsFifoServesLast => &["waiting/fifo_order_where_declared"],
+            Fault::OutageIsFinal => &["errors/outage_retried_within_budget"],
         }
     }
 }
@@ -93,6 +100,8 @@ pub(crate) struct Broken {
     fault: Fault,
     /// Waiters of [`Fault::ClaimsFifoServesLast`], in arrival order (shared by every client).
     stack: Arc<Stack>,
+    /// The memory store's simulated outage.
+    down: Arc<AtomicBool>,
 }
 
 /// A last-come-first-served queue of waiting tickets.
@@ -198,6 +207,16 @@ impl LockBackend for Broken {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(if self.fault == Fault::OutageIsFinal {
+                LockError::Backend {
+                    message: "the store is down".into(),
+                    source: None,
+                }
+            } else {
+                Unreachable::error()
+            });
+        }
         match self.fault {
             Fault::NeverExpires => {
                 let options = LockOptions::new().ttl(MAX_TTL).wait(request.wait());
@@ -245,6 +264,7 @@ impl LockBackend for Broken {
             }
             Fault::IgnoresOwnerOnRelease
             | Fault::ClaimsFifoServesLast
+            | Fault::OutageIsFinal
             | Fault::ReportsLostAsHeld
             | Fault::ZeroBudgetWaits
             | Fault::RenewsOneByOne => self.inner.acquire(request).await,
@@ -311,6 +331,7 @@ impl TestStore for BrokenStore {
             inner: self.memory.backend().clone(),
             fault: self.fault,
             stack: self.stack.clone(),
+            down: self.memory.outage_switch(),
         }))
     }
 
@@ -328,5 +349,17 @@ impl TestStore for BrokenStore {
 
     fn ttl(&self) -> Duration {
         self.memory.ttl()
+    }
+
+    async fn begin_outage(&self) -> Result<(), LockError> {
+        self.memory.begin_outage().await
+    }
+
+    async fn end_outage(&self) -> Result<(), LockError> {
+        self.memory.end_outage().await
+    }
+
+    fn can_fail(&self) -> Result<(), &'static str> {
+        self.memory.can_fail()
     }
 }

@@ -1,0 +1,69 @@
+//! [`Services`]: the `stop` and `start` scripts `cargo xtask services up` writes for each
+//! server, so a store under test can take its servers away and bring them back (an outage).
+
+use std::path::PathBuf;
+
+use lock_core::LockError;
+
+/// The variable naming the directory of the service instances.
+pub const SERVICES_DIR_VAR: &str = "LOCK_TEST_SERVICES_DIR";
+
+/// The local servers of `cargo xtask services`, by instance name (`redis`, `mariadb`,
+/// `redlock-0`, `redis-cluster`, ...).
+#[derive(Debug, Clone)]
+pub struct Services {
+    root: PathBuf,
+}
+
+impl Services {
+    /// The services whose directory [`SERVICES_DIR_VAR`] names.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the variable is not set.
+    pub fn from_env() -> Result<Self, LockError> {
+        let root = std::env::var_os(SERVICES_DIR_VAR).ok_or_else(|| LockError::Unavailable {
+            message: format!("{SERVICES_DIR_VAR} is not set; run `cargo xtask test`"),
+            source: None,
+        })?;
+        Ok(Self { root: root.into() })
+    }
+
+    /// Stops each instance and waits until its process is gone.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when a script fails.
+    pub async fn stop(&self, instances: &[&str]) -> Result<(), LockError> {
+        for instance in instances {
+            self.run(instance, "stop").await?;
+        }
+        Ok(())
+    }
+
+    /// Starts each instance and waits until it answers.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when a script fails.
+    pub async fn start(&self, instances: &[&str]) -> Result<(), LockError> {
+        for instance in instances {
+            self.run(instance, "start").await?;
+        }
+        Ok(())
+    }
+
+    async fn run(&self, instance: &str, script: &str) -> Result<(), LockError> {
+        let path = self.root.join(instance).join(script);
+        let status = tokio::process::Command::new(&path)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .await
+            .map_err(|e| LockError::unavailable(format!("running {}", path.display()), e))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(LockError::Unavailable {
+                message: format!("{} exited with {status}", path.display()),
+                source: None,
+            })
+        }
+    }
+}

@@ -2,9 +2,20 @@
 
 use std::time::Duration;
 
-use lock_core::{Holder, Lease, LeaseToken, LockError};
+use lock_core::{Holder, Lease, LeaseToken, LockClient, LockError};
 
 use crate::{Ctx, Outcome, ensure};
+
+/// The client a forged lease is sent through: another one where leases are portable; else the
+/// holder's own, the only one whose session or connection could act on the lock (another
+/// client would refuse without asking the store, proving nothing).
+fn forger<'a>(ctx: &Ctx, holder: &'a LockClient, other: &'a LockClient) -> &'a LockClient {
+    if ctx.caps().portable_lease {
+        other
+    } else {
+        holder
+    }
+}
 
 fn forged(lease: &Lease) -> Lease {
     Lease::new(
@@ -23,7 +34,7 @@ pub(crate) async fn forged_release_changes_nothing(ctx: Ctx) -> Outcome {
         .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
         .await?;
     let lease = guard.lease();
-    let result = b.release_lease(&forged(&lease)).await;
+    let result = forger(&ctx, &a, &b).release_lease(&forged(&lease)).await;
     ensure!(
         matches!(result, Err(LockError::NotHeld { .. })),
         "release with a forged lease returned {result:?}, expected NotHeld"
@@ -49,7 +60,7 @@ pub(crate) async fn forged_renew_changes_nothing(ctx: Ctx) -> Outcome {
         .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
         .await?;
     let lease = guard.lease();
-    let result = b
+    let result = forger(&ctx, &a, &b)
         .renew_lease(&forged(&lease), Duration::from_secs(60))
         .await;
     ensure!(

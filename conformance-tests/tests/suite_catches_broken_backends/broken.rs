@@ -46,10 +46,14 @@ pub(crate) enum Fault {
     ClaimsFifoServesLast,
     /// While the store is down, answers with a non-retryable error, so nobody retries.
     OutageIsFinal,
+    /// Declares leases bound to the client (not portable), refuses leases of names it does not
+    /// hold without asking the store, and renews or releases a name it holds whatever token
+    /// the lease carries.
+    SessionIgnoresToken,
 }
 
 impl Fault {
-    pub(crate) const ALL: [Fault; 11] = [
+    pub(crate) const ALL: [Fault; 12] = [
         Fault::IgnoresOwnerOnRelease,
         Fault::NeverExpires,
         Fault::ReusesFences,
@@ -61,6 +65,7 @@ impl Fault {
         Fault::RenewsOneByOne,
         Fault::ClaimsFifoServesLast,
         Fault::OutageIsFinal,
+        Fault::SessionIgnoresToken,
     ];
 
     /// Scenarios that must fail for the fault to count as caught (each one must).
@@ -90,6 +95,10 @@ impl Fault {
             Fault::RenewsOneByOne => &["watchdog/batches_renewals"],
             Fault::ClaimsFifoServesLast => &["waiting/fifo_order_where_declared"],
             Fault::OutageIsFinal => &["errors/outage_retried_within_budget"],
+            Fault::SessionIgnoresToken => &[
+                "ownership/forged_release_changes_nothing",
+                "ownership/forged_renew_changes_nothing",
+            ],
         }
     }
 }
@@ -102,6 +111,8 @@ pub(crate) struct Broken {
     stack: Arc<Stack>,
     /// The memory store's simulated outage.
     down: Arc<AtomicBool>,
+    /// The names this client holds, with their real leases ([`Fault::SessionIgnoresToken`]).
+    session: Arc<Mutex<Vec<Lease>>>,
 }
 
 /// A last-come-first-served queue of waiting tickets.
@@ -165,6 +176,19 @@ impl Broken {
         Grant::new(forged, grant.valid_from)
     }
 
+    /// This client's real lease of `lease`'s name, found by name alone
+    /// ([`Fault::SessionIgnoresToken`]); `NotHeld` without asking the store when it has none.
+    fn held_by_name(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .rev()
+            .find(|held| held.name() == lease.name())
+            .cloned()
+            .ok_or_else(|| LockError::not_held(lease.name()))
+    }
+
     /// Waits as a stack: only the newest waiter may try, polling every 5 ms.
     async fn serve_last(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let once = Self::one_try(request, request.ttl())?;
@@ -202,6 +226,9 @@ impl LockBackend for Broken {
         let mut caps = self.inner.capabilities();
         if self.fault == Fault::ClaimsFifoServesLast {
             caps.order = WaitOrder::Fifo;
+        }
+        if self.fault == Fault::SessionIgnoresToken {
+            caps.portable_lease = false;
         }
         caps
     }
@@ -262,6 +289,14 @@ impl LockBackend for Broken {
             Fault::ClaimsFifoServesLast if !request.wait().is_zero() => {
                 self.serve_last(request).await
             }
+            Fault::SessionIgnoresToken => {
+                let grant = self.inner.acquire(request).await?;
+                self.session
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(grant.lease.clone());
+                Ok(grant)
+            }
             Fault::IgnoresOwnerOnRelease
             | Fault::ClaimsFifoServesLast
             | Fault::OutageIsFinal
@@ -287,6 +322,10 @@ impl LockBackend for Broken {
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 self.inner.renew(lease, ttl).await
             }
+            Fault::SessionIgnoresToken => {
+                let real = self.held_by_name(lease)?;
+                self.inner.renew(&real, ttl).await
+            }
             _ => self.inner.renew(lease, ttl).await,
         }
     }
@@ -296,6 +335,10 @@ impl LockBackend for Broken {
             Fault::IgnoresOwnerOnRelease => {
                 self.inner.force_release(lease.name());
                 Ok(())
+            }
+            Fault::SessionIgnoresToken => {
+                let real = self.held_by_name(lease)?;
+                self.inner.release(&real).await
             }
             _ => self.inner.release(lease).await,
         }
@@ -332,6 +375,7 @@ impl TestStore for BrokenStore {
             fault: self.fault,
             stack: self.stack.clone(),
             down: self.memory.outage_switch(),
+            session: Arc::default(),
         }))
     }
 

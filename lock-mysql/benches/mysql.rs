@@ -48,6 +48,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// How long each run of separate clients lasts.
+const FLEET_TIME: Duration = Duration::from_secs(3);
+
 async fn run() -> Result<(), String> {
     for (strategy, label) in [
         (Strategy::Lease, "mysql-lease"),
@@ -112,6 +115,25 @@ async fn run() -> Result<(), String> {
         if let Some(rate) = rates.get(rates.len() / 2) {
             report.rate("16-task acquisitions (median of rounds)", *rate);
         }
+        let rtt = bench::time_op(PER_ROUND, || raw.commit()).await?.p50;
+        // Each fleet client has its own backend with a pool of one connection (plus, on the
+        // row lock, the dedicated connection of its hold or wait).
+        let fleet_config = config.clone().pool_size(1);
+        bench::fleet_report(
+            &mut report,
+            move || {
+                let config = fleet_config.clone();
+                async move {
+                    MySqlBackend::connect(&config)
+                        .await
+                        .map(LockClient::new)
+                        .map_err(|e| e.to_string())
+                }
+            },
+            rtt,
+            FLEET_TIME,
+        )
+        .await?;
         raw.finish().await?;
         report.finish().map_err(|e| e.to_string())?;
     }

@@ -95,6 +95,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> Raw<C> {
 }
 
 const ROUNDS: usize = 10;
+/// How long each run of separate clients lasts.
+const FLEET_TIME: Duration = Duration::from_secs(3);
 const PER_ROUND: usize = 200;
 
 async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
@@ -201,6 +203,23 @@ async fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     lock_numbers(&mut report, &LockClient::new(backend.clone()), &raw, true).await?;
     batching(&mut report, &backend).await?;
+    let rtt = raw.round_trip().await?.p50;
+    let single = url.clone();
+    bench::fleet_report(
+        &mut report,
+        move || {
+            let url = single.clone();
+            async move {
+                RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("bench"))
+                    .await
+                    .map(LockClient::new)
+                    .map_err(|e| e.to_string())
+            }
+        },
+        rtt,
+        FLEET_TIME,
+    )
+    .await?;
     report.finish().map_err(|e| e.to_string())?;
 
     let cluster_urls: Vec<String> = var("LOCK_TEST_REDIS_CLUSTER_URLS")?
@@ -214,14 +233,25 @@ async fn run() -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let backend =
-        RedisBackend::connect(RedisConfig::cluster(cluster_urls).with_key_prefix("bench"))
+        RedisBackend::connect(RedisConfig::cluster(cluster_urls.clone()).with_key_prefix("bench"))
             .await
             .map_err(|e| e.to_string())?;
-    lock_numbers(
+    let cluster_raw = Raw::new(cluster_raw);
+    lock_numbers(&mut report, &LockClient::new(backend), &cluster_raw, true).await?;
+    let rtt = cluster_raw.round_trip().await?.p50;
+    bench::fleet_report(
         &mut report,
-        &LockClient::new(backend),
-        &Raw::new(cluster_raw),
-        true,
+        move || {
+            let urls = cluster_urls.clone();
+            async move {
+                RedisBackend::connect(RedisConfig::cluster(urls).with_key_prefix("bench"))
+                    .await
+                    .map(LockClient::new)
+                    .map_err(|e| e.to_string())
+            }
+        },
+        rtt,
+        FLEET_TIME,
     )
     .await?;
     report.finish().map_err(|e| e.to_string())?;
@@ -233,10 +263,26 @@ async fn run() -> Result<(), String> {
         .collect();
     let mut report = Report::new("redlock(5)");
     let backend =
-        RedlockBackend::connect(RedlockConfig::new(redlock_urls).with_key_prefix("bench"))
+        RedlockBackend::connect(RedlockConfig::new(redlock_urls.clone()).with_key_prefix("bench"))
             .await
             .map_err(|e| e.to_string())?;
     lock_numbers(&mut report, &LockClient::new(backend), &raw, false).await?;
+    let rtt = raw.round_trip().await?.p50;
+    bench::fleet_report(
+        &mut report,
+        move || {
+            let urls = redlock_urls.clone();
+            async move {
+                RedlockBackend::connect(RedlockConfig::new(urls).with_key_prefix("bench"))
+                    .await
+                    .map(LockClient::new)
+                    .map_err(|e| e.to_string())
+            }
+        },
+        rtt,
+        FLEET_TIME,
+    )
+    .await?;
     report.finish().map_err(|e| e.to_string())
 }
 

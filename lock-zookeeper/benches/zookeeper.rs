@@ -47,6 +47,9 @@ async fn raw_create(raw: &Client, prefix: &str) -> Result<String, String> {
     Ok(format!("{prefix}{sequence}"))
 }
 
+/// How long each run of separate clients lasts.
+const FLEET_TIME: Duration = Duration::from_secs(3);
+
 async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     let config = ZkConfig::new(support::hosts(var)?).session_timeout(Duration::from_secs(10));
     let backend = ZkBackend::connect(config.clone()).await.map_err(text)?;
@@ -113,6 +116,21 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         contended.per_second,
     );
     report.rate("raw create + delete per second", per_second(&floor));
+    bench::fleet_report(
+        &mut report,
+        move || {
+            let config = config.clone();
+            async move {
+                ZkBackend::connect(config)
+                    .await
+                    .map(LockClient::new)
+                    .map_err(text)
+            }
+        },
+        create.p50,
+        FLEET_TIME,
+    )
+    .await?;
     report.finish().map_err(text)
 }
 

@@ -14,6 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod clients;
+
+pub use clients::{FLEET_RUNS, Fleet, fleet_report, jain, separate_clients};
+
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};
 use serde::{Deserialize, Serialize};
@@ -359,7 +363,13 @@ impl Report {
         self.push(metric, format!("{per_second:.0}/s"), None, None);
     }
 
-    fn push(&mut self, metric: &str, value: String, ratio: Option<f64>, target: Option<f64>) {
+    pub(crate) fn push(
+        &mut self,
+        metric: &str,
+        value: String,
+        ratio: Option<f64>,
+        target: Option<f64>,
+    ) {
         let line = Line {
             metric: metric.to_owned(),
             value,

@@ -1,0 +1,318 @@
+//! Contention across separate clients: each client is an OS thread with its own Tokio runtime
+//! and its own backend (connections, session), as separate processes would have, all taking
+//! one lock in turn. Measures what a service fleet sees: throughput, hand-off to *another*
+//! client (re-takes by the same client reported apart), and fairness across clients.
+
+use std::{
+    future::Future,
+    sync::{Arc, Barrier, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use lock_core::{Holder, LockClient, LockName, LockOptions};
+use serde::{Deserialize, Serialize};
+
+use super::{Stats, histogram, record, stats};
+
+/// What one run of [`separate_clients`] measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Fleet {
+    /// How many clients contended.
+    pub clients: usize,
+    /// Acquisitions in the whole run.
+    pub acquisitions: usize,
+    /// Acquisitions per second.
+    pub per_second: f64,
+    /// From a client's release to the next acquisition by *another* client.
+    pub handoff: Stats,
+    /// How many acquisitions followed the same client's own release.
+    pub self_retakes: usize,
+    /// The fewest acquisitions of one client.
+    pub min: usize,
+    /// The most acquisitions of one client.
+    pub max: usize,
+    /// Jain's fairness index of acquisitions per client: 1 when equal, 1/n when one client
+    /// took everything.
+    pub jain: f64,
+}
+
+/// One acquisition: by which client, when `acquire` returned, when the release began.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    client: usize,
+    acquired: Instant,
+    released: Instant,
+}
+
+/// Jain's fairness index of `counts`.
+pub fn jain(counts: &[usize]) -> f64 {
+    let sum: f64 = counts.iter().map(|&c| c as f64).sum();
+    let squares: f64 = counts.iter().map(|&c| (c as f64) * (c as f64)).sum();
+    if squares == 0.0 {
+        return 0.0;
+    }
+    sum * sum / (counts.len() as f64 * squares)
+}
+
+/// `clients` separate clients (each an OS thread with its own current-thread runtime and its
+/// own client from `connect`) take one lock in turn for `run_for`, holding it `hold` each
+/// time; every client waits with the budget that is left. Blocks the calling thread: call it
+/// outside a runtime or from `spawn_blocking`.
+///
+/// # Errors
+/// The first error of a client (connecting, acquiring or releasing), as text.
+pub fn separate_clients<C, CF>(
+    connect: C,
+    clients: usize,
+    hold: Duration,
+    run_for: Duration,
+    options: &LockOptions,
+) -> Result<Fleet, String>
+where
+    C: Fn() -> CF + Send + Sync + 'static,
+    CF: Future<Output = Result<LockClient, String>>,
+{
+    let name = LockName::new(format!("bench/fleet/{:016x}", rand::random::<u64>()))
+        .map_err(|e| e.to_string())?;
+    let connect = Arc::new(connect);
+    let turns = Arc::new(Mutex::new(Vec::new()));
+    // Every client connects first; the clock starts when all are ready.
+    let ready = Arc::new(Barrier::new(clients + 1));
+    let start = Arc::new(Mutex::new(None::<Instant>));
+    let mut threads = Vec::with_capacity(clients);
+    for id in 0..clients {
+        let (connect, turns, ready, start) =
+            (connect.clone(), turns.clone(), ready.clone(), start.clone());
+        let (name, options) = (name.clone(), options.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("fleet-{id}"))
+            .spawn(move || -> Result<(), String> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string());
+                let client = runtime
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|rt| rt.block_on(connect()));
+                ready.wait();
+                let (runtime, client) = (runtime?, client?);
+                let began = start
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .ok_or("the run did not start")?;
+                runtime.block_on(take_turns(
+                    id,
+                    &client,
+                    &name,
+                    &options,
+                    hold,
+                    began + run_for,
+                    &turns,
+                ))
+            })
+            .map_err(|e| e.to_string())?;
+        threads.push(thread);
+    }
+    *start.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    ready.wait();
+    let began = Instant::now();
+    let mut first_error = None;
+    for thread in threads {
+        let outcome = thread
+            .join()
+            .map_err(|_| "a client thread panicked".to_string())
+            .and_then(|r| r);
+        if let Err(error) = outcome {
+            first_error.get_or_insert(error);
+        }
+    }
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    let elapsed = began.elapsed();
+    let mut turns = std::mem::take(&mut *turns.lock().unwrap_or_else(PoisonError::into_inner));
+    turns.sort_by_key(|turn| turn.acquired);
+    summarize(clients, &turns, elapsed)
+}
+
+/// One client's loop: acquire (waiting at most until `end`), hold, release, until `end`.
+async fn take_turns(
+    id: usize,
+    client: &LockClient,
+    name: &LockName,
+    options: &LockOptions,
+    hold: Duration,
+    end: Instant,
+    turns: &Mutex<Vec<Turn>>,
+) -> Result<(), String> {
+    let holder = Holder::new();
+    let mut mine = Vec::new();
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let guard = match client
+            .acquire(&holder, name, &options.clone().wait(left))
+            .await
+        {
+            Ok(guard) => guard,
+            Err(lock_core::LockError::Timeout { .. }) => break,
+            Err(error) => return Err(error.to_string()),
+        };
+        let acquired = Instant::now();
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+        let released = Instant::now();
+        guard.release().await.map_err(|e| e.to_string())?;
+        mine.push(Turn {
+            client: id,
+            acquired,
+            released,
+        });
+    }
+    turns
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .extend(mine);
+    Ok(())
+}
+
+fn summarize(clients: usize, turns: &[Turn], elapsed: Duration) -> Result<Fleet, String> {
+    let mut handoffs = histogram()?;
+    let mut self_retakes = 0;
+    for pair in turns.windows(2) {
+        let (before, after) = (pair[0], pair[1]);
+        if before.client == after.client {
+            self_retakes += 1;
+        } else {
+            record(
+                &mut handoffs,
+                after.acquired.saturating_duration_since(before.released),
+            );
+        }
+    }
+    let mut counts = vec![0usize; clients];
+    for turn in turns {
+        counts[turn.client] += 1;
+    }
+    Ok(Fleet {
+        clients,
+        acquisitions: turns.len(),
+        per_second: turns.len() as f64 / elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
+        handoff: stats(&handoffs),
+        self_retakes,
+        min: counts.iter().copied().min().unwrap_or(0),
+        max: counts.iter().copied().max().unwrap_or(0),
+        jain: jain(&counts),
+    })
+}
+
+impl super::Report {
+    /// Adds the lines of one [`Fleet`] run labelled `label`, with its hand-off p50 as a ratio
+    /// to `round_trip` (one raw round trip of the store measured in the same run).
+    pub fn fleet(&mut self, label: &str, fleet: &Fleet, round_trip: Duration) {
+        self.rate(&format!("{label}: acquisitions"), fleet.per_second);
+        self.ratio(
+            &format!("{label}: hand-off to another client p50 / raw round trip"),
+            fleet.handoff.p50,
+            round_trip,
+            Some(2.0),
+        );
+        self.push(
+            &format!("{label}: hand-off to another client"),
+            format!(
+                "p50 {:?}, p99 {:?} ({} hand-offs; {} re-takes by the same client)",
+                fleet.handoff.p50, fleet.handoff.p99, fleet.handoff.samples, fleet.self_retakes
+            ),
+            None,
+            None,
+        );
+        self.push(
+            &format!("{label}: fairness"),
+            format!(
+                "per client min {} / max {} of {}, Jain {:.2}",
+                fleet.min, fleet.max, fleet.acquisitions, fleet.jain
+            ),
+            None,
+            None,
+        );
+    }
+}
+
+/// The fleet runs every store's benchmark makes: 16 clients holding 1 ms and holding 0, and
+/// 100 clients holding 1 ms, `run_for` each.
+pub const FLEET_RUNS: [(usize, Duration); 3] = [
+    (16, Duration::from_millis(1)),
+    (16, Duration::ZERO),
+    (100, Duration::from_millis(1)),
+];
+
+/// Runs [`FLEET_RUNS`] against the store `connect` reaches, `run_for` each, and adds each to
+/// `report` (see [`Report::fleet`](super::Report::fleet)). Runs on a multi-thread runtime
+/// (the benchmarks' [`crate::runtime`]), whose worker it blocks while the clients run.
+///
+/// # Errors
+/// The first error of a run, as text.
+pub async fn fleet_report<C, CF>(
+    report: &mut super::Report,
+    connect: C,
+    round_trip: Duration,
+    run_for: Duration,
+) -> Result<(), String>
+where
+    C: Fn() -> CF + Clone + Send + Sync + 'static,
+    CF: Future<Output = Result<LockClient, String>>,
+{
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    for (clients, hold) in FLEET_RUNS {
+        let fleet = tokio::task::block_in_place(|| {
+            separate_clients(connect.clone(), clients, hold, run_for, &options)
+        })?;
+        report.fleet(
+            &format!("{clients} clients, hold {hold:?}"),
+            &fleet,
+            round_trip,
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::MemoryBackend;
+
+    #[test]
+    fn jain_is_one_when_equal_and_one_over_n_when_one_takes_all() {
+        assert!((jain(&[5, 5, 5, 5]) - 1.0).abs() < 1e-9);
+        assert!((jain(&[20, 0, 0, 0]) - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn separate_clients_take_turns_and_are_counted() {
+        let backend = MemoryBackend::new();
+        let fleet = separate_clients(
+            move || {
+                let backend = backend.clone();
+                async move { Ok(LockClient::new(backend)) }
+            },
+            4,
+            Duration::from_millis(1),
+            Duration::from_millis(300),
+            &LockOptions::new(),
+        )
+        .unwrap();
+        assert_eq!(fleet.clients, 4);
+        assert!(fleet.acquisitions > 10, "{fleet:?}");
+        assert!(fleet.min <= fleet.max && fleet.max <= fleet.acquisitions);
+        assert!(fleet.jain > 0.0 && fleet.jain <= 1.0 + 1e-9, "{fleet:?}");
+        assert_eq!(
+            fleet.handoff.samples + fleet.self_retakes + 1,
+            fleet.acquisitions,
+            "{fleet:?}"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! [`MemoryBackend`]: the complete in-process reference implementation of the contract.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant, SystemTime},
 };
@@ -17,7 +17,10 @@ use crate::{
 /// An in-process lock store: every rule of the contract, no server.
 ///
 /// It is the reference the conformance suite is checked against and the default in examples.
-/// Waiters are woken by release notifications (no polling) or when the holder's TTL runs out.
+/// Waiters are woken by release notifications (no polling) or when the holder's TTL runs out,
+/// and served first come, first served ([`WaitOrder::Fifo`]): a waiter joins the queue at its
+/// first busy try, and while anyone queues, only the first in the queue is granted (a fresh
+/// try, even on a free lock, finds it busy). A waiter that gives up leaves the queue.
 /// Fence counters are kept per name after release (as every store keeps them) so fences never
 /// go back. Clones share the store.
 #[derive(Debug, Clone, Default)]
@@ -30,6 +33,8 @@ struct Slot {
     fence: u64,
     current: Option<Current>,
     released: Arc<Notify>,
+    /// Tickets of the waiters, in arrival order.
+    queue: VecDeque<u64>,
 }
 
 #[derive(Debug)]
@@ -78,7 +83,9 @@ impl MemoryBackend {
             .clone()
     }
 
-    fn try_once(&self, name: &LockName, ttl: Duration) -> Try {
+    /// One try by the waiter holding `ticket` (none on a first try): granted when the lock is
+    /// free and nobody queues ahead.
+    fn try_once(&self, name: &LockName, ttl: Duration, ticket: Option<u64>) -> Try {
         let now = Instant::now();
         let mut slots = self.slots();
         let slot = slots.entry(name.clone()).or_default();
@@ -86,6 +93,17 @@ impl MemoryBackend {
             && current.expires > now
         {
             return Try::Busy(current.expires);
+        }
+        if slot
+            .queue
+            .front()
+            .is_some_and(|first| Some(*first) != ticket)
+        {
+            // Free, but another waiter is first in line: it is being woken.
+            return Try::Busy(now + Duration::from_secs(3600));
+        }
+        if ticket.is_some() {
+            slot.queue.pop_front();
         }
         slot.fence += 1;
         let token = LeaseToken::random();
@@ -100,6 +118,50 @@ impl MemoryBackend {
     }
 }
 
+/// A waiter's place in a lock's queue: leaves it when dropped, whichever way the acquisition
+/// ended (served places were already taken off by the grant).
+struct Place<'a> {
+    backend: &'a MemoryBackend,
+    name: LockName,
+    ticket: u64,
+    served: bool,
+}
+
+impl<'a> Place<'a> {
+    fn join(backend: &'a MemoryBackend, name: &LockName) -> Self {
+        let ticket = rand::random();
+        backend
+            .slots()
+            .entry(name.clone())
+            .or_default()
+            .queue
+            .push_back(ticket);
+        Self {
+            backend,
+            name: name.clone(),
+            ticket,
+            served: false,
+        }
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if self.served {
+            return;
+        }
+        let mut slots = self.backend.slots();
+        if let Some(slot) = slots.get_mut(&self.name) {
+            let was_first = slot.queue.front() == Some(&self.ticket);
+            slot.queue.retain(|ticket| *ticket != self.ticket);
+            if was_first {
+                // The next in line may be waiting for a lock that is free.
+                slot.released.notify_waiters();
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl LockBackend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
@@ -107,7 +169,7 @@ impl LockBackend for MemoryBackend {
             Fencing::Strict,
             Expiry::Ttl,
             Wakeup::Push,
-            WaitOrder::None,
+            WaitOrder::Fifo,
             Clock::Server,
         )
         .with_portable_lease(true)
@@ -115,6 +177,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        let mut place: Option<Place<'_>> = None;
         loop {
             // Register for the release notification before looking, so a release between the
             // look and the wait cannot be missed.
@@ -122,13 +185,22 @@ impl LockBackend for MemoryBackend {
             let notified = notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let holder_expires = match self.try_once(request.name(), request.ttl()) {
-                Try::Granted(grant) => return Ok(grant),
+            let ticket = place.as_ref().map(|place| place.ticket);
+            let holder_expires = match self.try_once(request.name(), request.ttl(), ticket) {
+                Try::Granted(grant) => {
+                    if let Some(place) = place.as_mut() {
+                        place.served = true;
+                    }
+                    return Ok(grant);
+                }
                 Try::Busy(expires) => expires,
             };
             let deadline = request.deadline();
             if Instant::now() >= deadline {
                 return Err(request.timeout_error());
+            }
+            if place.is_none() {
+                place = Some(Place::join(self, request.name()));
             }
             tokio::select! {
                 () = notified => {}
@@ -163,6 +235,7 @@ impl LockBackend for MemoryBackend {
         match &slot.current {
             Some(c) if &c.token == lease.token() && c.expires > now => {
                 slot.current = None;
+                // Every waiter looks; the first in the queue is granted.
                 slot.released.notify_waiters();
                 Ok(())
             }

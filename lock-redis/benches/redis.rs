@@ -94,6 +94,63 @@ impl<C: ConnectionLike + Clone + Send + Sync> Raw<C> {
     }
 }
 
+/// rslock, a peer library, taking its turns as its README shows: `acquire` (which retries
+/// until it has the lock, after a random delay of up to 200 ms between tries), hold, `release`.
+struct Rslock {
+    manager: rslock::LockManager,
+    resource: String,
+}
+
+impl bench::Contender for Rslock {
+    async fn turn(
+        &self,
+        end: std::time::Instant,
+        hold: Duration,
+    ) -> Result<Option<(std::time::Instant, std::time::Instant)>, String> {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let acquire = self
+            .manager
+            .acquire(self.resource.as_bytes(), Duration::from_secs(30));
+        let guard = match tokio::time::timeout(left, acquire).await {
+            Ok(guard) => guard.map_err(|e| e.to_string())?,
+            Err(_) => return Ok(None),
+        };
+        let acquired = std::time::Instant::now();
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+        let released = std::time::Instant::now();
+        guard.release().await;
+        Ok(Some((acquired, released)))
+    }
+}
+
+/// rslock's fleet on the single server, 16 clients holding 1 ms, beside ours.
+async fn rslock_fleet(report: &mut Report, url: &str, rtt: Duration) -> Result<(), String> {
+    let url = url.to_owned();
+    let fleet = tokio::task::block_in_place(|| {
+        bench::fleet(
+            move |name| {
+                let url = url.clone();
+                async move {
+                    Ok(Rslock {
+                        manager: rslock::LockManager::new(vec![url]),
+                        resource: format!("bench:rslock:{name}"),
+                    })
+                }
+            },
+            16,
+            Duration::from_millis(1),
+            FLEET_TIME,
+        )
+    })?;
+    report.fleet("rslock 0.10, 16 clients, hold 1ms", &fleet, rtt);
+    Ok(())
+}
+
 const ROUNDS: usize = 10;
 /// How long each run of separate clients lasts.
 const FLEET_TIME: Duration = Duration::from_secs(3);
@@ -220,6 +277,7 @@ async fn run() -> Result<(), String> {
         FLEET_TIME,
     )
     .await?;
+    rslock_fleet(&mut report, &url, rtt).await?;
     report.finish().map_err(|e| e.to_string())?;
 
     let cluster_urls: Vec<String> = var("LOCK_TEST_REDIS_CLUSTER_URLS")?

@@ -54,10 +54,62 @@ pub fn jain(counts: &[usize]) -> f64 {
     sum * sum / (counts.len() as f64 * squares)
 }
 
+/// One client of a fleet: takes the lock once (waiting at most until `end`), holds it for
+/// `hold`, and releases it. Implemented for this library's clients by [`separate_clients`];
+/// a benchmark implements it for a peer library to compare with.
+pub trait Contender {
+    /// One turn: when `acquire` returned and when the release began, or `None` when `end`
+    /// passed before the lock was had.
+    fn turn(
+        &self,
+        end: Instant,
+        hold: Duration,
+    ) -> impl Future<Output = Result<Option<(Instant, Instant)>, String>>;
+}
+
+/// A [`LockClient`] taking its turns as a user of this library would: `acquire` with the
+/// budget that is left, hold, `release`.
+struct Client {
+    client: LockClient,
+    holder: Holder,
+    name: LockName,
+    options: LockOptions,
+}
+
+impl Contender for Client {
+    async fn turn(
+        &self,
+        end: Instant,
+        hold: Duration,
+    ) -> Result<Option<(Instant, Instant)>, String> {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let options = self.options.clone().wait(left);
+        let guard = match self
+            .client
+            .acquire(&self.holder, &self.name, &options)
+            .await
+        {
+            Ok(guard) => guard,
+            Err(lock_core::LockError::Timeout { .. }) => return Ok(None),
+            Err(error) => return Err(error.to_string()),
+        };
+        let acquired = Instant::now();
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+        let released = Instant::now();
+        guard.release().await.map_err(|e| e.to_string())?;
+        Ok(Some((acquired, released)))
+    }
+}
+
 /// `clients` separate clients (each an OS thread with its own current-thread runtime and its
 /// own client from `connect`) take one lock in turn for `run_for`, holding it `hold` each
 /// time; every client waits with the budget that is left. Blocks the calling thread: call it
-/// outside a runtime or from `spawn_blocking`.
+/// outside a runtime or from `block_in_place`.
 ///
 /// # Errors
 /// The first error of a client (connecting, acquiring or releasing), as text.
@@ -72,6 +124,42 @@ where
     C: Fn() -> CF + Send + Sync + 'static,
     CF: Future<Output = Result<LockClient, String>>,
 {
+    let options = options.clone();
+    let connect = Arc::new(connect);
+    fleet(
+        move |name| {
+            let (connect, options) = (connect.clone(), options.clone());
+            async move {
+                Ok(Client {
+                    client: connect().await?,
+                    holder: Holder::new(),
+                    name,
+                    options,
+                })
+            }
+        },
+        clients,
+        hold,
+        run_for,
+    )
+}
+
+/// Like [`separate_clients`], for any [`Contender`]: `connect` makes each client's contender
+/// for the lock it is given.
+///
+/// # Errors
+/// The first error of a client, as text.
+pub fn fleet<C, CF, T>(
+    connect: C,
+    clients: usize,
+    hold: Duration,
+    run_for: Duration,
+) -> Result<Fleet, String>
+where
+    C: Fn(LockName) -> CF + Send + Sync + 'static,
+    CF: Future<Output = Result<T, String>>,
+    T: Contender,
+{
     let name = LockName::new(format!("bench/fleet/{:016x}", rand::random::<u64>()))
         .map_err(|e| e.to_string())?;
     let connect = Arc::new(connect);
@@ -83,7 +171,7 @@ where
     for id in 0..clients {
         let (connect, turns, ready, start) =
             (connect.clone(), turns.clone(), ready.clone(), start.clone());
-        let (name, options) = (name.clone(), options.clone());
+        let name = name.clone();
         let thread = std::thread::Builder::new()
             .name(format!("fleet-{id}"))
             .spawn(move || -> Result<(), String> {
@@ -91,25 +179,17 @@ where
                     .enable_all()
                     .build()
                     .map_err(|e| e.to_string());
-                let client = runtime
+                let contender = runtime
                     .as_ref()
                     .map_err(Clone::clone)
-                    .and_then(|rt| rt.block_on(connect()));
+                    .and_then(|rt| rt.block_on(connect(name)));
                 ready.wait();
-                let (runtime, client) = (runtime?, client?);
+                let (runtime, contender) = (runtime?, contender?);
                 let began = start
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .ok_or("the run did not start")?;
-                runtime.block_on(take_turns(
-                    id,
-                    &client,
-                    &name,
-                    &options,
-                    hold,
-                    began + run_for,
-                    &turns,
-                ))
+                runtime.block_on(take_turns(id, &contender, hold, began + run_for, &turns))
             })
             .map_err(|e| e.to_string())?;
         threads.push(thread);
@@ -136,37 +216,16 @@ where
     summarize(clients, &turns, elapsed)
 }
 
-/// One client's loop: acquire (waiting at most until `end`), hold, release, until `end`.
-async fn take_turns(
+/// One client's loop: turns until `end`.
+async fn take_turns<T: Contender>(
     id: usize,
-    client: &LockClient,
-    name: &LockName,
-    options: &LockOptions,
+    contender: &T,
     hold: Duration,
     end: Instant,
     turns: &Mutex<Vec<Turn>>,
 ) -> Result<(), String> {
-    let holder = Holder::new();
     let mut mine = Vec::new();
-    loop {
-        let left = end.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        let guard = match client
-            .acquire(&holder, name, &options.clone().wait(left))
-            .await
-        {
-            Ok(guard) => guard,
-            Err(lock_core::LockError::Timeout { .. }) => break,
-            Err(error) => return Err(error.to_string()),
-        };
-        let acquired = Instant::now();
-        if !hold.is_zero() {
-            tokio::time::sleep(hold).await;
-        }
-        let released = Instant::now();
-        guard.release().await.map_err(|e| e.to_string())?;
+    while let Some((acquired, released)) = contender.turn(end, hold).await? {
         mine.push(Turn {
             client: id,
             acquired,

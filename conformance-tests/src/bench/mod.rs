@@ -16,7 +16,7 @@ use std::{
 
 mod clients;
 
-pub use clients::{FLEET_RUNS, Fleet, fleet_report, jain, separate_clients};
+pub use clients::{Contender, FLEET_RUNS, Fleet, fleet, fleet_report, jain, separate_clients};
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};

@@ -132,6 +132,12 @@ pub fn all() -> Vec<Scenario> {
             waiting::fifo_order_where_declared
         ),
         scenario!(
+            "waiting/no_client_starves",
+            "5 waiting, WaitOrder",
+            fifo,
+            waiting::no_client_starves
+        ),
+        scenario!(
             "reentrancy/depth_needs_as_many_releases",
             "6 reentrancy",
             always,

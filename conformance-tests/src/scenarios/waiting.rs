@@ -157,3 +157,56 @@ pub(crate) async fn fifo_order_where_declared(ctx: Ctx) -> Outcome {
     );
     Ok(())
 }
+
+/// Where the store declares an order, no client starves: separate clients that release and
+/// take the lock again in a loop each get at least half the mean number of turns.
+pub(crate) async fn no_client_starves(ctx: Ctx) -> Outcome {
+    const CLIENTS: usize = 6;
+    let name = ctx.name("starve");
+    let run_for = Duration::from_millis(1500);
+    let end = Instant::now() + run_for;
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = ctx.client().await?;
+        let name = name.clone();
+        let options = LockOptions::new().ttl(Duration::from_secs(30));
+        tasks.push(tokio::spawn(async move {
+            let holder = Holder::new();
+            let mut turns = 0usize;
+            loop {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok::<usize, LockError>(turns);
+                }
+                let guard = match client
+                    .acquire(&holder, &name, &options.clone().wait(left))
+                    .await
+                {
+                    Ok(guard) => guard,
+                    Err(LockError::Timeout { .. }) => return Ok(turns),
+                    Err(error) => return Err(error),
+                };
+                turns += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                guard.release().await?;
+            }
+        }));
+    }
+    let mut turns = Vec::with_capacity(CLIENTS);
+    for task in tasks {
+        turns.push(
+            task.await
+                .map_err(|e| Failure(format!("a client panicked: {e}")))??,
+        );
+    }
+    let total: usize = turns.iter().sum();
+    ensure!(total >= 2 * CLIENTS, "only {turns:?} turns in {run_for:?}");
+    // At least half the mean: fewest * CLIENTS * 2 >= total.
+    let fewest = turns.iter().copied().min().unwrap_or(0);
+    ensure!(
+        fewest * CLIENTS * 2 >= total,
+        "a client starved: turns per client {turns:?} (mean {:.1})",
+        total as f64 / CLIENTS as f64
+    );
+    Ok(())
+}

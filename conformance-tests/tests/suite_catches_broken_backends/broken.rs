@@ -93,7 +93,10 @@ impl Fault {
             Fault::ValidFromAfterReply => &["lost/fires_at_local_deadline"],
             Fault::ZeroBudgetWaits => &["waiting/zero_budget_is_one_try"],
             Fault::RenewsOneByOne => &["watchdog/batches_renewals"],
-            Fault::ClaimsFifoServesLast => &["waiting/fifo_order_where_declared"],
+            Fault::ClaimsFifoServesLast => &[
+                "waiting/fifo_order_where_declared",
+                "waiting/no_client_starves",
+            ],
             Fault::OutageIsFinal => &["errors/outage_retried_within_budget"],
             Fault::SessionIgnoresToken => &[
                 "ownership/forged_release_changes_nothing",

@@ -96,6 +96,9 @@ struct Shared {
     /// Which of this client's acquisitions of a name waits in InnoDB (one at a time).
     queue: LocalQueue,
     max_idle: usize,
+    /// The server's session settings for dedicated connections (idle-transaction killers and
+    /// statement time limits off), or empty.
+    session_setup: String,
 }
 
 /// A connection outside the pool, for one hold or one wait at a time.
@@ -154,6 +157,7 @@ impl RowLockStrategy {
         connect_timeout: Duration,
         table: TableName,
         max_idle: usize,
+        session_setup: String,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -172,6 +176,7 @@ impl RowLockStrategy {
                 idle: Mutex::new(Vec::new()),
                 queue: LocalQueue::default(),
                 max_idle,
+                session_setup,
             }),
         }
     }
@@ -409,10 +414,19 @@ impl Shared {
                 source: None,
             })?
             .map_err(|e| lock_error(what, e))?;
+        // The hold is an idle transaction: no server-side idle killer or statement time limit
+        // may end it (or a wait) behind the client's back.
+        let setup = if self.session_setup.is_empty() {
+            String::new()
+        } else {
+            format!("{}; ", self.session_setup)
+        };
         let rows = run(
             &mut conn,
-            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-             SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)",
+            AssertSqlSafe(format!(
+                "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; {setup}\
+                 SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)"
+            )),
         )
         .await
         .map_err(|e| lock_error(what, e))?;
@@ -533,7 +547,10 @@ impl Shared {
                     return Err(Failed::Stopped(stop));
                 }
                 Err((None, error)) => match classify(&error) {
-                    Class::LockWait => {
+                    // A server-side time limit (turned off on this session, but a server may
+                    // enforce one anyway): the wait ended without the lock, like a lock-wait
+                    // timeout.
+                    Class::LockWait | Class::StatementTimeout => {
                         if !nowait {
                             dedicated.lock_wait = seconds;
                         }
@@ -810,6 +827,7 @@ mod tests {
             Duration::from_secs(1),
             TableName::new("t").unwrap(),
             0,
+            String::new(),
         );
         let request =
             AcquireRequest::new(LockName::new("a").unwrap(), &LockOptions::new()).unwrap();

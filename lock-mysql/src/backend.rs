@@ -9,8 +9,12 @@ use lock_core::{
 use sqlx::{AssertSqlSafe, Connection, MySqlPool, mysql::MySqlPoolOptions};
 
 use crate::{
-    MySqlConfig, Strategy, TableName, error::lock_error, lease_strategy::LeaseStrategy,
-    row_lock::RowLockStrategy, schema, server::Server,
+    MySqlConfig, Strategy, TableName,
+    error::lock_error,
+    lease_strategy::{LeaseStrategy, Limits},
+    row_lock::RowLockStrategy,
+    schema,
+    server::Server,
 };
 
 /// Pooled connections idle longer than this are pinged before use (a restarted server
@@ -95,7 +99,15 @@ impl MySqlBackend {
             })?;
         schema::ensure(&pool, &table, config.strategy, config.create_table).await?;
         let imp = match config.strategy {
-            Strategy::Lease => Imp::Lease(LeaseStrategy::new(pool.clone(), table.clone())),
+            Strategy::Lease => Imp::Lease(LeaseStrategy::new(
+                pool.clone(),
+                table.clone(),
+                Limits {
+                    statement: config.statement_timeout,
+                    lock_wait: Duration::from_secs(config.lock_wait_secs()),
+                    mariadb: server.mariadb,
+                },
+            )),
             Strategy::RowLock => Imp::RowLock(RowLockStrategy::new(
                 pool.clone(),
                 options,
@@ -103,6 +115,7 @@ impl MySqlBackend {
                 table.clone(),
                 config.idle_hold_connections,
                 setup,
+                config.statement_timeout,
             )),
         };
         Ok(Self {

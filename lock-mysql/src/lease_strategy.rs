@@ -23,15 +23,14 @@ use lock_core::{
     AcquireRequest, Attempt, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName,
     poll_until_acquired, validate_ttl,
 };
-use sqlx::{
-    AssertSqlSafe, MySqlPool, Row,
-    mysql::{MySqlQueryResult, MySqlRow},
-};
+use sqlx::{AssertSqlSafe, MySqlPool, Row, mysql::MySqlQueryResult};
 
 use crate::{
     TableName,
     error::{Class, classify, lock_error},
-    lock_row::{LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState},
+    lock_row::{
+        LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState, lease_current, lease_token_is_ours,
+    },
     script::{
         broken, execute_within, fetch_optional_within, hex, retry_broken, retry_deadlocks,
         run_pooled, tagged, within,
@@ -102,12 +101,14 @@ impl Statements {
             renew: format!(
                 "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND, \
                  fence = LAST_INSERT_ID(fence) \
-                 WHERE name = ? AND token = ? AND fence = ? AND expires_at > NOW(6)"
+                 WHERE name = ? AND {}",
+                lease_current("?", "?")
             )
             .into(),
             release: format!(
                 "UPDATE {t} SET token = NULL, expires_at = NULL, fence = LAST_INSERT_ID(fence) \
-                 WHERE name = ? AND token = ? AND fence = ? AND expires_at > NOW(6)"
+                 WHERE name = ? AND {}",
+                lease_current("?", "?")
             )
             .into(),
         }
@@ -218,7 +219,14 @@ impl LeaseStrategy {
             Lease::new(name.clone(), token, Fence::new(taken), request.ttl())
         } else {
             // Nothing taken over: either the row was new (and is ours), or it is someone else's.
-            match self.read(name, until).await? {
+            let state = self.read(name, until).await?;
+            if let Some(foreign) = state
+                .as_ref()
+                .and_then(|state| state.exhausted(&self.table, name))
+            {
+                return Err(foreign);
+            }
+            match state {
                 Some(LeaseState::Held {
                     token: held,
                     fence,
@@ -280,6 +288,9 @@ impl LeaseStrategy {
     /// overwritten by another writer) changes nothing and answers `NotHeld`.
     async fn renew_one(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
         let name = lease.name();
+        if !lease_token_is_ours(lease.token()) {
+            return Err(LockError::not_held(name));
+        }
         let sent = Instant::now();
         let until = self.statement_until();
         let renew = || {
@@ -344,65 +355,64 @@ impl LeaseStrategy {
         out
     }
 
-    /// One transaction extending each lease (for its own TTL) that is still current, then
-    /// reading the rows back: a lease is renewed if its row shows its token and fence with time
-    /// left.
+    /// One transaction extending each lease (for its own TTL) that is still current, judged as
+    /// a single renewal is: each `UPDATE` sets `LAST_INSERT_ID(fence)` on the row it changed
+    /// (after resetting it to 0), and the `SELECT LAST_INSERT_ID()` after it reports that
+    /// statement's own outcome, decided by the server when it ran (no re-read that a clock
+    /// step between statements could mislead).
     async fn renew_batch(
         &self,
         leases: &[&Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let t = self.table.quoted();
         // Lock rows in one order (by name) so concurrent batches cannot deadlock.
-        let mut order: Vec<_> = leases.iter().collect();
-        order.sort_by(|a, b| a.name().as_str().cmp(b.name().as_str()));
+        let mut order: Vec<(usize, &&Lease)> = leases
+            .iter()
+            .enumerate()
+            .filter(|(_, lease)| lease_token_is_ours(lease.token()))
+            .collect();
+        order.sort_by(|(_, a), (_, b)| a.name().as_str().cmp(b.name().as_str()));
         let mut sql = String::from("START TRANSACTION; ");
-        let mut names = Vec::with_capacity(leases.len());
-        for lease in order {
-            let n = hex(lease.name().as_str().as_bytes());
+        for (i, lease) in &order {
+            let current = lease_current(
+                &hex(lease.token().as_str().as_bytes()),
+                &lease.fence().get().to_string(),
+            );
             sql.push_str(&format!(
-                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND \
-                 WHERE name = {n} AND token = {} AND fence = {} AND expires_at > NOW(6); ",
+                "DO LAST_INSERT_ID(0); \
+                 UPDATE {t} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND, \
+                 fence = LAST_INSERT_ID(fence) WHERE name = {} AND {current}; \
+                 SELECT 'renewed', CAST({i} AS UNSIGNED), LAST_INSERT_ID(); ",
                 micros(lease.ttl()),
-                hex(lease.token().as_str().as_bytes()),
-                lease.fence().get(),
+                hex(lease.name().as_str().as_bytes()),
             ));
-            names.push(n);
         }
-        sql.push_str(&format!(
-            "SELECT 'after', name, {LEASE_COLUMNS} FROM {t} WHERE name IN ({}); COMMIT",
-            names.join(", ")
-        ));
+        sql.push_str("COMMIT");
         let sent = Instant::now();
         let rows = run_pooled(&self.pool, sql, self.statement_until())
             .await
             .map_err(|e| lock_error("renewing leases", e))?;
-        let mut by_name: HashMap<Vec<u8>, &MySqlRow> = HashMap::new();
-        for row in tagged(&rows, "after") {
-            let name: Vec<u8> = row
+        let mut fences: HashMap<u64, u64> = HashMap::new();
+        for row in tagged(&rows, "renewed") {
+            let index: u64 = row
                 .try_get(1)
-                .map_err(|e| lock_error("reading renewed rows", e))?;
-            by_name.insert(name, row);
+                .map_err(|e| lock_error("reading renewal outcomes", e))?;
+            let fence: u64 = row
+                .try_get(2)
+                .map_err(|e| lock_error("reading renewal outcomes", e))?;
+            fences.insert(index, fence);
         }
         Ok(leases
             .iter()
-            .map(|lease| {
-                let row = by_name
-                    .get(lease.name().as_str().as_bytes())
-                    .ok_or_else(|| LockError::not_held(lease.name()))?;
-                let state = LeaseRow::read(row, 2)
-                    .map_err(|e| lock_error(&format!("reading the row of `{}`", lease.name()), e))?
-                    .judge(&self.table, lease.name());
-                match state {
-                    Ok(LeaseState::Held {
-                        token,
-                        fence,
-                        remaining_us,
-                    }) if token == *lease.token() && fence == lease.fence() && remaining_us > 0 => {
-                        Ok(Grant::new(Lease::clone(lease), sent))
-                    }
-                    // Released, expired, taken over, or overwritten by another writer (a
-                    // foreign row): not this lease, as a single renewal answers.
-                    _ => Err(LockError::not_held(lease.name())),
+            .enumerate()
+            .map(|(i, lease)| {
+                let fence = u64::try_from(i).ok().and_then(|i| fences.get(&i));
+                if fence.is_some_and(|f| *f > 0 && *f == lease.fence().get()) {
+                    Ok(Grant::new(Lease::clone(lease), sent))
+                } else {
+                    // Released, expired, taken over, or not a lease of this library (a
+                    // foreign row, a forged token): not renewed, as a single renewal answers.
+                    Err(LockError::not_held(lease.name()))
                 }
             })
             .collect())
@@ -411,6 +421,9 @@ impl LeaseStrategy {
     /// Releases `lease` if it is current; the server's reply carries the released fence.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let name = lease.name();
+        if !lease_token_is_ours(lease.token()) {
+            return Err(LockError::not_held(name));
+        }
         let until = self.statement_until();
         let release = || {
             retry_deadlocks(|| {

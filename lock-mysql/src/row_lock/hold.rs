@@ -40,6 +40,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::StreamExt;
 use lock_core::{EndNotifier, LeaseToken, LockError, LockName, LossReason};
 use sqlx::AssertSqlSafe;
 use tokio::sync::{mpsc, oneshot};
@@ -60,8 +61,8 @@ const LAST_IDLE_SECS: u64 = 1;
 /// Chunks shorter than this are not worth parking.
 const MIN_PARK: Duration = Duration::from_millis(20);
 
-/// How long to wait for a killed chunk to answer before sending `KILL QUERY` again (a kill that
-/// reaches the server before the chunk starts is lost).
+/// How long to wait for a killed chunk to answer before sending `KILL QUERY` again (a fallback:
+/// the kill is sent once the server is inside the chunk's batch, where it is not lost).
 const KILL_AGAIN: Duration = Duration::from_millis(20);
 
 /// What the hold's owner is asked to do.
@@ -140,8 +141,10 @@ async fn own(
             let last = chunk <= PARK_CHUNK;
             let chunk = chunk.min(PARK_CHUNK);
             let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
+            // `DO 0` first: its answer tells the client the server is inside the batch, where a
+            // `KILL QUERY` stops the rest of it (one sent before the batch starts is lost).
             let park = format!(
-                "SET @lock_mysql_parked = SLEEP({}.{:06}); \
+                "DO 0; SET @lock_mysql_parked = SLEEP({}.{:06}); \
                  SET SESSION wait_timeout = IF(@lock_mysql_parked = 0, {}, {big})",
                 chunk.as_secs(),
                 chunk.subsec_micros(),
@@ -149,7 +152,19 @@ async fn own(
             );
             let id = dedicated.id;
             let step = {
-                let mut parked = Box::pin(run(&mut dedicated.conn, AssertSqlSafe(park)));
+                let (started_tx, started) = oneshot::channel();
+                let conn = &mut dedicated.conn;
+                let mut parked = Box::pin(async move {
+                    let mut answers = sqlx::raw_sql(AssertSqlSafe(park)).execute_many(conn);
+                    let mut started_tx = Some(started_tx);
+                    while let Some(answer) = answers.next().await {
+                        answer?;
+                        if let Some(tx) = started_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Ok::<_, sqlx::Error>(())
+                });
                 tokio::select! {
                     result = &mut parked => match result {
                         Ok(_) => Step::Parked,
@@ -158,7 +173,7 @@ async fn own(
                     command = rx.recv() => {
                         // Stop the chunk before using the connection.
                         let until = Instant::now() + shared.statement_timeout;
-                        match unpark(&shared, id, parked.as_mut(), until).await {
+                        match unpark(&shared, id, parked.as_mut(), started, until).await {
                             Ok(()) => command.map_or(Step::Finish, Step::Command),
                             Err(error) => Step::Lost(error, command),
                         }
@@ -308,18 +323,29 @@ fn release_error(name: &LockName, error: sqlx::Error) -> LockError {
     }
 }
 
-/// Stops the parked chunk (`KILL QUERY`, again while it keeps running) and waits for its answer.
-/// A chunk that ended by itself or was interrupted is fine; a lost connection, or no answer by
-/// `until`, is the error.
+/// Stops the parked chunk and waits for its answer: once the server is inside the chunk's
+/// batch (`started`), `KILL QUERY`, again while it keeps running. A chunk that ended by itself
+/// or was interrupted is fine; a lost connection, or no answer by `until`, is the error.
 async fn unpark<F>(
     shared: &Shared,
     id: u64,
     mut parked: std::pin::Pin<&mut F>,
+    started: oneshot::Receiver<()>,
     until: Instant,
 ) -> Result<(), sqlx::Error>
 where
-    F: std::future::Future<Output = Result<Vec<sqlx::mysql::MySqlRow>, sqlx::Error>>,
+    F: std::future::Future<Output = Result<(), sqlx::Error>>,
 {
+    let outcome = |result: Result<(), sqlx::Error>| match result {
+        Ok(()) => Ok(()),
+        Err(error) if classify(&error) == Class::Interrupted => Ok(()),
+        Err(error) => Err(error),
+    };
+    tokio::select! {
+        result = parked.as_mut() => return outcome(result),
+        _ = started => {}
+        () = tokio::time::sleep_until(until.into()) => return Err(timed_out()),
+    }
     loop {
         if Instant::now() >= until {
             return Err(timed_out());
@@ -328,11 +354,7 @@ where
         let _ = shared.kill_query(id, until).await;
         let wait = (Instant::now() + KILL_AGAIN).min(until);
         if let Ok(result) = tokio::time::timeout_at(wait.into(), parked.as_mut()).await {
-            return match result {
-                Ok(_) => Ok(()),
-                Err(error) if classify(&error) == Class::Interrupted => Ok(()),
-                Err(error) => Err(error),
-            };
+            return outcome(result);
         }
     }
 }

@@ -9,8 +9,12 @@ use lock_core::{
 use sqlx::{AssertSqlSafe, Connection, MySqlPool, mysql::MySqlPoolOptions};
 
 use crate::{
-    MySqlConfig, Strategy, TableName, error::lock_error, lease_strategy::LeaseStrategy,
-    row_lock::RowLockStrategy, schema,
+    MySqlConfig, Strategy, TableName,
+    error::lock_error,
+    lease_strategy::{LeaseStrategy, Limits},
+    row_lock::RowLockStrategy,
+    schema,
+    server::Server,
 };
 
 /// Pooled connections idle longer than this are pinged before use (a restarted server
@@ -31,6 +35,8 @@ struct Inner {
     table: TableName,
     pool: MySqlPool,
     imp: Imp,
+    /// What the fences are worth on this server (see [`Server::fencing`]).
+    fencing: Fencing,
 }
 
 #[derive(Debug)]
@@ -56,7 +62,15 @@ impl MySqlBackend {
     /// [`LockError::InvalidOptions`] for a bad config (nothing is sent);
     /// [`LockError::Unavailable`] when the server cannot be reached within
     /// [`MySqlConfig::connect_timeout`]; [`LockError::Backend`] when the table exists in
-    /// another layout, serves the other strategy, or cannot be created.
+    /// another layout, serves the other strategy, or cannot be created;
+    /// [`LockError::Unsupported`] for the row-lock strategy on a server that kills idle
+    /// transactions globally (Percona Server's `innodb_kill_idle_transaction` above 0).
+    ///
+    /// The server is read once here: on a server whose `innodb_flush_log_at_trx_commit` is
+    /// not 1 (a crash may lose the last commits, fence bumps among them) the backend declares
+    /// [`Fencing::BestEffort`] and logs why. Every session of the backend turns off the
+    /// server's statement time limits (`max_statement_time`, `max_execution_time`) and
+    /// idle-transaction timeouts where they exist; the backend bounds its statements itself.
     ///
     /// # Cancel safety
     /// Dropping the future leaves nothing behind but, possibly, the created table.
@@ -64,7 +78,17 @@ impl MySqlBackend {
         config.validate()?;
         let table = config.table();
         let options = config.connect_options()?;
-        let pool = pool_options(config)
+        let url = crate::config::redact(&config.url);
+        let server = Server::probe(&options, config.connect_timeout, &url).await?;
+        if config.strategy == Strategy::RowLock {
+            server.check_row_lock()?;
+        }
+        let (fencing, why) = server.fencing();
+        if let Some(why) = why {
+            tracing::warn!(server = %server.version, %url, "fences are best effort: {why}");
+        }
+        let setup = server.session_setup();
+        let pool = pool_options(config, &setup)
             .connect_with(options.clone())
             .await
             .map_err(|e| {
@@ -75,17 +99,32 @@ impl MySqlBackend {
             })?;
         schema::ensure(&pool, &table, config.strategy, config.create_table).await?;
         let imp = match config.strategy {
-            Strategy::Lease => Imp::Lease(LeaseStrategy::new(pool.clone(), table.clone())),
+            Strategy::Lease => Imp::Lease(LeaseStrategy::new(
+                pool.clone(),
+                table.clone(),
+                Limits {
+                    statement: config.statement_timeout,
+                    lock_wait: Duration::from_secs(config.lock_wait_secs()),
+                    mariadb: server.mariadb,
+                },
+            )),
             Strategy::RowLock => Imp::RowLock(RowLockStrategy::new(
                 pool.clone(),
                 options,
                 config.connect_timeout,
                 table.clone(),
                 config.idle_hold_connections,
+                setup,
+                config.statement_timeout,
             )),
         };
         Ok(Self {
-            inner: Arc::new(Inner { table, pool, imp }),
+            inner: Arc::new(Inner {
+                table,
+                pool,
+                imp,
+                fencing,
+            }),
         })
     }
 
@@ -106,12 +145,16 @@ impl MySqlBackend {
     }
 }
 
-fn pool_options(config: &MySqlConfig) -> MySqlPoolOptions {
-    let setup = format!(
+fn pool_options(config: &MySqlConfig, server_setup: &str) -> MySqlPoolOptions {
+    let mut setup = format!(
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          SET SESSION innodb_lock_wait_timeout = {}",
         config.lock_wait_secs()
     );
+    if !server_setup.is_empty() {
+        setup.push_str("; ");
+        setup.push_str(server_setup);
+    }
     MySqlPoolOptions::new()
         .max_connections(config.pool_size)
         .min_connections(0)
@@ -164,7 +207,7 @@ impl LockBackend for MySqlBackend {
     fn capabilities(&self) -> Capabilities {
         match self.strategy() {
             Strategy::Lease => Capabilities::new(
-                Fencing::Strict,
+                self.inner.fencing,
                 Expiry::Ttl,
                 Wakeup::Poll,
                 WaitOrder::None,
@@ -173,7 +216,7 @@ impl LockBackend for MySqlBackend {
             .with_portable_lease(true)
             .with_failover(Failover::SingleServer),
             Strategy::RowLock => Capabilities::new(
-                Fencing::Strict,
+                self.inner.fencing,
                 Expiry::Session,
                 Wakeup::Push,
                 WaitOrder::None,

@@ -114,6 +114,15 @@ pub struct MySqlConfig {
     /// such as `"5s"`; rounded up to whole seconds.
     #[serde(with = "humantime_serde")]
     pub lock_wait_timeout: Duration,
+    /// How long one call may wait for the server's answer when no wait budget bounds it
+    /// (default 10 s): `release`, `renew`/`extend` (the watchdog's renewals too) and
+    /// `inspect`, each including getting a connection. A call that runs out answers
+    /// [`LockError::Unavailable`] (retryable) and closes its connection, so a half-open
+    /// connection (a server host gone without a reset, a firewall dropping packets) costs this
+    /// long, not the minutes of TCP retransmission. `acquire` is bounded by its wait budget
+    /// instead. Serialized as text such as `"10s"`; at least 1 ms.
+    #[serde(with = "humantime_serde")]
+    pub statement_timeout: Duration,
     /// Create the table if it is missing (default true). When false, a missing table is an
     /// error; see [`create_table_sql`](crate::create_table_sql) for the DDL.
     pub create_table: bool,
@@ -131,6 +140,7 @@ impl Default for MySqlConfig {
             pool_size: 8,
             connect_timeout: Duration::from_secs(5),
             lock_wait_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(10),
             create_table: true,
             idle_hold_connections: 4,
         }
@@ -148,7 +158,7 @@ impl MySqlConfig {
     }
 
     /// Parses a URL whose query parameters `strategy`, `table`, `pool_size`,
-    /// `connect_timeout_ms`, `lock_wait_timeout_ms`, `create_table` and
+    /// `connect_timeout_ms`, `lock_wait_timeout_ms`, `statement_timeout_ms`, `create_table` and
     /// `idle_hold_connections` set the fields of the same names; other parameters stay in
     /// [`MySqlConfig::url`] for sqlx.
     ///
@@ -173,6 +183,9 @@ impl MySqlConfig {
                 }
                 "lock_wait_timeout_ms" => {
                     config.lock_wait_timeout = Duration::from_millis(number(&key, &value)?);
+                }
+                "statement_timeout_ms" => {
+                    config.statement_timeout = Duration::from_millis(number(&key, &value)?);
                 }
                 "create_table" => config.create_table = number::<u8>(&key, &value)? != 0,
                 "idle_hold_connections" => {
@@ -215,6 +228,12 @@ impl MySqlConfig {
         self
     }
 
+    /// Sets the statement timeout (see [`MySqlConfig::statement_timeout`]).
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
     /// Sets whether a missing table is created.
     pub fn create_table(mut self, create: bool) -> Self {
         self.create_table = create;
@@ -245,6 +264,12 @@ impl MySqlConfig {
             return Err(invalid(format!(
                 "lock_wait_timeout is {:?}; it must be above zero and at most 1 hour",
                 self.lock_wait_timeout
+            )));
+        }
+        if self.statement_timeout < Duration::from_millis(1) {
+            return Err(invalid(format!(
+                "statement_timeout is {:?}; it must be at least 1 ms",
+                self.statement_timeout
             )));
         }
         self.connect_options().map(|_| ())
@@ -292,6 +317,7 @@ impl fmt::Debug for MySqlConfig {
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("lock_wait_timeout", &self.lock_wait_timeout)
+            .field("statement_timeout", &self.statement_timeout)
             .field("create_table", &self.create_table)
             .field("idle_hold_connections", &self.idle_hold_connections)
             .finish()
@@ -351,13 +377,14 @@ mod tests {
     #[test]
     fn url_form_takes_lock_parameters_and_keeps_the_rest() {
         let config = MySqlConfig::from_url(&format!(
-            "{URL}?strategy=row-lock&table=t1&pool_size=3&connect_timeout_ms=1500&create_table=0&ssl-mode=disabled"
+            "{URL}?strategy=row-lock&table=t1&pool_size=3&connect_timeout_ms=1500&statement_timeout_ms=700&create_table=0&ssl-mode=disabled"
         ))
         .unwrap();
         assert_eq!(config.strategy, Strategy::RowLock);
         assert_eq!(config.table().as_str(), "t1");
         assert_eq!(config.pool_size, 3);
         assert_eq!(config.connect_timeout, Duration::from_millis(1500));
+        assert_eq!(config.statement_timeout, Duration::from_millis(700));
         assert!(!config.create_table);
         assert_eq!(config.url, format!("{URL}?ssl-mode=disabled"));
         let plain = MySqlConfig::from_url(URL).unwrap();

@@ -15,6 +15,9 @@ pub(crate) enum Class {
     LockWait,
     /// 1317: the statement was interrupted (`KILL QUERY`).
     Interrupted,
+    /// 1969 (MariaDB `max_statement_time`) or 3024 (MySQL `max_execution_time`): the server's
+    /// statement time limit stopped the statement (a wait for a row ends without the row).
+    StatementTimeout,
     /// The connection or the server went away, or could not be reached: retrying may help.
     Connection,
     /// Anything else: a bug, a privilege or schema problem; retrying will not help.
@@ -51,18 +54,24 @@ pub(crate) fn server_code(error: &sqlx::Error) -> Option<u16> {
 /// Classifies `error`.
 pub(crate) fn classify(error: &sqlx::Error) -> Class {
     match error {
-        sqlx::Error::Database(_) => match server_code(error) {
-            Some(1213) => Class::Deadlock,
-            Some(1205 | 3572) => Class::LockWait,
-            Some(1317) => Class::Interrupted,
-            Some(code) if CONNECTION_ERRORS.contains(&code) => Class::Connection,
-            _ => Class::Other,
-        },
+        sqlx::Error::Database(_) => server_code(error).map_or(Class::Other, class_of),
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::WorkerCrashed => Class::Connection,
+        _ => Class::Other,
+    }
+}
+
+/// The class of the server's error number `code`.
+fn class_of(code: u16) -> Class {
+    match code {
+        1213 => Class::Deadlock,
+        1205 | 3572 => Class::LockWait,
+        1317 => Class::Interrupted,
+        1969 | 3024 => Class::StatementTimeout,
+        code if CONNECTION_ERRORS.contains(&code) => Class::Connection,
         _ => Class::Other,
     }
 }
@@ -79,6 +88,9 @@ pub(crate) fn lock_error(what: &str, error: sqlx::Error) -> LockError {
             "{what}: the row stayed locked by another transaction past innodb_lock_wait_timeout"
         ),
         Class::Interrupted => format!("{what}: the statement was interrupted"),
+        Class::StatementTimeout => {
+            format!("{what}: the statement ran past its time limit and was stopped")
+        }
         Class::Connection => format!("{what}: the server is unreachable or went away"),
         Class::Other => format!("{what}: the server refused the statement"),
     };
@@ -101,6 +113,24 @@ mod tests {
         assert!(error.to_string().contains("acquire `a`"), "{error}");
         assert_eq!(classify(&sqlx::Error::PoolTimedOut), Class::Connection);
         assert!(lock_error("x", sqlx::Error::PoolTimedOut).is_retryable());
+    }
+
+    #[test]
+    fn server_codes() {
+        assert_eq!(
+            class_of(1969),
+            Class::StatementTimeout,
+            "MariaDB max_statement_time"
+        );
+        assert_eq!(
+            class_of(3024),
+            Class::StatementTimeout,
+            "MySQL max_execution_time"
+        );
+        assert_eq!(class_of(1205), Class::LockWait);
+        assert_eq!(class_of(3572), Class::LockWait);
+        assert_eq!(class_of(2013), Class::Connection);
+        assert_eq!(class_of(1064), Class::Other);
     }
 
     #[test]

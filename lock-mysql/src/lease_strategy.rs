@@ -23,20 +23,30 @@ use lock_core::{
     AcquireRequest, Attempt, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName,
     poll_until_acquired, validate_ttl,
 };
-use sqlx::{
-    AssertSqlSafe, MySqlPool, Row,
-    mysql::{MySqlQueryResult, MySqlRow},
-};
+use sqlx::{AssertSqlSafe, MySqlPool, Row, mysql::MySqlQueryResult};
 
 use crate::{
     TableName,
     error::{Class, classify, lock_error},
-    lock_row::{LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState},
-    script::{hex, retry_deadlocks, run_pooled, tagged},
+    lock_row::{
+        LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState, lease_current, lease_token_is_ours,
+    },
+    script::{
+        broken, execute_within, fetch_optional_within, hex, retry_broken, retry_deadlocks,
+        run_pooled, tagged, within,
+    },
 };
 
 /// Leases renewed by one batch at most (a longer list is split).
 const RENEW_BATCH: usize = 100;
+
+/// The least time one acquire try gets (a zero budget is one try, and a try needs a round
+/// trip): the statement is stopped on the server after this long.
+pub(crate) const MIN_TRY: Duration = Duration::from_millis(100);
+
+/// How long after its own time limit a statement's answer may take to arrive before the
+/// connection counts as gone.
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(250);
 
 /// The lease strategy over one pool and table.
 #[derive(Debug, Clone)]
@@ -44,6 +54,20 @@ pub(crate) struct LeaseStrategy {
     pool: MySqlPool,
     table: TableName,
     sql: Arc<Statements>,
+    limits: Limits,
+}
+
+/// How long statements may take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// The bound of calls without a wait budget ([`crate::MySqlConfig::statement_timeout`]).
+    pub(crate) statement: Duration,
+    /// The pooled sessions' `innodb_lock_wait_timeout`: the longest a statement waits for a
+    /// row on its own.
+    pub(crate) lock_wait: Duration,
+    /// Whether the server is MariaDB (`SET STATEMENT max_statement_time = ... FOR`), else
+    /// MySQL (the `SET_VAR(innodb_lock_wait_timeout = ...)` hint, whole seconds).
+    pub(crate) mariadb: bool,
 }
 
 /// The statements of one table, built once (and prepared once per connection by sqlx).
@@ -77,12 +101,14 @@ impl Statements {
             renew: format!(
                 "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND, \
                  fence = LAST_INSERT_ID(fence) \
-                 WHERE name = ? AND token = ? AND fence = ? AND expires_at > NOW(6)"
+                 WHERE name = ? AND {}",
+                lease_current("?", "?")
             )
             .into(),
             release: format!(
                 "UPDATE {t} SET token = NULL, expires_at = NULL, fence = LAST_INSERT_ID(fence) \
-                 WHERE name = ? AND token = ? AND fence = ? AND expires_at > NOW(6)"
+                 WHERE name = ? AND {}",
+                lease_current("?", "?")
             )
             .into(),
         }
@@ -90,12 +116,47 @@ impl Statements {
 }
 
 impl LeaseStrategy {
-    pub(crate) fn new(pool: MySqlPool, table: TableName) -> Self {
+    pub(crate) fn new(pool: MySqlPool, table: TableName, limits: Limits) -> Self {
         Self {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,
+            limits,
         }
+    }
+
+    /// The acquire statement for one try with its values written in, stopped by the server
+    /// after `limit`: `SET STATEMENT max_statement_time` on MariaDB; on MySQL the row-lock wait
+    /// is bounded by `SET_VAR(innodb_lock_wait_timeout)`, whole seconds, rounded up.
+    fn bounded_acquire(&self, name: &[u8], token: &[u8], ttl_us: u64, limit: Duration) -> String {
+        let (n, k, ttl) = (hex(name), hex(token), ttl_us.to_string());
+        let values = [&n, &k, &ttl, &k, &k, &k, &ttl, &k];
+        let mut sql = String::new();
+        for (i, part) in self.sql.acquire.split('?').enumerate() {
+            sql.push_str(part);
+            if let Some(value) = values.get(i) {
+                sql.push_str(value);
+            }
+        }
+        if self.limits.mariadb {
+            format!(
+                "SET STATEMENT max_statement_time = {}.{:06} FOR {sql}",
+                limit.as_secs(),
+                limit.subsec_micros()
+            )
+        } else {
+            let seconds = crate::config::ceil_secs(limit).max(1);
+            sql.replacen(
+                "INSERT INTO",
+                &format!("INSERT /*+ SET_VAR(innodb_lock_wait_timeout = {seconds}) */ INTO"),
+                1,
+            )
+        }
+    }
+
+    /// When a call without a wait budget must have its answer.
+    fn statement_until(&self) -> Instant {
+        Instant::now() + self.limits.statement
     }
 
     /// Acquires by polling: one statement per try, jittered back-off between tries bounded by
@@ -104,66 +165,108 @@ impl LeaseStrategy {
         poll_until_acquired(request, || self.try_once(request)).await
     }
 
-    /// One try: insert the row, or take it over if it is released or expired.
+    /// One try: insert the row, or take it over if it is released or expired. The try ends by
+    /// the wait budget (at least [`MIN_TRY`]): a row another transaction keeps locked makes it
+    /// busy then, whatever `innodb_lock_wait_timeout` says.
     async fn try_once(&self, request: &AcquireRequest) -> Result<Attempt, LockError> {
         let name = request.name();
         let token = LeaseToken::random();
         let ttl = micros(request.ttl());
         let sent = Instant::now();
-        let done = retry_deadlocks(|| {
+        let limit = request
+            .deadline()
+            .saturating_duration_since(sent)
+            .max(MIN_TRY);
+        // The server stops the statement at `limit`; its answer gets a little longer to come.
+        let until = sent + limit + ANSWER_GRACE;
+        let server_bound = limit < self.limits.lock_wait;
+        let done = retry_deadlocks(|| async {
             let k = token.as_str().as_bytes();
-            sqlx::query(AssertSqlSafe(self.sql.acquire.clone()))
-                .bind(name.as_str().as_bytes())
-                .bind(k)
-                .bind(ttl)
-                .bind(k)
-                .bind(k)
-                .bind(k)
-                .bind(ttl)
-                .bind(k)
-                .execute(&self.pool)
+            let mut conn = within(until, self.pool.acquire()).await?;
+            let result = if server_bound {
+                let sql = self.bounded_acquire(name.as_str().as_bytes(), k, ttl, limit);
+                within(until, sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *conn)).await
+            } else {
+                let query = sqlx::query(AssertSqlSafe(self.sql.acquire.clone()))
+                    .bind(name.as_str().as_bytes())
+                    .bind(k)
+                    .bind(ttl)
+                    .bind(k)
+                    .bind(k)
+                    .bind(k)
+                    .bind(ttl)
+                    .bind(k);
+                within(until, query.execute(&mut *conn)).await
+            };
+            if result
+                .as_ref()
+                .is_err_and(|e| classify(e) == Class::Connection)
+            {
+                conn.close_on_drop();
+            }
+            result
         })
         .await;
         let taken = match done {
             Ok(done) => done.last_insert_id(),
-            // Someone kept the row locked past innodb_lock_wait_timeout: busy, try again later.
-            Err(error) if classify(&error) == Class::LockWait => {
+            // Someone kept the row locked past the try's limit: busy, try again later.
+            Err(error) if matches!(classify(&error), Class::LockWait | Class::StatementTimeout) => {
                 return Ok(Attempt::Busy { expires_in: None });
             }
             Err(error) => return Err(lock_error(&format!("acquiring `{name}`"), error)),
         };
-        if taken > 0 {
-            let lease = Lease::new(name.clone(), token, Fence::new(taken), request.ttl());
-            return Ok(Attempt::Acquired(Grant::new(lease, sent)));
-        }
-        // Nothing taken over: either the row was new (and is ours), or it is someone else's.
-        match self.read(name).await? {
-            Some(LeaseState::Held {
-                token: held,
-                fence,
-                remaining_us,
-            }) if held == token && remaining_us > 0 => {
-                let lease = Lease::new(name.clone(), token, fence, request.ttl());
-                Ok(Attempt::Acquired(Grant::new(lease, sent)))
+        let grant = if taken > 0 {
+            Lease::new(name.clone(), token, Fence::new(taken), request.ttl())
+        } else {
+            // Nothing taken over: either the row was new (and is ours), or it is someone else's.
+            let state = self.read(name, until).await?;
+            if let Some(foreign) = state
+                .as_ref()
+                .and_then(|state| state.exhausted(&self.table, name))
+            {
+                return Err(foreign);
             }
-            Some(LeaseState::Held { remaining_us, .. }) => Ok(Attempt::Busy {
-                expires_in: Some(Duration::from_micros(
-                    u64::try_from(remaining_us).unwrap_or(0),
-                )),
-            }),
-            // Released or removed in between: try again at once.
-            _ => Ok(Attempt::Busy {
+            match state {
+                Some(LeaseState::Held {
+                    token: held,
+                    fence,
+                    remaining_us,
+                }) if held == token && remaining_us > 0 => {
+                    Lease::new(name.clone(), token, fence, request.ttl())
+                }
+                Some(LeaseState::Held { remaining_us, .. }) => {
+                    return Ok(Attempt::Busy {
+                        expires_in: Some(Duration::from_micros(
+                            u64::try_from(remaining_us).unwrap_or(0),
+                        )),
+                    });
+                }
+                // Released or removed in between: try again at once.
+                _ => {
+                    return Ok(Attempt::Busy {
+                        expires_in: Some(Duration::ZERO),
+                    });
+                }
+            }
+        };
+        if past_local_deadline(sent, request.ttl()) {
+            // The answer came too late to be of use: the caller's hold would be over before it
+            // began. Give the row back and try again (or time out).
+            tracing::debug!(lock = %name, "a grant came back past its local deadline; releasing it");
+            let _ = self.release(&grant).await;
+            return Ok(Attempt::Busy {
                 expires_in: Some(Duration::ZERO),
-            }),
+            });
         }
+        Ok(Attempt::Acquired(Grant::new(grant, sent)))
     }
 
-    /// The judged row of `name`, `None` when there is none.
-    async fn read(&self, name: &LockName) -> Result<Option<LeaseState>, LockError> {
+    /// The judged row of `name`, `None` when there is none; read by `until`.
+    async fn read(&self, name: &LockName, until: Instant) -> Result<Option<LeaseState>, LockError> {
         let what = || format!("reading the row of `{name}`");
-        let row = sqlx::query(AssertSqlSafe(self.sql.read.clone()))
-            .bind(name.as_str().as_bytes())
-            .fetch_optional(&self.pool)
+        let query =
+            || sqlx::query(AssertSqlSafe(self.sql.read.clone())).bind(name.as_str().as_bytes());
+        let row = fetch_optional_within(&self.pool, until, query)
             .await
             .map_err(|e| lock_error(&what(), e))?;
         row.map(|row| {
@@ -185,17 +288,27 @@ impl LeaseStrategy {
     /// overwritten by another writer) changes nothing and answers `NotHeld`.
     async fn renew_one(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
         let name = lease.name();
+        if !lease_token_is_ours(lease.token()) {
+            return Err(LockError::not_held(name));
+        }
         let sent = Instant::now();
-        let done = retry_deadlocks(|| {
-            sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
-                .bind(micros(ttl))
-                .bind(name.as_str().as_bytes())
-                .bind(lease.token().as_str().as_bytes())
-                .bind(lease.fence().get())
-                .execute(&self.pool)
-        })
-        .await
-        .map_err(|e| lock_error(&format!("renewing `{name}`"), e))?;
+        let until = self.statement_until();
+        let renew = || {
+            retry_deadlocks(|| {
+                let query = sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
+                    .bind(micros(ttl))
+                    .bind(name.as_str().as_bytes())
+                    .bind(lease.token().as_str().as_bytes())
+                    .bind(lease.fence().get());
+                execute_within(&self.pool, until, query)
+            })
+        };
+        // Pooled connections the server closed since their last use (a restart) fail at once
+        // and are closed; a renewal is idempotent, so it runs again on another (at most once
+        // per pooled connection).
+        let done = retry_broken(&self.pool, renew)
+            .await
+            .map_err(|e| lock_error(&format!("renewing `{name}`"), e))?;
         if changed_current(&done, lease) {
             Ok(Grant::new(lease.clone().with_ttl(ttl), sent))
         } else {
@@ -242,65 +355,64 @@ impl LeaseStrategy {
         out
     }
 
-    /// One transaction extending each lease (for its own TTL) that is still current, then
-    /// reading the rows back: a lease is renewed if its row shows its token and fence with time
-    /// left.
+    /// One transaction extending each lease (for its own TTL) that is still current, judged as
+    /// a single renewal is: each `UPDATE` sets `LAST_INSERT_ID(fence)` on the row it changed
+    /// (after resetting it to 0), and the `SELECT LAST_INSERT_ID()` after it reports that
+    /// statement's own outcome, decided by the server when it ran (no re-read that a clock
+    /// step between statements could mislead).
     async fn renew_batch(
         &self,
         leases: &[&Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let t = self.table.quoted();
         // Lock rows in one order (by name) so concurrent batches cannot deadlock.
-        let mut order: Vec<_> = leases.iter().collect();
-        order.sort_by(|a, b| a.name().as_str().cmp(b.name().as_str()));
+        let mut order: Vec<(usize, &&Lease)> = leases
+            .iter()
+            .enumerate()
+            .filter(|(_, lease)| lease_token_is_ours(lease.token()))
+            .collect();
+        order.sort_by(|(_, a), (_, b)| a.name().as_str().cmp(b.name().as_str()));
         let mut sql = String::from("START TRANSACTION; ");
-        let mut names = Vec::with_capacity(leases.len());
-        for lease in order {
-            let n = hex(lease.name().as_str().as_bytes());
+        for (i, lease) in &order {
+            let current = lease_current(
+                &hex(lease.token().as_str().as_bytes()),
+                &lease.fence().get().to_string(),
+            );
             sql.push_str(&format!(
-                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND \
-                 WHERE name = {n} AND token = {} AND fence = {} AND expires_at > NOW(6); ",
+                "DO LAST_INSERT_ID(0); \
+                 UPDATE {t} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND, \
+                 fence = LAST_INSERT_ID(fence) WHERE name = {} AND {current}; \
+                 SELECT 'renewed', CAST({i} AS UNSIGNED), LAST_INSERT_ID(); ",
                 micros(lease.ttl()),
-                hex(lease.token().as_str().as_bytes()),
-                lease.fence().get(),
+                hex(lease.name().as_str().as_bytes()),
             ));
-            names.push(n);
         }
-        sql.push_str(&format!(
-            "SELECT 'after', name, {LEASE_COLUMNS} FROM {t} WHERE name IN ({}); COMMIT",
-            names.join(", ")
-        ));
+        sql.push_str("COMMIT");
         let sent = Instant::now();
-        let rows = run_pooled(&self.pool, sql)
+        let rows = run_pooled(&self.pool, sql, self.statement_until())
             .await
             .map_err(|e| lock_error("renewing leases", e))?;
-        let mut by_name: HashMap<Vec<u8>, &MySqlRow> = HashMap::new();
-        for row in tagged(&rows, "after") {
-            let name: Vec<u8> = row
+        let mut fences: HashMap<u64, u64> = HashMap::new();
+        for row in tagged(&rows, "renewed") {
+            let index: u64 = row
                 .try_get(1)
-                .map_err(|e| lock_error("reading renewed rows", e))?;
-            by_name.insert(name, row);
+                .map_err(|e| lock_error("reading renewal outcomes", e))?;
+            let fence: u64 = row
+                .try_get(2)
+                .map_err(|e| lock_error("reading renewal outcomes", e))?;
+            fences.insert(index, fence);
         }
         Ok(leases
             .iter()
-            .map(|lease| {
-                let row = by_name
-                    .get(lease.name().as_str().as_bytes())
-                    .ok_or_else(|| LockError::not_held(lease.name()))?;
-                let state = LeaseRow::read(row, 2)
-                    .map_err(|e| lock_error(&format!("reading the row of `{}`", lease.name()), e))?
-                    .judge(&self.table, lease.name());
-                match state {
-                    Ok(LeaseState::Held {
-                        token,
-                        fence,
-                        remaining_us,
-                    }) if token == *lease.token() && fence == lease.fence() && remaining_us > 0 => {
-                        Ok(Grant::new(Lease::clone(lease), sent))
-                    }
-                    // Released, expired, taken over, or overwritten by another writer (a
-                    // foreign row): not this lease, as a single renewal answers.
-                    _ => Err(LockError::not_held(lease.name())),
+            .enumerate()
+            .map(|(i, lease)| {
+                let fence = u64::try_from(i).ok().and_then(|i| fences.get(&i));
+                if fence.is_some_and(|f| *f > 0 && *f == lease.fence().get()) {
+                    Ok(Grant::new(Lease::clone(lease), sent))
+                } else {
+                    // Released, expired, taken over, or not a lease of this library (a
+                    // foreign row, a forged token): not renewed, as a single renewal answers.
+                    Err(LockError::not_held(lease.name()))
                 }
             })
             .collect())
@@ -309,15 +421,39 @@ impl LeaseStrategy {
     /// Releases `lease` if it is current; the server's reply carries the released fence.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let name = lease.name();
-        let done = retry_deadlocks(|| {
-            sqlx::query(AssertSqlSafe(self.sql.release.clone()))
-                .bind(name.as_str().as_bytes())
-                .bind(lease.token().as_str().as_bytes())
-                .bind(lease.fence().get())
-                .execute(&self.pool)
-        })
-        .await
-        .map_err(|e| lock_error(&format!("releasing `{name}`"), e))?;
+        if !lease_token_is_ours(lease.token()) {
+            return Err(LockError::not_held(name));
+        }
+        let until = self.statement_until();
+        let release = || {
+            retry_deadlocks(|| {
+                let query = sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+                    .bind(name.as_str().as_bytes())
+                    .bind(lease.token().as_str().as_bytes())
+                    .bind(lease.fence().get());
+                execute_within(&self.pool, until, query)
+            })
+        };
+        let what = format!("releasing `{name}`");
+        // Pooled connections closed since their last use (a restart) fail at once and are
+        // closed: the release runs again on another (at most once per pooled connection). If
+        // a later try finds the lease gone, an earlier one may have released it before its
+        // answer was lost: the first error stands (nothing is claimed).
+        let mut tries = self.pool.options().get_max_connections();
+        let mut first: Option<sqlx::Error> = None;
+        let done = loop {
+            match release().await {
+                Err(error) if tries > 0 && broken(&error) => {
+                    tries -= 1;
+                    first.get_or_insert(error);
+                }
+                Ok(done) if !changed_current(&done, lease) && first.is_some() => {
+                    break Err(first.take().unwrap_or_else(crate::script::timed_out));
+                }
+                other => break other,
+            }
+        }
+        .map_err(|e| lock_error(&what, e))?;
         if changed_current(&done, lease) {
             Ok(())
         } else {
@@ -326,7 +462,7 @@ impl LeaseStrategy {
     }
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        Ok(match self.read(name).await? {
+        Ok(match self.read(name, self.statement_until()).await? {
             Some(LeaseState::Held {
                 token,
                 fence,
@@ -340,6 +476,14 @@ impl LeaseStrategy {
             _ => None,
         })
     }
+}
+
+/// Whether a grant whose request was sent at `sent` for `ttl` is already past the local
+/// deadline lock-core gives it (`sent + ttl` minus its drift allowance, TTL/100 + 2 ms): a
+/// guard made of it would say `is_held() == false` from the start.
+pub(crate) fn past_local_deadline(sent: Instant, ttl: Duration) -> bool {
+    let drift = ttl / 100 + Duration::from_millis(2);
+    Instant::now() + drift >= sent + ttl
 }
 
 /// Whether a statement setting `fence = LAST_INSERT_ID(fence)` on the row of `lease` if, and

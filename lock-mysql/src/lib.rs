@@ -9,6 +9,7 @@ mod lock_row;
 mod row_lock;
 mod schema;
 mod script;
+mod server;
 mod table_name;
 
 pub use backend::MySqlBackend;

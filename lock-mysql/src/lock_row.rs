@@ -15,6 +15,25 @@ pub(crate) const LEASE_TAKEABLE: &str = "((token IS NULL AND expires_at IS NULL)
          AND LENGTH(token) = 32 AND LOWER(HEX(UNHEX(token))) = token)) \
      AND fence < 18446744073709551615";
 
+/// The SQL condition, on a lease row, for "the current lease with this token and fence": the
+/// rows [`LeaseRow::judge`] finds [`LeaseState::Held`] with that token and fence and time left
+/// by the server clock (a live lease of this library). Renewal and release change a row only
+/// under it, so they never touch a row `acquire` would call foreign; a lease whose token does
+/// not have this library's shape is refused before anything is sent
+/// ([`lease_token_is_ours`]). `token` and `fence` are SQL operands (`?`, or literals).
+pub(crate) fn lease_current(token: &str, fence: &str) -> String {
+    format!(
+        "token = {token} AND fence = {fence} AND expires_at > NOW(6) AND acquired_at IS NOT NULL"
+    )
+}
+
+/// Whether `token` has the shape of a token this library writes (32 lowercase hex digits): a
+/// lease with any other token (forged, or deserialized from a foreign value) is no lease of
+/// this library, and renewing or releasing it answers `NotHeld` without asking the store.
+pub(crate) fn lease_token_is_ours(token: &LeaseToken) -> bool {
+    LeaseToken::is_random_format(token.as_str())
+}
+
 /// The columns [`LeaseRow::read`] expects.
 pub(crate) const LEASE_COLUMNS: &str = "token, fence, expires_at IS NULL, acquired_at IS NULL, \
      TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)";
@@ -34,13 +53,35 @@ pub(crate) struct LeaseRow {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum LeaseState {
     /// Released: only the fence counter remains.
-    Free,
+    Free { fence: u64 },
     /// A lease written by this library; `remaining_us <= 0` means it has expired.
     Held {
         token: LeaseToken,
         fence: Fence,
         remaining_us: i64,
     },
+}
+
+impl LeaseState {
+    /// A row acquire cannot take: free or expired, but its fence is at the maximum, so no
+    /// next fence exists. The [`LockError::Foreign`] acquire answers for it, if it is one.
+    pub(crate) fn exhausted(&self, table: &TableName, name: &LockName) -> Option<LockError> {
+        let fence = match self {
+            Self::Free { fence } => *fence,
+            Self::Held {
+                fence,
+                remaining_us,
+                ..
+            } if *remaining_us <= 0 => fence.get(),
+            Self::Held { .. } => return None,
+        };
+        (fence == u64::MAX).then(|| LockError::Foreign {
+            name: name.to_string(),
+            found: format!(
+                "the row of table `{table}` has its fence at the maximum (18446744073709551615): no fence is left to issue"
+            ),
+        })
+    }
 }
 
 impl LeaseRow {
@@ -55,7 +96,10 @@ impl LeaseRow {
         })
     }
 
-    /// Judges the row of `name` in `table`.
+    /// Judges the row of `name` in `table`: the one judgment every path uses (acquire's
+    /// read-back, inspect, batched renewal; renewal and release through the equivalent SQL,
+    /// [`lease_current`]). A row at the top fence is a lease like any other while it is held;
+    /// once free or expired, [`LeaseState::exhausted`] tells acquire no fence is left for it.
     ///
     /// # Errors
     /// [`LockError::Foreign`] describing what is wrong with a row this library did not write.
@@ -70,11 +114,8 @@ impl LeaseRow {
                 found: format!("the row of table `{table}` {what}"),
             })
         };
-        if self.fence == u64::MAX {
-            return foreign("has its fence at the maximum (18446744073709551615)".into());
-        }
         match (&self.token, self.expires_null) {
-            (None, true) => Ok(LeaseState::Free),
+            (None, true) => Ok(LeaseState::Free { fence: self.fence }),
             (None, false) => foreign("has an expiry but no owner token".into()),
             (Some(token), _) => {
                 let Some(token) = lease_token(token) else {
@@ -238,11 +279,11 @@ mod tests {
     fn lease_rows_of_ours() {
         assert_eq!(
             lease(None, None, true).judge(&table(), &name()).unwrap(),
-            LeaseState::Free
+            LeaseState::Free { fence: 3 }
         );
         assert_eq!(
             lease(None, None, false).judge(&table(), &name()).unwrap(),
-            LeaseState::Free
+            LeaseState::Free { fence: 3 }
         );
         match lease(Some(TOKEN), Some(-5), true).judge(&table(), &name()) {
             Ok(LeaseState::Held {
@@ -255,6 +296,27 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_top_fence_is_a_lease_while_held_and_exhausted_once_free() {
+        let top = |token: Option<&[u8]>, expires: Option<i64>| LeaseRow {
+            fence: u64::MAX,
+            ..lease(token, expires, true)
+        };
+        let held = top(Some(TOKEN), Some(10)).judge(&table(), &name()).unwrap();
+        assert!(matches!(held, LeaseState::Held { .. }));
+        assert!(held.exhausted(&table(), &name()).is_none());
+        for row in [top(None, None), top(Some(TOKEN), Some(-1))] {
+            let state = row.judge(&table(), &name()).unwrap();
+            let refused = state.exhausted(&table(), &name());
+            assert!(
+                matches!(&refused, Some(LockError::Foreign { found, .. }) if found.contains("maximum")),
+                "{refused:?}"
+            );
+        }
+        let free = lease(None, None, true).judge(&table(), &name()).unwrap();
+        assert!(free.exhausted(&table(), &name()).is_none());
     }
 
     #[test]
@@ -275,13 +337,6 @@ mod tests {
             (lease(Some(TOKEN), None, true), "no expiry"),
             (lease(Some(TOKEN), Some(10), false), "no acquired_at"),
             (lease(None, Some(10), true), "no owner token"),
-            (
-                LeaseRow {
-                    fence: u64::MAX,
-                    ..lease(None, None, true)
-                },
-                "maximum",
-            ),
         ];
         for (row, why) in cases {
             match row.judge(&table(), &name()) {

@@ -41,23 +41,28 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod hold;
+
 use lock_core::{
-    AcquireRequest, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName, LossReason,
+    AcquireRequest, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName, end_signal,
     validate_ttl,
 };
 use sqlx::{
     AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, MySqlPool, Row,
     mysql::{MySqlConnectOptions, MySqlRow},
 };
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     TableName,
     config::ceil_secs,
     error::{Class, classify, lock_error, server_code},
+    lease_strategy::{ANSWER_GRACE, past_local_deadline},
     local_queue::LocalQueue,
     lock_row::{HOLD_COLUMNS, HoldRow, HoldState},
-    script::{Deadlocks, hex, retry_deadlocks, run, run_pooled, tagged},
+    script::{
+        Deadlocks, execute_within, hex, is_timed_out, retry_deadlocks, run, run_pooled, tagged,
+    },
 };
 
 /// How long creating a name's row may take even when the wait budget is spent.
@@ -96,6 +101,11 @@ struct Shared {
     /// Which of this client's acquisitions of a name waits in InnoDB (one at a time).
     queue: LocalQueue,
     max_idle: usize,
+    /// The server's session settings for dedicated connections (idle-transaction killers and
+    /// statement time limits off), or empty.
+    session_setup: String,
+    /// The bound of calls without a wait budget.
+    statement_timeout: Duration,
 }
 
 /// A connection outside the pool, for one hold or one wait at a time.
@@ -123,11 +133,12 @@ impl Dedicated {
     }
 }
 
-/// One hold: its lock, fence and the connection whose open transaction is the hold.
+/// One hold: its lock, fence and the task owning the connection whose open transaction is the
+/// hold (see [`hold`]). Dropping the last handle rolls the hold back.
 struct Held {
     name: LockName,
     fence: Fence,
-    conn: tokio::sync::Mutex<Option<Dedicated>>,
+    commands: mpsc::Sender<hold::Command>,
 }
 
 /// Why a wait was stopped before the server answered.
@@ -145,6 +156,9 @@ enum Failed {
     Error(LockError),
     /// The budget ran out or the caller left.
     Stopped(Stop),
+    /// Granted, but only after the grant's own local deadline (the fence bump waited longer
+    /// than the TTL): rolled back; try again if the budget allows.
+    Late,
 }
 
 impl RowLockStrategy {
@@ -154,6 +168,8 @@ impl RowLockStrategy {
         connect_timeout: Duration,
         table: TableName,
         max_idle: usize,
+        session_setup: String,
+        statement_timeout: Duration,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -172,6 +188,8 @@ impl RowLockStrategy {
                 idle: Mutex::new(Vec::new()),
                 queue: LocalQueue::default(),
                 max_idle,
+                session_setup,
+                statement_timeout,
             }),
         }
     }
@@ -204,7 +222,7 @@ impl RowLockStrategy {
     }
 
     /// Confirms the hold's connection is alive and still holds the row, and sets its
-    /// server-side idle limit to `ttl`.
+    /// server-side idle limit to `ttl` (the hold's task does it, see [`hold`]).
     pub(crate) async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
         validate_ttl(ttl)?;
         let name = lease.name();
@@ -212,56 +230,11 @@ impl RowLockStrategy {
             .shared
             .find(lease)
             .ok_or_else(|| LockError::not_held(name))?;
-        let mut slot = held.conn.lock().await;
-        let Some(dedicated) = slot.as_mut() else {
-            return Err(LockError::not_held(name));
-        };
-        let set_wait_timeout = dedicated.wait_timeout_for(ttl);
-        let sent = Instant::now();
-        let read = async {
-            // Only when the TTL changed (an extension): one more round trip.
-            if !set_wait_timeout.is_empty() {
-                run(&mut dedicated.conn, AssertSqlSafe(set_wait_timeout)).await?;
-            }
-            sqlx::query_scalar::<_, Option<Vec<u8>>>(AssertSqlSafe(self.shared.held.clone()))
-                .bind(name.as_str().as_bytes())
-                .fetch_optional(&mut dedicated.conn)
-                .await
-        };
-        match read.await {
-            Ok(token) => {
-                if token.flatten().as_deref() == Some(lease.token().as_str().as_bytes()) {
-                    Ok(Grant::new(lease.clone().with_ttl(ttl), sent))
-                } else {
-                    // Cannot happen while the transaction lives; end the hold rather than trust it.
-                    let dead = slot.take();
-                    drop(slot);
-                    self.shared.forget(lease.token());
-                    if let Some(dead) = dead {
-                        self.shared.discard(dead);
-                    }
-                    Err(LockError::not_held(name))
-                }
-            }
-            Err(error) if classify(&error) == Class::Connection => {
-                let dead = slot.take();
-                drop(slot);
-                self.shared.forget(lease.token());
-                if let Some(dead) = dead {
-                    self.shared.discard(dead);
-                }
-                tracing::debug!(lock = %name, %error, "the connection holding the lock ended");
-                Err(LockError::Lost {
-                    name: name.to_string(),
-                    reason: LossReason::SessionEnded,
-                })
-            }
-            Err(error) => {
-                // The session may not have taken the new idle limit: set it again next time.
-                dedicated.wait_timeout = None;
-                Err(lock_error(&format!("renewing `{name}`"), error))
-            }
-        }
+        let (reply, answer) = oneshot::channel();
+        self.shared
+            .ask(&held, hold::Command::Renew { ttl, reply }, answer, name)
+            .await
+            .map(|sent| Grant::new(lease.clone().with_ttl(ttl), sent))
     }
 
     /// Renews each lease on its own connection, all at once.
@@ -277,29 +250,10 @@ impl RowLockStrategy {
             .shared
             .find(lease)
             .ok_or_else(|| LockError::not_held(name))?;
-        self.shared.forget(lease.token());
-        let Some(mut dedicated) = held.conn.lock().await.take() else {
-            return Err(LockError::not_held(name));
-        };
-        match run(&mut dedicated.conn, "ROLLBACK").await {
-            Ok(_) => {
-                self.shared.keep(dedicated);
-                Ok(())
-            }
-            Err(error) => {
-                self.shared.discard(dedicated);
-                if classify(&error) == Class::Connection {
-                    // The connection, and with it the hold, had already ended.
-                    Err(LockError::Lost {
-                        name: name.to_string(),
-                        reason: LossReason::SessionEnded,
-                    })
-                } else {
-                    // Closing the connection ends the transaction on the server.
-                    Err(lock_error(&format!("releasing `{name}`"), error))
-                }
-            }
-        }
+        let (reply, answer) = oneshot::channel();
+        self.shared
+            .ask(&held, hold::Command::Release { reply }, answer, name)
+            .await
     }
 
     /// Reads the row as the holder wrote it (`READ UNCOMMITTED`) and as committed: a hold
@@ -314,9 +268,13 @@ impl RowLockStrategy {
              SELECT 'committed', {HOLD_COLUMNS} FROM {t} WHERE name = {n}; \
              SELECT 'counter', fence FROM {f} WHERE name = {n}"
         );
-        let rows = run_pooled(&self.shared.pool, sql)
-            .await
-            .map_err(|e| lock_error(&format!("inspecting `{name}`"), e))?;
+        let rows = run_pooled(
+            &self.shared.pool,
+            sql,
+            Instant::now() + self.shared.statement_timeout,
+        )
+        .await
+        .map_err(|e| lock_error(&format!("inspecting `{name}`"), e))?;
         let read = |tag| {
             tagged(&rows, tag)
                 .next()
@@ -367,6 +325,30 @@ impl Shared {
         self.holds().remove(token);
     }
 
+    /// Sends `command` to the task owning `held` and waits for its answer, at most the
+    /// statement timeout (the task bounds its own statements by it too).
+    async fn ask<T>(
+        &self,
+        held: &Held,
+        command: hold::Command,
+        answer: oneshot::Receiver<Result<T, LockError>>,
+        name: &LockName,
+    ) -> Result<T, LockError> {
+        if held.commands.send(command).await.is_err() {
+            // The task has ended: the hold is over.
+            return Err(LockError::not_held(name));
+        }
+        let limit = self.statement_timeout + self.statement_timeout + ANSWER_GRACE;
+        match tokio::time::timeout(limit, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(LockError::not_held(name)),
+            Err(_) => Err(LockError::Unavailable {
+                message: format!("`{name}`: the server did not answer within {limit:?}"),
+                source: None,
+            }),
+        }
+    }
+
     /// Keeps a clean connection (no transaction, default timeouts) for reuse, or closes it.
     fn keep(&self, dedicated: Dedicated) {
         let mut idle = self.idle();
@@ -409,10 +391,19 @@ impl Shared {
                 source: None,
             })?
             .map_err(|e| lock_error(what, e))?;
+        // The hold is an idle transaction: no server-side idle killer or statement time limit
+        // may end it (or a wait) behind the client's back.
+        let setup = if self.session_setup.is_empty() {
+            String::new()
+        } else {
+            format!("{}; ", self.session_setup)
+        };
         let rows = run(
             &mut conn,
-            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-             SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)",
+            AssertSqlSafe(format!(
+                "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; {setup}\
+                 SELECT 'id', CAST(CONNECTION_ID() AS UNSIGNED), CAST(@@SESSION.innodb_lock_wait_timeout AS UNSIGNED)"
+            )),
         )
         .await
         .map_err(|e| lock_error(what, e))?;
@@ -432,11 +423,11 @@ impl Shared {
         })
     }
 
-    /// Stops the statement running on connection `id` (a waiting `SELECT ... FOR UPDATE`).
-    /// False when that could not be done.
-    async fn kill_query(&self, id: u64) -> bool {
+    /// Stops the statement running on connection `id` (a waiting `SELECT ... FOR UPDATE`, a
+    /// parked chunk), trying until `until`. False when that could not be done.
+    async fn kill_query(&self, id: u64, until: Instant) -> bool {
         let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}"))).execute(&self.pool);
-        match tokio::time::timeout(self.connect_timeout, kill).await {
+        match tokio::time::timeout_at(until.into(), kill).await {
             Ok(Ok(_)) => true,
             // 1094: unknown thread id: the connection is gone, and its wait with it.
             Ok(Err(error)) => server_code(&error) == Some(1094),
@@ -450,15 +441,18 @@ impl Shared {
         request: AcquireRequest,
         mut tx: oneshot::Sender<Result<PendingGrant, LockError>>,
     ) {
-        let answer = match self.lock_row(&request, &mut tx).await {
-            Ok(grant) => Ok(PendingGrant {
-                grant,
-                shared: self.clone(),
-                claimed: false,
-            }),
-            Err(Failed::Error(error)) => Err(error),
-            Err(Failed::Stopped(Stop::Deadline)) => Err(request.timeout_error()),
-            Err(Failed::Stopped(Stop::Cancelled)) => return,
+        let answer = loop {
+            break match self.lock_row(&request, &mut tx).await {
+                Ok(grant) => Ok(PendingGrant {
+                    grant,
+                    shared: self.clone(),
+                    claimed: false,
+                }),
+                Err(Failed::Error(error)) => Err(error),
+                Err(Failed::Late) if Instant::now() < request.deadline() => continue,
+                Err(Failed::Stopped(Stop::Deadline) | Failed::Late) => Err(request.timeout_error()),
+                Err(Failed::Stopped(Stop::Cancelled)) => return,
+            };
         };
         // If the caller left meanwhile, the answer comes back and a grant in it is released
         // as it drops.
@@ -467,7 +461,7 @@ impl Shared {
 
     /// Takes the row lock on a dedicated connection, bumps the fence, records the hold.
     async fn lock_row(
-        &self,
+        self: &Arc<Self>,
         request: &AcquireRequest,
         tx: &mut oneshot::Sender<Result<PendingGrant, LockError>>,
     ) -> Result<Grant, Failed> {
@@ -533,7 +527,10 @@ impl Shared {
                     return Err(Failed::Stopped(stop));
                 }
                 Err((None, error)) => match classify(&error) {
-                    Class::LockWait => {
+                    // A server-side time limit (turned off on this session, but a server may
+                    // enforce one anyway): the wait ended without the lock, like a lock-wait
+                    // timeout.
+                    Class::LockWait | Class::StatementTimeout => {
                         if !nowait {
                             dedicated.lock_wait = seconds;
                         }
@@ -662,16 +659,35 @@ impl Shared {
                 error,
             )));
         }
+        if past_local_deadline(valid_from, request.ttl()) {
+            // The grant came too late to be of use (its local deadline has passed): give the
+            // lock back rather than hand out a hold that is over before it begins.
+            tracing::debug!(lock = %name, "a grant came back past its local deadline; rolling back");
+            self.rollback_and_keep(dedicated).await;
+            return Err(Failed::Late);
+        }
+        let (notifier, signal) = end_signal();
+        let commands = hold::spawn(
+            self.clone(),
+            hold::Hold {
+                name: name.clone(),
+                token: token.clone(),
+                valid_from,
+                ttl: request.ttl(),
+            },
+            dedicated,
+            notifier,
+        );
         self.holds().insert(
             token.clone(),
             Arc::new(Held {
                 name: name.clone(),
                 fence,
-                conn: tokio::sync::Mutex::new(Some(dedicated)),
+                commands,
             }),
         );
         let lease = Lease::new(name.clone(), token, fence, request.ttl());
-        Ok(Grant::new(lease, valid_from))
+        Ok(Grant::new(lease, valid_from).with_end(signal))
     }
 
     /// Runs `sql` on `dedicated`, racing it against `deadline` (unless `nowait`) and the
@@ -696,7 +712,10 @@ impl Shared {
             () = &mut deadline, if !nowait => Stop::Deadline,
             () = tx.closed() => Stop::Cancelled,
         };
-        if self.kill_query(id).await {
+        if self
+            .kill_query(id, Instant::now() + self.connect_timeout)
+            .await
+        {
             // Interrupted (1317), or granted just before the kill: either way the caller
             // closes the connection, which rolls back anything it holds.
             let _ = tokio::time::timeout(self.connect_timeout, query).await;
@@ -719,12 +738,31 @@ impl Shared {
     /// value the server returns with the statement (`LAST_INSERT_ID(expr)`).
     async fn bump_fence(&self, name: &LockName) -> Result<Fence, LockError> {
         let what = format!("issuing a fence for `{name}`");
-        let done = retry_deadlocks(|| {
-            sqlx::query(AssertSqlSafe(self.bump.clone()))
-                .bind(name.as_str().as_bytes())
-                .execute(&self.pool)
-        })
-        .await
+        let until = Instant::now() + self.statement_timeout;
+        let bump = || {
+            retry_deadlocks(|| {
+                let query =
+                    sqlx::query(AssertSqlSafe(self.bump.clone())).bind(name.as_str().as_bytes());
+                execute_within(&self.pool, until, query)
+            })
+        };
+        // Pooled connections the server closed since their last use (a restart) fail at once;
+        // each is closed, and a later try gets a live one (at most one try per pooled
+        // connection more). A bump that committed but lost its answer only skips a fence:
+        // fences grow, and the record takes the fence issued.
+        let mut tries = self.pool.options().get_max_connections();
+        let done = loop {
+            match bump().await {
+                Err(error)
+                    if tries > 0
+                        && classify(&error) == Class::Connection
+                        && !is_timed_out(&error) =>
+                {
+                    tries -= 1;
+                }
+                other => break other,
+            }
+        }
         .map_err(|e| lock_error(&what, e))?;
         match done.last_insert_id() {
             0 => Err(LockError::Backend {
@@ -735,23 +773,10 @@ impl Shared {
         }
     }
 
-    /// Ends a hold whose grant nobody received, in the background when a runtime is present.
-    fn abandon(self: &Arc<Self>, token: &LeaseToken) {
-        let Some(held) = self.holds().remove(token) else {
-            return;
-        };
-        let shared = self.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Some(dedicated) = held.conn.lock().await.take() {
-                        shared.rollback_and_keep(dedicated).await;
-                    }
-                });
-            }
-            // Dropping the connection closes it; the server rolls the hold back.
-            Err(_) => drop(held),
-        }
+    /// Ends a hold whose grant nobody received: dropping its handle makes its task roll it
+    /// back (without a runtime the task is gone, and its connection closed with it).
+    fn abandon(&self, token: &LeaseToken) {
+        self.holds().remove(token);
     }
 }
 
@@ -810,6 +835,8 @@ mod tests {
             Duration::from_secs(1),
             TableName::new("t").unwrap(),
             0,
+            String::new(),
+            Duration::from_secs(1),
         );
         let request =
             AcquireRequest::new(LockName::new("a").unwrap(), &LockOptions::new()).unwrap();

@@ -9,9 +9,13 @@
 //! byte strings written as `X'<hex digits>'`, and integers, so nothing from a caller can change
 //! the statement's meaning.
 
-use std::{fmt::Write as _, future::Future, sync::Arc};
+use std::{fmt::Write as _, future::Future, sync::Arc, time::Instant};
 
-use sqlx::{AssertSqlSafe, MySqlConnection, MySqlPool, Row, SqlSafeStr, mysql::MySqlRow};
+use sqlx::{
+    AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row, SqlSafeStr,
+    mysql::{MySqlArguments, MySqlQueryResult, MySqlRow},
+    query::Query,
+};
 
 use crate::error::{Class, classify};
 
@@ -34,6 +38,93 @@ pub(crate) async fn run(
     sql: impl SqlSafeStr,
 ) -> Result<Vec<MySqlRow>, sqlx::Error> {
     sqlx::raw_sql(sql).fetch_all(conn).await
+}
+
+/// The error of a call that ran out of time waiting for the server: classified as a lost
+/// connection (the connection it used is closed, never reused mid-statement).
+pub(crate) fn timed_out() -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no answer from the server in time (the connection was closed)",
+    ))
+}
+
+/// Whether `error` is [`timed_out`]'s.
+pub(crate) fn is_timed_out(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::TimedOut)
+}
+
+/// `future`, or [`timed_out`] at `until`.
+pub(crate) async fn within<T>(
+    until: Instant,
+    future: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout_at(until.into(), future)
+        .await
+        .unwrap_or_else(|_| Err(timed_out()))
+}
+
+/// Runs `query` on a pooled connection, all by `until` (getting the connection included); a
+/// connection left mid-statement or broken is closed, not returned to the pool.
+pub(crate) async fn execute_within(
+    pool: &MySqlPool,
+    until: Instant,
+    query: Query<'_, MySql, MySqlArguments>,
+) -> Result<MySqlQueryResult, sqlx::Error> {
+    let mut conn = within(until, pool.acquire()).await?;
+    let result = within(until, query.execute(&mut *conn)).await;
+    if result
+        .as_ref()
+        .is_err_and(|e| classify(e) == Class::Connection)
+    {
+        conn.close_on_drop();
+    }
+    result
+}
+
+/// As [`execute_within`], for a read (run again, see [`retry_broken`]) that returns at most one
+/// row.
+pub(crate) async fn fetch_optional_within<'q>(
+    pool: &MySqlPool,
+    until: Instant,
+    query: impl Fn() -> Query<'q, MySql, MySqlArguments>,
+) -> Result<Option<MySqlRow>, sqlx::Error> {
+    retry_broken(pool, || async {
+        let mut conn = within(until, pool.acquire()).await?;
+        let result = within(until, query().fetch_optional(&mut *conn)).await;
+        if result
+            .as_ref()
+            .is_err_and(|e| classify(e) == Class::Connection)
+        {
+            conn.close_on_drop();
+        }
+        result
+    })
+    .await
+}
+
+/// Whether `error` is a connection that broke (not one that ran out of time): the statement
+/// is worth another try on another pooled connection if running it twice is harmless.
+pub(crate) fn broken(error: &sqlx::Error) -> bool {
+    classify(error) == Class::Connection && !is_timed_out(error)
+}
+
+/// Runs `op` (harmless to run twice: a read, a renewal) again while it fails on a broken
+/// pooled connection, at most once per connection the pool may hold: after a server restart
+/// every pooled connection used in the last second (so not pinged before use) is dead, and
+/// each one fails at once and is closed.
+pub(crate) async fn retry_broken<T, F, Fut>(pool: &MySqlPool, mut op: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut tries = pool.options().get_max_connections();
+    loop {
+        match op().await {
+            Err(error) if tries > 0 && broken(&error) => tries -= 1,
+            other => return other,
+        }
+    }
 }
 
 /// How many times an operation InnoDB rolled back as a deadlock victim is run again.
@@ -72,7 +163,9 @@ where
     }
 }
 
-/// Runs `sql` on a pooled connection, again when InnoDB rolled it back as a deadlock victim.
+/// Runs `sql` (harmless to run twice: reads, renewals) on a pooled connection, again when InnoDB
+/// rolled it back as a deadlock victim or the connection was broken ([`retry_broken`]), all by
+/// `until` (a connection left mid-statement is closed).
 ///
 /// A failing statement stops the batch and can leave its transaction open (a lock-wait
 /// timeout rolls back only the statement), so after an error the connection is rolled back,
@@ -82,22 +175,27 @@ where
 pub(crate) async fn run_pooled(
     pool: &MySqlPool,
     sql: String,
+    until: Instant,
 ) -> Result<Vec<MySqlRow>, sqlx::Error> {
     // Shared by the attempts rather than copied for each.
     let sql: Arc<str> = sql.into();
-    retry_deadlocks(|| {
-        let sql = sql.clone();
-        async move {
-            let mut conn = pool.acquire().await?;
-            let result = run(&mut conn, AssertSqlSafe(sql)).await;
-            if let Err(error) = &result
-                && (classify(error) == Class::Connection
-                    || sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err())
-            {
-                conn.close_on_drop();
+    retry_broken(pool, || {
+        retry_deadlocks(|| {
+            let sql = sql.clone();
+            async move {
+                let mut conn = within(until, pool.acquire()).await?;
+                let result = within(until, run(&mut conn, AssertSqlSafe(sql))).await;
+                if let Err(error) = &result
+                    && (classify(error) == Class::Connection
+                        || within(until, sqlx::raw_sql("ROLLBACK").execute(&mut *conn))
+                            .await
+                            .is_err())
+                {
+                    conn.close_on_drop();
+                }
+                result
             }
-            result
-        }
+        })
     })
     .await
 }

@@ -31,6 +31,9 @@ fn main() -> std::process::ExitCode {
         .case("lease/renew_answer_matches_the_row", || {
             Box::pin(renew_matches_row())
         })
+        .case("lease/every_path_judges_a_row_alike", || {
+            Box::pin(every_path_judges_alike())
+        })
         .finally(support::drop_tables_after_cases)
         .main()
 }
@@ -418,5 +421,145 @@ async fn renew_matches_row() -> Outcome {
         .await?;
     }
     backend.release(&companion).await?;
+    Ok(())
+}
+
+/// One judgment of a row in every path: a row `acquire` calls foreign is never renewed nor
+/// released (single or batched: `NotHeld`, the row unchanged), whoever presents a lease
+/// matching it; and a lease of ours at the top fence is a lease, for `inspect` as for renewal.
+async fn every_path_judges_alike() -> Outcome {
+    let new_name = name;
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
+    let table = store.config().table();
+    let ttl = Duration::from_secs(30);
+    let live = "NOW(6) + INTERVAL 1 HOUR";
+    let plant = |name: &LockName, values: String| {
+        let sql = format!(
+            "INSERT INTO `{table}` (name, token, fence, expires_at, acquired_at) VALUES (?, {values})"
+        );
+        let name = name.clone();
+        let admin = store.admin().clone();
+        async move {
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(name.as_str().as_bytes())
+                .execute(&admin)
+                .await
+                .map_err(|e| Failure(format!("planting a row: {e}")))
+        }
+    };
+    // Rows acquire calls foreign, each with the lease a caller could present for it.
+    let foreign: [(&str, String, &str, u64); 2] = [
+        (
+            "a foreign token, live",
+            format!("'not-a-lock-mysql-token', 7, {live}, NOW(6)"),
+            "not-a-lock-mysql-token",
+            7,
+        ),
+        (
+            "our token shape, no acquired_at, live",
+            format!("{VALID}, 7, {live}, NULL"),
+            "0123456789abcdef0123456789abcdef",
+            7,
+        ),
+    ];
+    for (label, values, token, fence) in foreign {
+        let lock = new_name("judge")?;
+        let name = &lock;
+        plant(name, values).await?;
+        let request = AcquireRequest::new(name.clone(), &LockOptions::new().ttl(ttl))?;
+        let acquired = backend.acquire(&request).await;
+        ensure!(
+            matches!(acquired, Err(LockError::Foreign { .. })),
+            "{label}: acquire answered {acquired:?}, expected Foreign"
+        );
+        let lease = Lease::new(
+            name.clone(),
+            LeaseToken::from_store(token),
+            Fence::new(fence),
+            ttl,
+        );
+        let before = snapshot(&store, name).await?;
+        let renewed = backend.renew(&lease, ttl).await;
+        refused_unchanged(
+            &format!("{label}: renew"),
+            &renewed,
+            &before,
+            &snapshot(&store, name).await?,
+        )?;
+        // In a batch with a lease of ours.
+        let other = new_name("judge-ours")?;
+        let ours = backend
+            .acquire(&AcquireRequest::new(
+                other.clone(),
+                &LockOptions::new().ttl(ttl),
+            )?)
+            .await?;
+        let batch = backend
+            .renew_many(&[lease.clone(), ours.lease.clone()])
+            .await;
+        ensure!(
+            batch.len() == 2,
+            "{label}: {} answers for 2 leases",
+            batch.len()
+        );
+        refused_unchanged(
+            &format!("{label}: batched renewal"),
+            &batch[0],
+            &before,
+            &snapshot(&store, name).await?,
+        )?;
+        ensure!(
+            batch[1].is_ok(),
+            "{label}: our lease in the same batch: {:?}",
+            batch[1]
+        );
+        let released = backend.release(&lease).await;
+        refused_unchanged(
+            &format!("{label}: release"),
+            &released,
+            &before,
+            &snapshot(&store, name).await?,
+        )?;
+        backend.release(&ours.lease).await?;
+    }
+
+    // Our own lease at the top fence (taken over from fence max - 1).
+    let name = new_name("top-fence")?;
+    let past = "NOW(6) - INTERVAL 1 SECOND";
+    plant(
+        &name,
+        format!("{VALID}, 18446744073709551614, {past}, {past}"),
+    )
+    .await?;
+    let grant = backend
+        .acquire(&AcquireRequest::new(
+            name.clone(),
+            &LockOptions::new().ttl(ttl),
+        )?)
+        .await?;
+    ensure!(
+        grant.lease.fence() == Fence::new(u64::MAX),
+        "the takeover issued fence {}",
+        grant.lease.fence()
+    );
+    let info = backend.inspect(&name).await;
+    ensure!(
+        matches!(&info, Ok(Some(i)) if i.token == *grant.lease.token() && i.fence == grant.lease.fence()),
+        "inspect of our lease at the top fence answered {info:?}"
+    );
+    backend.renew(&grant.lease, ttl).await?;
+    backend.release(&grant.lease).await?;
+    // Released at the top fence: no fence is left to issue, so acquire refuses it.
+    let again = backend
+        .acquire(&AcquireRequest::new(
+            name.clone(),
+            &LockOptions::new().ttl(ttl),
+        )?)
+        .await;
+    ensure!(
+        matches!(&again, Err(LockError::Foreign { found, .. }) if found.contains("maximum")),
+        "acquire of a released row at the top fence answered {again:?}"
+    );
     Ok(())
 }

@@ -8,6 +8,9 @@
 // Each test binary uses part of this module.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod admin;
+pub mod proxy;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -313,6 +316,33 @@ impl TestStore for MySqlStore {
     fn ttl(&self) -> Duration {
         Duration::from_secs(1)
     }
+}
+
+/// How many statements whose text contains `name`'s hex run on the server now, besides the
+/// probe itself.
+pub async fn statements_on(admin: &MySqlPool, name: &LockName) -> Result<i64, String> {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
+    )
+    .bind(format!("%{}%", hex(name.as_str())))
+    .fetch_one(admin)
+    .await
+    .map_err(|e| format!("reading the process list: {e}"))
+}
+
+/// Waits (polling every 5 ms, 2 s at most) until a statement on `name` runs on the server: a
+/// waiter has entered InnoDB's queue.
+pub async fn until_waiting(admin: &MySqlPool, name: &LockName) -> Result<(), String> {
+    for _ in 0..400 {
+        if statements_on(admin, name).await? > 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Err(format!(
+        "no statement on `{name}` started waiting within 2 s"
+    ))
 }
 
 /// The clean-up after a binary's cases (`Cases::finally`): drops this run's tables (nothing

@@ -1,0 +1,404 @@
+//! The owner of a row-lock hold's connection: a task that keeps a statement parked on it so the
+//! connection closing is seen the moment it closes, and runs the hold's renewals and release.
+//!
+//! **Why park.** An idle connection tells the client nothing: after `KILL CONNECTION` (or a
+//! server restart, or the server's idle limit) the hold is over on the server, the next holder
+//! may be granted at once, and the old holder would learn it only at its next renewal. A
+//! statement in flight, though, fails the moment its connection closes. So between commands
+//! the task keeps `SLEEP` running on the connection, in chunks of at most [`PARK_CHUNK`], and
+//! when a chunk fails with a lost connection it fires the hold's end signal
+//! ([`EndNotifier::end`]): `is_held()` turns false before the server can grant the lock to
+//! anyone else (the server closes the socket before it rolls the transaction back).
+//!
+//! **The server still ends a stopped holder's hold.** The server's idle limit
+//! (`wait_timeout`) ends a hold whose client stopped: never before its local deadline, and not
+//! much after it:
+//! - while a chunk runs the connection is not idle; between chunks (a few microseconds for a
+//!   live client) `wait_timeout` is the TTL rounded up, so a client frozen there loses the hold
+//!   no earlier than it would have without parking;
+//! - chunks are parked only until one second before the end of the lease
+//!   (`valid_from + ttl`). The last one, when it runs to its end undisturbed, sets
+//!   `wait_timeout` to 1 s on the server (`SET @p = SLEEP(..); SET SESSION wait_timeout =
+//!   IF(@p = 0, 1, <ttl>)`; an interrupted sleep fails or returns 1 and keeps the TTL), so a
+//!   holder that does not renew loses the hold at `valid_from + ttl` by the server's count,
+//!   never earlier than the client's own deadline (the server started counting after the
+//!   client sent the chunk);
+//! - a lease of a TTL up to one second is not parked at all (nothing is left to park after
+//!   the last second), and behaves as before: its end is seen at the next renewal.
+//!
+//! **Costs.** A renewal or the release first stops the parked chunk with `KILL QUERY` from a
+//! pooled connection (one round trip more than an idle connection needs). A holder process
+//! that dies is noticed by the server when its chunk ends (at most [`PARK_CHUNK`]), not at once
+//! as on an idle connection. Each held lock runs one tiny statement per [`PARK_CHUNK`].
+//!
+//! **Clean-up.** When lock-core stops listening ([`EndNotifier::is_closed`]: the guard was
+//! dropped without a runtime, or a release failed) the task rolls the hold back and forgets it,
+//! at the latest one [`PARK_CHUNK`] later.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use lock_core::{EndNotifier, LeaseToken, LockError, LockName, LossReason};
+use sqlx::AssertSqlSafe;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Dedicated, Shared};
+use crate::{
+    error::{Class, classify, lock_error},
+    script::{is_timed_out, run, timed_out, within},
+};
+
+/// The longest one parked `SLEEP` runs: how long a dead client's hold may outlive it on the
+/// server, and how often an idle hold costs a statement.
+pub(super) const PARK_CHUNK: Duration = Duration::from_secs(1);
+
+/// The server's idle limit after the last chunk of a lease that was not renewed.
+const LAST_IDLE_SECS: u64 = 1;
+
+/// Chunks shorter than this are not worth parking.
+const MIN_PARK: Duration = Duration::from_millis(20);
+
+/// How long to wait for a killed chunk to answer before sending `KILL QUERY` again (a fallback:
+/// the kill is sent once the server is inside the chunk's batch, where it is not lost).
+const KILL_AGAIN: Duration = Duration::from_millis(20);
+
+/// What the hold's owner is asked to do.
+pub(super) enum Command {
+    /// Confirm the hold and make it last `ttl` from now; answers the send time of the check.
+    Renew {
+        ttl: Duration,
+        reply: oneshot::Sender<Result<Instant, LockError>>,
+    },
+    /// Roll back and end.
+    Release {
+        reply: oneshot::Sender<Result<(), LockError>>,
+    },
+}
+
+/// The hold's facts the task needs.
+pub(super) struct Hold {
+    pub(super) name: LockName,
+    pub(super) token: LeaseToken,
+    /// The hold's lease began at `valid_from` (a send time) and lasts `ttl`.
+    pub(super) valid_from: Instant,
+    pub(super) ttl: Duration,
+}
+
+/// Starts the task owning `dedicated` for `hold`; the sender is the hold's handle (when every
+/// sender is dropped, the task rolls the hold back and ends).
+pub(super) fn spawn(
+    shared: Arc<Shared>,
+    hold: Hold,
+    dedicated: Dedicated,
+    notifier: EndNotifier,
+) -> mpsc::Sender<Command> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(own(shared, hold, dedicated, notifier, rx));
+    tx
+}
+
+/// What happened while a chunk was parked.
+enum Step {
+    /// The chunk ran to its end.
+    Parked,
+    /// A command came (the chunk has been stopped).
+    Command(Command),
+    /// Every handle was dropped (the chunk has been stopped).
+    Finish,
+    /// The connection failed (with the command that came meanwhile, if one did).
+    Lost(sqlx::Error, Option<Command>),
+}
+
+/// How the connection ended its service.
+enum End {
+    /// It closed (or stopped answering): the hold is over on the server.
+    Lost,
+    /// Rolled back and given back (released, or nobody listens any more).
+    Done,
+}
+
+async fn own(
+    shared: Arc<Shared>,
+    mut hold: Hold,
+    mut dedicated: Dedicated,
+    notifier: EndNotifier,
+    mut rx: mpsc::Receiver<Command>,
+) {
+    let end = loop {
+        if notifier.is_closed() {
+            tracing::debug!(lock = %hold.name, "nobody holds the guard any more; rolling back");
+            shared.forget(&hold.token);
+            break finish(&shared, dedicated).await;
+        }
+        let now = Instant::now();
+        let last_end =
+            (hold.valid_from + hold.ttl).checked_sub(Duration::from_secs(LAST_IDLE_SECS));
+        let chunk = last_end.map_or(Duration::ZERO, |end| end.saturating_duration_since(now));
+        let command = if chunk >= MIN_PARK {
+            let last = chunk <= PARK_CHUNK;
+            let chunk = chunk.min(PARK_CHUNK);
+            let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
+            // `DO 0` first: its answer tells the client the server is inside the batch, where a
+            // `KILL QUERY` stops the rest of it (one sent before the batch starts is lost).
+            let park = format!(
+                "DO 0; SET @lock_mysql_parked = SLEEP({}.{:06}); \
+                 SET SESSION wait_timeout = IF(@lock_mysql_parked = 0, {}, {big})",
+                chunk.as_secs(),
+                chunk.subsec_micros(),
+                if last { LAST_IDLE_SECS } else { big },
+            );
+            let id = dedicated.id;
+            let step = {
+                let (started_tx, started) = oneshot::channel();
+                let conn = &mut dedicated.conn;
+                let mut parked = Box::pin(async move {
+                    let mut answers = sqlx::raw_sql(AssertSqlSafe(park)).execute_many(conn);
+                    let mut started_tx = Some(started_tx);
+                    while let Some(answer) = answers.next().await {
+                        answer?;
+                        if let Some(tx) = started_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Ok::<_, sqlx::Error>(())
+                });
+                tokio::select! {
+                    result = &mut parked => match result {
+                        Ok(_) => Step::Parked,
+                        Err(error) => Step::Lost(error, None),
+                    },
+                    command = rx.recv() => {
+                        // Stop the chunk before using the connection.
+                        let until = Instant::now() + shared.statement_timeout;
+                        match unpark(&shared, id, parked.as_mut(), started, until).await {
+                            Ok(()) => command.map_or(Step::Finish, Step::Command),
+                            Err(error) => Step::Lost(error, command),
+                        }
+                    }
+                }
+            };
+            match step {
+                Step::Parked => {
+                    if last {
+                        dedicated.wait_timeout = Some(LAST_IDLE_SECS);
+                    }
+                    continue;
+                }
+                Step::Command(command) => command,
+                Step::Finish => break finish(&shared, dedicated).await,
+                Step::Lost(error, command) => {
+                    let end = lost(&shared, &hold, dedicated, &notifier, &error);
+                    if let Some(command) = command {
+                        answer_lost(command, &hold.name);
+                    }
+                    break end;
+                }
+            }
+        } else {
+            // Nothing to park (the lease's last second, or a TTL up to a second): wait for a
+            // command, looking now and then whether anyone still listens.
+            match tokio::time::timeout(PARK_CHUNK, rx.recv()).await {
+                Ok(Some(command)) => command,
+                Ok(None) => break finish(&shared, dedicated).await,
+                Err(_) => continue,
+            }
+        };
+        match command {
+            Command::Renew { ttl, reply } => {
+                match renew(&shared, &hold.name, &hold.token, &mut dedicated, ttl).await {
+                    Ok(sent) => {
+                        hold.valid_from = sent;
+                        hold.ttl = ttl;
+                        let _ = reply.send(Ok(sent));
+                    }
+                    Err(Renewal::NotHeld) => {
+                        // Cannot happen while the transaction lives; end the hold rather than
+                        // trust it.
+                        let _ = reply.send(Err(LockError::not_held(&hold.name)));
+                        notifier.end(LossReason::NotHeld);
+                        shared.forget(&hold.token);
+                        shared.discard(dedicated);
+                        break End::Lost;
+                    }
+                    Err(Renewal::Lost(error)) => {
+                        let end = lost(&shared, &hold, dedicated, &notifier, &error);
+                        let _ = reply.send(Err(session_ended(&hold.name)));
+                        break end;
+                    }
+                    Err(Renewal::Failed(error)) => {
+                        // The session may not have taken the new idle limit: set it again.
+                        dedicated.wait_timeout = None;
+                        let _ = reply
+                            .send(Err(lock_error(&format!("renewing `{}`", hold.name), error)));
+                    }
+                }
+            }
+            Command::Release { reply } => {
+                shared.forget(&hold.token);
+                let until = Instant::now() + shared.statement_timeout;
+                let result = within(until, run(&mut dedicated.conn, "ROLLBACK")).await;
+                let answer = match result {
+                    Ok(_) => {
+                        shared.keep(dedicated);
+                        Ok(())
+                    }
+                    Err(error) => {
+                        shared.discard(dedicated);
+                        Err(release_error(&hold.name, error))
+                    }
+                };
+                let _ = reply.send(answer);
+                break End::Done;
+            }
+        }
+    };
+    if matches!(end, End::Lost) {
+        // Anyone who asked meanwhile learns the hold is over.
+        rx.close();
+        while let Some(command) = rx.recv().await {
+            answer_lost(command, &hold.name);
+        }
+    }
+}
+
+/// The hold's connection failed with `error`: the hold is over (or cannot be trusted: a
+/// connection left mid-statement is closed). Fires the end signal and forgets the hold.
+fn lost(
+    shared: &Shared,
+    hold: &Hold,
+    dedicated: Dedicated,
+    notifier: &EndNotifier,
+    error: &sqlx::Error,
+) -> End {
+    tracing::debug!(lock = %hold.name, %error, "the connection holding the lock ended");
+    notifier.end(LossReason::SessionEnded);
+    shared.forget(&hold.token);
+    shared.discard(dedicated);
+    End::Lost
+}
+
+/// Rolls the hold back and gives the connection back (or closes it).
+async fn finish(shared: &Shared, dedicated: Dedicated) -> End {
+    shared.rollback_and_keep(dedicated).await;
+    End::Done
+}
+
+fn session_ended(name: &LockName) -> LockError {
+    LockError::Lost {
+        name: name.to_string(),
+        reason: LossReason::SessionEnded,
+    }
+}
+
+fn answer_lost(command: Command, name: &LockName) {
+    match command {
+        Command::Renew { reply, .. } => {
+            let _ = reply.send(Err(session_ended(name)));
+        }
+        Command::Release { reply } => {
+            let _ = reply.send(Err(session_ended(name)));
+        }
+    }
+}
+
+/// The error of a failed `ROLLBACK` (the connection has been closed, which ends the hold on the
+/// server once it notices).
+fn release_error(name: &LockName, error: sqlx::Error) -> LockError {
+    if is_timed_out(&error) {
+        LockError::Unavailable {
+            message: format!(
+                "releasing `{name}`: no answer in time; the connection was closed, so the server \
+                 ends the hold when it notices (at the latest after its idle limit, the TTL)"
+            ),
+            source: Some(Box::new(error)),
+        }
+    } else if classify(&error) == Class::Connection {
+        // The connection, and with it the hold, had already ended.
+        session_ended(name)
+    } else {
+        lock_error(&format!("releasing `{name}`"), error)
+    }
+}
+
+/// Stops the parked chunk and waits for its answer: once the server is inside the chunk's
+/// batch (`started`), `KILL QUERY`, again while it keeps running. A chunk that ended by itself
+/// or was interrupted is fine; a lost connection, or no answer by `until`, is the error.
+async fn unpark<F>(
+    shared: &Shared,
+    id: u64,
+    mut parked: std::pin::Pin<&mut F>,
+    started: oneshot::Receiver<()>,
+    until: Instant,
+) -> Result<(), sqlx::Error>
+where
+    F: std::future::Future<Output = Result<(), sqlx::Error>>,
+{
+    let outcome = |result: Result<(), sqlx::Error>| match result {
+        Ok(()) => Ok(()),
+        Err(error) if classify(&error) == Class::Interrupted => Ok(()),
+        Err(error) => Err(error),
+    };
+    tokio::select! {
+        result = parked.as_mut() => return outcome(result),
+        _ = started => {}
+        () = tokio::time::sleep_until(until.into()) => return Err(timed_out()),
+    }
+    loop {
+        if Instant::now() >= until {
+            return Err(timed_out());
+        }
+        // Whether or not the kill went through, look for the chunk's answer.
+        let _ = shared.kill_query(id, until).await;
+        let wait = (Instant::now() + KILL_AGAIN).min(until);
+        if let Ok(result) = tokio::time::timeout_at(wait.into(), parked.as_mut()).await {
+            return outcome(result);
+        }
+    }
+}
+
+/// A failed renewal.
+enum Renewal {
+    /// The row does not show the hold (cannot happen while the transaction lives).
+    NotHeld,
+    /// The connection is gone (or was closed for not answering): the hold is over.
+    Lost(sqlx::Error),
+    /// Any other failure; the hold may well be intact.
+    Failed(sqlx::Error),
+}
+
+/// Confirms the hold's connection is alive and still holds the row, and sets its server-side
+/// idle limit to `ttl`; answers the send time of the check.
+async fn renew(
+    shared: &Shared,
+    name: &LockName,
+    token: &LeaseToken,
+    dedicated: &mut Dedicated,
+    ttl: Duration,
+) -> Result<Instant, Renewal> {
+    let set_wait_timeout = dedicated.wait_timeout_for(ttl);
+    let until = Instant::now() + shared.statement_timeout;
+    let sent = Instant::now();
+    let read = async {
+        // Only when the TTL changed (an extension, or after the last chunk): one more round trip.
+        if !set_wait_timeout.is_empty() {
+            run(&mut dedicated.conn, AssertSqlSafe(set_wait_timeout)).await?;
+        }
+        sqlx::query_scalar::<_, Option<Vec<u8>>>(AssertSqlSafe(shared.held.clone()))
+            .bind(name.as_str().as_bytes())
+            .fetch_optional(&mut dedicated.conn)
+            .await
+    };
+    match within(until, read).await {
+        Ok(found)
+            if found.as_ref().and_then(Option::as_deref) == Some(token.as_str().as_bytes()) =>
+        {
+            Ok(sent)
+        }
+        Ok(_) => Err(Renewal::NotHeld),
+        Err(error) if classify(&error) == Class::Connection => Err(Renewal::Lost(error)),
+        Err(error) => Err(Renewal::Failed(error)),
+    }
+}

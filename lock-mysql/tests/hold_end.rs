@@ -1,0 +1,130 @@
+//! The end of a row-lock hold is seen when it happens:
+//!
+//! - `KILL CONNECTION` of the holder's connection: by the time a waiting client is granted the
+//!   lock, the old holder's `is_held()` is already false (20 times in a row);
+//! - a guard dropped on a thread without a Tokio runtime (lock-core cannot release it there):
+//!   the backend notices nobody holds the guard any more, rolls the hold back and forgets it,
+//!   so another client gets the lock long before the TTL.
+//!
+//! Needs `LOCK_TEST_MYSQL_URL`.
+
+mod support;
+
+use std::{
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use conformance_tests::{Cases, Failure, Outcome, ensure};
+use lock_core::{Holder, LockClient, LockName, LockOptions, LossReason};
+use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
+use sqlx::AssertSqlSafe;
+use support::MySqlStore;
+
+fn main() -> ExitCode {
+    Cases::<Failure>::new("hold_end")
+        .limit(Duration::from_secs(120))
+        .case(
+            "row_lock/killed_connection_seen_before_the_next_grant",
+            || Box::pin(killed_connection_seen_before_next_grant()),
+        )
+        .case(
+            "row_lock/guard_dropped_without_runtime_is_rolled_back",
+            || Box::pin(guard_dropped_without_runtime()),
+        )
+        .finally(support::drop_tables_after_cases)
+        .main()
+}
+
+fn name(tag: &str) -> Result<LockName, Failure> {
+    Ok(LockName::new(format!(
+        "hold-end/{tag}/{:016x}",
+        rand::random::<u64>()
+    ))?)
+}
+
+async fn client(config: &MySqlConfig) -> Result<LockClient, Failure> {
+    Ok(LockClient::new(MySqlBackend::connect(config).await?))
+}
+
+/// Holder A (TTL 10 s), waiter B queued in InnoDB; the administrator kills A's connection. When
+/// B's `acquire` returns, A's `is_held()` must already be false, and `lost()` says why.
+async fn killed_connection_seen_before_next_grant() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let options = LockOptions::new().ttl(Duration::from_secs(10));
+    for round in 0..20 {
+        let name = name("killed")?;
+        let held = a.acquire(&Holder::new(), &name, &options).await?;
+        let waiter = {
+            let (b, name) = (b.clone(), name.clone());
+            let options = options.clone().wait(Duration::from_secs(10));
+            tokio::spawn(async move { b.acquire(&Holder::new(), &name, &options).await })
+        };
+        support::until_waiting(store.admin(), &name)
+            .await
+            .map_err(Failure)?;
+        let id = store
+            .holder_connection(&name)
+            .await?
+            .ok_or_else(|| Failure("the holder recorded no connection id".into()))?;
+        sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+            .execute(store.admin())
+            .await
+            .map_err(|e| Failure(format!("KILL CONNECTION {id}: {e}")))?;
+        let next = waiter
+            .await
+            .map_err(|e| Failure(e.to_string()))?
+            .map_err(|e| Failure(format!("round {round}: the waiter failed: {e}")))?;
+        let still = held.is_held();
+        ensure!(
+            !still,
+            "round {round}: the old holder's is_held() was still true when the next holder was granted"
+        );
+        let reason = tokio::time::timeout(Duration::from_secs(1), held.lost())
+            .await
+            .map_err(|_| Failure(format!("round {round}: lost() did not resolve")))?;
+        ensure!(
+            reason == LossReason::SessionEnded,
+            "round {round}: lost() said {reason:?}"
+        );
+        next.release().await?;
+    }
+    Ok(())
+}
+
+/// A guard (TTL 30 s) dropped on a plain thread: the lock is free again within a few seconds,
+/// and the backend keeps no entry for it.
+async fn guard_dropped_without_runtime() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
+    let a = LockClient::new(backend.clone());
+    let b = client(store.config()).await?;
+    let name = name("dropped")?;
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = a.acquire(&Holder::new(), &name, &options).await?;
+    std::thread::spawn(move || drop(held))
+        .join()
+        .map_err(|_| Failure("the dropping thread panicked".into()))?;
+    let start = Instant::now();
+    let next = b
+        .acquire(
+            &Holder::new(),
+            &name,
+            &options.clone().wait(Duration::from_secs(5)),
+        )
+        .await
+        .map_err(|e| {
+            Failure(format!(
+                "the lock of a guard dropped without a runtime was not free after {:?}: {e}",
+                start.elapsed()
+            ))
+        })?;
+    let shown = format!("{backend:?}");
+    ensure!(
+        shown.contains("held: 0"),
+        "the backend still keeps the dropped hold: {shown}"
+    );
+    next.release().await?;
+    Ok(())
+}

@@ -24,11 +24,19 @@ pub struct Capabilities {
     pub failover: Failover,
     /// Replicas that must acknowledge an acquisition before it is granted (0 = none).
     pub replica_acks: u32,
+    /// Whether renewing many holds costs about one round trip (a pipeline, a script, one
+    /// statement), or one per hold (each hold lives on its own connection).
+    #[serde(default = "yes")]
+    pub batched_renewals: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Capabilities {
     /// Capabilities from the five defining properties; `portable_lease` starts false,
-    /// `failover` as [`Failover::SingleServer`], `replica_acks` as 0.
+    /// `failover` as [`Failover::SingleServer`], `replica_acks` as 0, `batched_renewals` true.
     pub const fn new(
         fencing: Fencing,
         expiry: Expiry,
@@ -45,6 +53,7 @@ impl Capabilities {
             portable_lease: false,
             failover: Failover::SingleServer,
             replica_acks: 0,
+            batched_renewals: true,
         }
     }
 
@@ -57,6 +66,12 @@ impl Capabilities {
     /// Sets [`Capabilities::failover`].
     pub const fn with_failover(mut self, failover: Failover) -> Self {
         self.failover = failover;
+        self
+    }
+
+    /// Sets [`Capabilities::batched_renewals`].
+    pub const fn with_batched_renewals(mut self, batched: bool) -> Self {
+        self.batched_renewals = batched;
         self
     }
 

@@ -223,7 +223,9 @@ impl LockBackend for MySqlBackend {
                 Clock::Server,
             )
             .with_portable_lease(false)
-            .with_failover(Failover::SingleServer),
+            .with_failover(Failover::SingleServer)
+            // Each hold is its own connection's transaction: renewals cannot share a trip.
+            .with_batched_renewals(false),
         }
     }
 

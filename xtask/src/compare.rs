@@ -195,7 +195,7 @@ fn render_with(reports: &[SuiteReport], preset: &str) -> String {
     let mut header = vec!["capability".to_string()];
     header.extend(reports.iter().map(|r| r.store.clone()));
     caps.set_header(header);
-    let properties: [(&str, Show); 8] = [
+    let properties: [(&str, Show); 9] = [
         ("fencing", |c| format!("{:?}", c.fencing)),
         ("expiry", |c| format!("{:?}", c.expiry)),
         ("wake-up", |c| format!("{:?}", c.wakeup)),
@@ -204,6 +204,7 @@ fn render_with(reports: &[SuiteReport], preset: &str) -> String {
         ("portable lease", |c| c.portable_lease.to_string()),
         ("failover", |c| format!("{:?}", c.failover)),
         ("replica acks", |c| c.replica_acks.to_string()),
+        ("batched renewals", |c| c.batched_renewals.to_string()),
     ];
     for (label, show) in properties {
         let mut row = vec![label.to_string()];

@@ -309,6 +309,23 @@ impl TestStore for MySqlStore {
         Ok(())
     }
 
+    /// Stops the MariaDB server (`mariadb` of `cargo xtask services`).
+    async fn begin_outage(&self) -> Result<(), LockError> {
+        conformance_tests::Services::from_env()?
+            .stop(&["mariadb"])
+            .await
+    }
+
+    async fn end_outage(&self) -> Result<(), LockError> {
+        conformance_tests::Services::from_env()?
+            .start(&["mariadb"])
+            .await
+    }
+
+    fn can_fail(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+
     fn can_plant_foreign(&self) -> bool {
         true
     }

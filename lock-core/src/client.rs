@@ -13,10 +13,7 @@ use tracing::Instrument;
 
 use crate::{
     AcquireRequest, Capabilities, Grant, Holder, Lease, LockBackend, LockError, LockGuard,
-    LockInfo, LockName, LockOptions,
-    hold::{Hold, drift},
-    holder::SlotUse,
-    watchdog::Watchdog,
+    LockInfo, LockName, LockOptions, hold::Hold, holder::SlotUse, watchdog::Watchdog,
 };
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
@@ -171,7 +168,7 @@ impl LockClient {
                 })),
             };
             let error = match answer {
-                Ok(grant) if still_valid(&grant) => return Ok(grant),
+                Ok(grant) if !grant.is_past_deadline() => return Ok(grant),
                 Ok(grant) => {
                     tracing::debug!(fence = %grant.lease.fence(), "lock granted too late to use");
                     let backend = backend.clone();
@@ -256,12 +253,6 @@ pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// How long after the wait budget a retry after a retryable failure may still answer.
 const RETRY_GRACE: Duration = Duration::from_millis(50);
-
-/// Whether a fresh grant is still inside its local deadline.
-fn still_valid(grant: &Grant) -> bool {
-    let ttl = grant.lease.ttl();
-    grant.valid_from.elapsed() < ttl.saturating_sub(drift(ttl))
-}
 
 impl fmt::Debug for LockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

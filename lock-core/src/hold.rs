@@ -106,7 +106,7 @@ impl Hold {
             lease: grant.lease.clone(),
             depth: 1,
             valid_from,
-            deadline: valid_from + ttl.saturating_sub(drift(ttl)),
+            deadline: crate::local_deadline(valid_from, ttl),
             next_renew: valid_from,
             renew_every: options.renew_every,
             watchdog: options.watchdog,

@@ -150,10 +150,38 @@ impl Grant {
         self
     }
 
+    /// The local deadline of this grant on the monotonic clock: `valid_from + ttl` minus the
+    /// drift allowance (TTL/100 + 2 ms). A guard trusts its hold until then, unless renewed.
+    pub fn local_deadline(&self) -> Instant {
+        local_deadline(self.valid_from, self.lease.ttl())
+    }
+
+    /// Whether the grant is already past its [local deadline](Grant::local_deadline): a guard
+    /// made of it would not be held.
+    pub fn is_past_deadline(&self) -> bool {
+        Instant::now() >= self.local_deadline()
+    }
+
     /// The end signal attached with [`Grant::with_end`], if any.
     pub fn end(&self) -> Option<&EndSignal> {
         self.end.as_ref()
     }
+}
+
+/// The local deadline of a lease valid from `valid_from` for `ttl`: `valid_from + ttl` minus
+/// the drift allowance (TTL/100 + 2 ms, Redlock's), on the monotonic clock. A guard trusts its
+/// hold until then unless a renewal is confirmed; a backend can use it to refuse handing out
+/// a grant that came back too late to be held at all.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+///
+/// let sent = Instant::now();
+/// let deadline = lock_core::local_deadline(sent, Duration::from_secs(1));
+/// assert_eq!(deadline, sent + Duration::from_millis(988));
+/// ```
+pub fn local_deadline(valid_from: Instant, ttl: Duration) -> Instant {
+    valid_from + ttl.saturating_sub(crate::hold::drift(ttl))
 }
 
 /// What [`LockBackend::inspect`](crate::LockBackend::inspect) reports about a held lock.

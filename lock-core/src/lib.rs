@@ -24,7 +24,7 @@ pub use error::{BoxError, LockError, LossReason};
 pub use fence::Fence;
 pub use guard::{LockGuard, Lost};
 pub use holder::{Holder, HolderId};
-pub use lease::{Grant, Lease, LeaseToken, LockInfo};
+pub use lease::{Grant, Lease, LeaseToken, LockInfo, local_deadline};
 pub use memory::MemoryBackend;
 pub use name::LockName;
 pub use options::{

@@ -249,7 +249,7 @@ impl LeaseStrategy {
                 }
             }
         };
-        if past_local_deadline(sent, request.ttl()) {
+        if Instant::now() >= lock_core::local_deadline(sent, request.ttl()) {
             // The answer came too late to be of use: the caller's hold would be over before it
             // began. Give the row back and try again (or time out).
             tracing::debug!(lock = %name, "a grant came back past its local deadline; releasing it");
@@ -476,14 +476,6 @@ impl LeaseStrategy {
             _ => None,
         })
     }
-}
-
-/// Whether a grant whose request was sent at `sent` for `ttl` is already past the local
-/// deadline lock-core gives it (`sent + ttl` minus its drift allowance, TTL/100 + 2 ms): a
-/// guard made of it would say `is_held() == false` from the start.
-pub(crate) fn past_local_deadline(sent: Instant, ttl: Duration) -> bool {
-    let drift = ttl / 100 + Duration::from_millis(2);
-    Instant::now() + drift >= sent + ttl
 }
 
 /// Whether a statement setting `fence = LAST_INSERT_ID(fence)` on the row of `lease` if, and

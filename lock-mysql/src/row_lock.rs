@@ -57,7 +57,7 @@ use crate::{
     TableName,
     config::ceil_secs,
     error::{Class, classify, lock_error, server_code},
-    lease_strategy::{ANSWER_GRACE, past_local_deadline},
+    lease_strategy::ANSWER_GRACE,
     local_queue::LocalQueue,
     lock_row::{HOLD_COLUMNS, HoldRow, HoldState},
     script::{
@@ -659,7 +659,7 @@ impl Shared {
                 error,
             )));
         }
-        if past_local_deadline(valid_from, request.ttl()) {
+        if Instant::now() >= lock_core::local_deadline(valid_from, request.ttl()) {
             // The grant came too late to be of use (its local deadline has passed): give the
             // lock back rather than hand out a hold that is over before it begins.
             tracing::debug!(lock = %name, "a grant came back past its local deadline; rolling back");

@@ -183,7 +183,8 @@ impl LockBackend for ZkBackend {
     }
 
     /// Checks that the lease's node still exists and belongs to the backend's live session
-    /// (one `exists`). `ttl` is not used: the lease's TTL stays the session timeout.
+    /// (`sync` then `exists`, pipelined: one round trip, confirmed by the leader's state).
+    /// `ttl` is not used: the lease's TTL stays the session timeout.
     ///
     /// # Errors
     /// [`LockError::NotHeld`] when the node is gone or the lease is not this backend's;
@@ -202,7 +203,20 @@ impl LockBackend for ZkBackend {
             });
         }
         let sent = Instant::now();
-        match conn.exists(&held.path).await {
+        // `sync` first, pipelined with the check (one round trip): the server answers the
+        // check only after catching up with the leader, so a server cut off from the quorum,
+        // which would answer from its own stale state while the leader expires the session,
+        // cannot confirm the hold.
+        let (synced, found) = futures::join!(conn.sync(&held.path), conn.exists(&held.path));
+        if let Err(e) = synced {
+            if is_session_end(&e) {
+                return Err(session_ended(&held.name));
+            }
+            if !matches!(e, zookeeper_client::Error::NoNode) {
+                return Err(ZkError::new("sync", held.path, e).into());
+            }
+        }
+        match found {
             Ok(Some(stat))
                 if stat.ephemeral_owner == held.session.0
                     && recipe::fence(stat.czxid, &held.path).is_ok_and(|f| f == lease.fence()) =>

@@ -54,6 +54,7 @@ fn main() -> ExitCode {
         .case("curator_interop", || Box::pin(curator_interop()))
         .case("lost_create_reply", || Box::pin(lost_create_reply()))
         .case("missing_root", || Box::pin(missing_root()))
+        .case("follower_cut_off", || Box::pin(follower_cut_off()))
         .on_failure(|| {
             println!("        the last events before the failure:");
             for line in trace::last(400) {
@@ -1011,5 +1012,66 @@ async fn missing_root() -> Outcome {
             Err(e) => return Err(Failure(format!("deleting {path}: {e}"))),
         }
     }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// A follower cut off from its leader cannot confirm a hold (review finding 6).
+
+/// A holder connected only to a follower: the other two nodes (the leader among them) are
+/// paused, so the follower is cut off from the quorum but still answers local reads until it
+/// notices. A renewal it answers from its own state would extend the local deadline while the
+/// leader may expire the session; so no renewal may succeed then.
+async fn follower_cut_off() -> Outcome {
+    let servers = Server::ensemble()?;
+    let mut follower = None;
+    for (i, server) in servers.iter().enumerate() {
+        if server.mode().await.as_deref() == Some("follower") {
+            follower = Some(i);
+            break;
+        }
+    }
+    let follower = follower.ok_or_else(|| Failure("no follower in the ensemble".into()))?;
+    let config = ZkConfig::new(format!("127.0.0.1:{}", servers[follower].port))
+        .session_timeout(Duration::from_secs(6));
+    let (client, _backend) = client(&config).await?;
+    let name = lock_name("follower-cut-off")?;
+    let guard = client
+        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .await
+        .map_err(err)?;
+    let mut paused = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        if i != follower {
+            paused.push(Paused::new(server)?);
+        }
+    }
+    let extended = tokio::time::timeout(
+        Duration::from_millis(1500),
+        guard.extend(Duration::from_secs(6)),
+    )
+    .await;
+    for pause in &mut paused {
+        pause.resume()?;
+    }
+    drop(paused);
+    ensure!(
+        !matches!(extended, Ok(Ok(()))),
+        "a follower cut off from its leader confirmed the hold (extend returned Ok)"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the ensemble serving again",
+        || async {
+            for server in &servers {
+                if server.mode().await.is_none() {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .await?;
+    drop(guard);
     Ok(())
 }

@@ -341,6 +341,15 @@ async fn create_node(conn: &Conn, path: &str, options: &CreateOptions<'_>) -> Re
     }
 }
 
+/// Makes the server catch up with the leader (`sync`) before a read that must see our own
+/// committed writes.
+async fn catch_up(conn: &Conn, lock_path: &str) -> Result<(), ZkError> {
+    match retry(|| conn.sync(lock_path)).await {
+        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+        Err(e) => Err(ZkError::new("sync", lock_path, e)),
+    }
+}
+
 /// Our node, found by its UUID prefix, if the server created it.
 async fn find_own(
     conn: &Conn,
@@ -348,6 +357,9 @@ async fn find_own(
     uuid_prefix: &str,
 ) -> Result<Option<Created>, Stop> {
     let sent = Instant::now();
+    // After a reconnect the server may lag behind the leader and not show our committed node
+    // yet (we would create a second one): catch it up first.
+    catch_up(conn, lock_path).await?;
     let children = match retry(|| conn.list(lock_path)).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => return Ok(None),
@@ -441,10 +453,7 @@ pub(crate) async fn inspect(
     name: &LockName,
 ) -> Result<Option<LockInfo>, LockError> {
     // A follower may lag behind the leader; `sync` makes it catch up before we read.
-    match conn.sync(lock_path).await {
-        Ok(()) | Err(zk::Error::NoNode) => {}
-        Err(e) => return Err(ZkError::new("sync", lock_path, e).into()),
-    }
+    catch_up(conn, lock_path).await?;
     for _ in 0..RETRIES {
         let children = match retry(|| conn.list(lock_path)).await {
             Ok(children) => children,
@@ -581,7 +590,11 @@ async fn remove(conn: &Conn, lock_path: &str, uuid_prefix: &str, node: Option<&s
     let path = match node {
         Some(path) => path.to_owned(),
         None => {
-            // Requests are applied in order: if the create was sent, this listing sees it.
+            // Requests are applied in order: if the create was sent, this listing sees it; and
+            // after a reconnect, `sync` first catches a lagging server up with the leader.
+            if catch_up(conn, lock_path).await.is_err() {
+                return;
+            }
             let children = match retry(|| conn.list(lock_path)).await {
                 Ok(children) => children,
                 Err(_) => return,

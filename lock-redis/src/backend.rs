@@ -26,9 +26,16 @@ use crate::{
 /// Cluster.
 ///
 /// - Acquire is one Lua script: `SET key token PX ttl` if the key is free, with the fence
-///   counter bumped in the same atomic step; release is a compare-and-delete that also
+///   counter raised in the same atomic step; release is a compare-and-delete that also
 ///   publishes the release when a waiter marked the lock; renew is a compare-and-`PEXPIRE`.
 ///   Scripts run by `EVALSHA` and are reloaded on `NOSCRIPT`.
+/// - The fence is `max(counter + 1, server time in µs)`, written back to the counter (a hybrid
+///   clock), so it stays above every earlier fence of the name even when the server lost the
+///   counter: a restart without persistence, an eviction. Capabilities say
+///   [`Fencing::Strict`] for one server without `replica_acks`, where that holds unless the
+///   server's clock steps back; [`Fencing::BestEffort`] with `replica_acks` or on a cluster,
+///   where a failover continues on a replica that may lack the last grant and whose clock may
+///   be behind. See the crate docs, "Fences".
 /// - Waiters mark the lock, are woken by the release message on one pub/sub connection shared
 ///   by all waiting locks of this backend, and retry when the holder's TTL runs out in case a
 ///   message is lost.
@@ -136,11 +143,12 @@ impl RedisBackend {
 impl LockBackend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         let config = &self.inner.config;
-        let (fencing, failover) = if config.cluster {
-            // A failover to an asynchronously replicated replica can lose the last INCR.
+        // Fences are `max(counter + 1, server time in µs)`: on one server they survive a lost
+        // counter (restart without persistence, eviction) unless that server's clock steps
+        // back. A failover hands the counter to another machine, which may not have the last
+        // grant (asynchronous replication) and whose clock may be behind: best effort.
+        let (fencing, failover) = if config.cluster || config.replica_acks > 0 {
             (Fencing::BestEffort, Failover::AsyncReplica)
-        } else if config.replica_acks > 0 {
-            (Fencing::Strict, Failover::AsyncReplica)
         } else {
             (Fencing::Strict, Failover::SingleServer)
         };

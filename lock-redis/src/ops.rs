@@ -263,11 +263,12 @@ pub(crate) async fn inspect<C: ConnectionLike + Send>(
         .get(3)
         .and_then(int)
         .and_then(|f| u64::try_from(f).ok())
+        .filter(|f| *f <= scripts::MAX_FENCE)
         .ok_or_else(|| {
             foreign(
                 name,
                 format!(
-                    "key `{}` is held but its fence counter is not a number",
+                    "key `{}` is held but its fence counter is not a fence of this library",
                     keys.fence
                 ),
             )

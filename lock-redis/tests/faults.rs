@@ -205,13 +205,29 @@ async fn redlock_fails_cleanly_with_three_of_five_down() -> Outcome {
     stopped.restart()
 }
 
+/// Acquires and releases `lock` `times` times; the last fence issued.
+async fn cycle(client: &LockClient, lock: &LockName, times: usize) -> Result<u64, Failure> {
+    let mut last = 0;
+    for _ in 0..times {
+        let guard = client
+            .acquire(&Holder::new(), lock, &LockOptions::new())
+            .await
+            .map_err(fail("acquire"))?;
+        last = guard.fence().get();
+        guard.release().await.map_err(fail("release"))?;
+    }
+    Ok(last)
+}
+
 /// A restart of a server without persistence forgets the lock: `lost()` fires, and the lock is
-/// free for others.
+/// free for others, with a fence above every fence issued before the restart (the server runs
+/// `save ''` and `appendonly no`, so the counter is gone too).
 async fn restart_while_held_fires_lost() -> Outcome {
     let url = var("LOCK_TEST_REDIS_URL")?;
     let a = single_client(&url).await?;
     let lock = name("restart")?;
     let ttl = Duration::from_secs(2);
+    cycle(&a, &lock, 3).await?;
     let guard = a
         .acquire(&Holder::new(), &lock, &LockOptions::new().ttl(ttl))
         .await
@@ -231,10 +247,40 @@ async fn restart_while_held_fires_lost() -> Outcome {
         .try_acquire(&Holder::new(), &lock, &LockOptions::new())
         .await
         .map_err(fail("try after restart"))?;
-    ensure!(next.is_some(), "the lock is not free after the restart");
-    if let Some(g) = next {
-        g.release().await.map_err(fail("release"))?;
-    }
+    let Some(next) = next else {
+        return Err(Failure("the lock is not free after the restart".into()));
+    };
+    ensure!(
+        next.fence() > guard.fence(),
+        "the fence after the restart, {}, is not above the fence before it, {}",
+        next.fence(),
+        guard.fence()
+    );
+    next.release().await.map_err(fail("release"))
+}
+
+/// A fence counter that disappeared (evicted under an `allkeys-*` policy, or deleted by hand)
+/// does not make fences go back.
+async fn fences_grow_after_the_counter_is_lost() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let client = single_client(&url).await?;
+    let lock = name("counter-lost")?;
+    let before = cycle(&client, &lock, 3).await?;
+    let mut conn = raw_conn(&url).await?;
+    let deleted: i64 = conn
+        .del(RedisKeys::new("faults", &lock).fence)
+        .await
+        .map_err(fail("DEL"))?;
+    ensure!(deleted == 1, "there was no fence counter to delete");
+    let after = cycle(&client, &lock, 1).await?;
+    ensure!(
+        after > before,
+        "the fence after the counter was lost, {after}, is not above the fence before, {before}"
+    );
+    let _: i64 = conn
+        .del(RedisKeys::new("faults", &lock).fence)
+        .await
+        .map_err(fail("DEL"))?;
     Ok(())
 }
 
@@ -285,6 +331,50 @@ async fn foreign_values_are_reported_not_taken() -> Outcome {
         "a lock was granted over a foreign fence counter"
     );
     let _: () = conn.del(&keys.fence).await.map_err(fail("DEL"))?;
+    Ok(())
+}
+
+/// Fence counters this library cannot have written (negative, not canonical, or too large to
+/// increase within the fence range) are refused with an error naming the counter, before
+/// anything is written: no lock key, no change to the counter.
+async fn planted_fence_counters_are_refused() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let client = single_client(&url).await?;
+    let mut conn = raw_conn(&url).await?;
+    let options = LockOptions::new().wait(Duration::ZERO);
+    for planted in [
+        "9223372036854775806",
+        "9223372036854775807",
+        "9007199254740993",
+        "-5",
+        "-1",
+        "007",
+        "",
+    ] {
+        let lock = name("planted-fence")?;
+        let keys = RedisKeys::new("faults", &lock);
+        let _: () = conn.set(&keys.fence, planted).await.map_err(fail("SET"))?;
+        let result = client.acquire(&Holder::new(), &lock, &options).await;
+        let lock_exists: bool = conn.exists(&keys.lock).await.map_err(fail("EXISTS"))?;
+        let counter: String = conn.get(&keys.fence).await.map_err(fail("GET"))?;
+        let _: i64 = conn
+            .del(&[&keys.fence, &keys.lock])
+            .await
+            .map_err(fail("DEL"))?;
+        ensure!(
+            matches!(&result, Err(LockError::Foreign { found, .. }) if found.contains(&keys.fence)),
+            "a fence counter of {planted:?} gave {:?}",
+            result.map(|g| g.fence())
+        );
+        ensure!(
+            !lock_exists,
+            "a fence counter of {planted:?} was refused but the lock key was written"
+        );
+        ensure!(
+            counter == planted,
+            "a refused fence counter of {planted:?} was changed to {counter:?}"
+        );
+    }
     Ok(())
 }
 
@@ -790,6 +880,12 @@ fn main() -> ExitCode {
         })
         .case("restart_while_held_fires_lost", || {
             Box::pin(restart_while_held_fires_lost())
+        })
+        .case("fences_grow_after_the_counter_is_lost", || {
+            Box::pin(fences_grow_after_the_counter_is_lost())
+        })
+        .case("planted_fence_counters_are_refused", || {
+            Box::pin(planted_fence_counters_are_refused())
         })
         .case("foreign_values_are_reported_not_taken", || {
             Box::pin(foreign_values_are_reported_not_taken())

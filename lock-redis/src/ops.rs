@@ -154,20 +154,41 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
             let pttl = u64::try_from(pttl).ok().map(Duration::from_millis);
             Ok(Try::Busy { pttl })
         }
-        Some(2) => {
-            let which = reply.get(1).and_then(text).unwrap_or_default();
-            let what = reply.get(2).and_then(text).unwrap_or_default();
-            let key = if which == "fence" {
-                &keys.fence
-            } else {
-                &keys.lock
-            };
-            Err(foreign(
-                name,
-                format!("key `{key}` holds {:?}", shorten(what)),
-            ))
-        }
+        Some(2) => Err(reported(name, keys, &reply)),
         _ => Err(unexpected("acquire", &reply)),
+    }
+}
+
+/// The error for a script's `{2, which, what}`: a key holds something this library did not
+/// write.
+fn reported(name: &LockName, keys: &Keys, reply: &[Value]) -> LockError {
+    let which = reply.get(1).and_then(text).unwrap_or_default();
+    let what = reply.get(2).and_then(text).unwrap_or_default();
+    let key = if which == "fence" {
+        &keys.fence
+    } else {
+        &keys.lock
+    };
+    foreign(name, format!("key `{key}` holds {:?}", shorten(what)))
+}
+
+/// Raises the fence counter of `keys` to at least `fence` (see [`scripts::RAISE`]).
+pub(crate) async fn raise_fence<C: ConnectionLike + Send>(
+    conn: &mut C,
+    name: &LockName,
+    keys: &Keys,
+    fence: u64,
+) -> Result<(), LockError> {
+    let reply: Vec<Value> = scripts::RAISE
+        .key(&keys.fence)
+        .arg(fence)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| classify("raise the fence", e))?;
+    match reply.first().and_then(int) {
+        Some(1) => Ok(()),
+        Some(2) => Err(reported(name, keys, &reply)),
+        _ => Err(unexpected("raise the fence", &reply)),
     }
 }
 

@@ -30,7 +30,7 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// same client, which one release message does not all wake) still wait. A mark is only ever
 /// lengthened.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    let counter = read_counter();
+    let counter = read_counter("KEYS[2]");
     Script::new(&format!(
         r"
 redis.replicate_commands()
@@ -55,14 +55,14 @@ return {{1, fence, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}}
     ))
 });
 
-/// Lua that reads the fence counter `KEYS[2]` into `last` (0 when absent), or returns
+/// Lua that reads the fence counter `key` into `last` (0 when absent), or returns
 /// `{2, 'fence', what}` when it holds anything but a counter this library can raise (see
 /// [`ACQUIRE`]). The length check comes first, so `tonumber` only sees at most 16 digits.
-fn read_counter() -> String {
+fn read_counter(key: &str) -> String {
     format!(
         r"
-local last = redis.pcall('GET', KEYS[2])
-if type(last) == 'table' then return {{2, 'fence', redis.call('TYPE', KEYS[2]).ok}} end
+local last = redis.pcall('GET', {key})
+if type(last) == 'table' then return {{2, 'fence', redis.call('TYPE', {key}).ok}} end
 if not last then
   last = 0
 elseif #last <= 16 and (last == '0' or string.match(last, '^[1-9]%d*$')) and tonumber(last) < {MAX_FENCE} then
@@ -73,6 +73,20 @@ end
 "
     )
 }
+
+/// Raise (Redlock): sets the fence counter `KEYS[1]` to `ARGV[1]` unless it is already at
+/// least that. Returns `{1}`, or `{2, 'fence', what}` for a counter this library did not
+/// write (as [`ACQUIRE`]), with nothing written. A counter only ever grows.
+pub(crate) static RAISE: LazyLock<Script> = LazyLock::new(|| {
+    let counter = read_counter("KEYS[1]");
+    Script::new(&format!(
+        r"
+{counter}
+if last < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return {{1}}
+"
+    ))
+});
 
 /// Renew: `PEXPIRE` only if the key holds our token. Returns the server time in ms, or 0.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {

@@ -809,6 +809,9 @@ fn main() -> ExitCode {
         .case("planted_fence_counters_are_refused", || {
             Box::pin(fences::planted_fence_counters_are_refused())
         })
+        .case("redlock_fences_grow_across_majorities", || {
+            Box::pin(fences::redlock_fences_grow_across_majorities())
+        })
         .case("foreign_values_are_reported_not_taken", || {
             Box::pin(foreign_values_are_reported_not_taken())
         })

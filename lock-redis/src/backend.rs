@@ -14,7 +14,7 @@ use redis::Value;
 
 use crate::{
     RedisConfig,
-    connection::Conn,
+    connection::{self, Conn},
     error::classify,
     keys::RedisKeys as Keys,
     ops::{self, Try},
@@ -76,14 +76,11 @@ impl RedisBackend {
             .await
             .map_err(|e| classify("ping", e))?;
         // Release messages of a cluster reach every node, so one node serves all waiters.
-        let pubsub =
-            redis::Client::open(first.as_str()).map_err(|e| LockError::InvalidOptions {
-                reason: format!("bad redis URL: {e}"),
-            })?;
+        let pubsub = connection::client(&first)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
-                waiters: Waiters::new(pubsub),
+                waiters: Waiters::new(pubsub, config.response_timeout),
                 config,
             }),
         })
@@ -183,8 +180,18 @@ impl LockBackend for RedisBackend {
         let mut fallback = request.backoff().delays();
         // Declared after the registration, so dropped before it.
         let mut woken: Option<WakeUp<'_>> = None;
+        // How long this turn waits for its subscription: the response time-out within the
+        // budget; once a subscription failed or was late, later turns of this wait only check
+        // whether it has come through since (it goes on in the background) and retry without.
+        let deadline = request.deadline();
+        let mut subscribe_by = Instant::now()
+            .checked_add(self.inner.config.response_timeout)
+            .map_or(deadline, |by| by.min(deadline));
         loop {
-            let push = registration.ensure().await;
+            let push = registration.ensure(subscribe_by).await;
+            if !push {
+                subscribe_by = Instant::now();
+            }
             let notified = registration.notify().notified();
             tokio::pin!(notified);
             notified.as_mut().enable();

@@ -17,6 +17,10 @@ use redis::{AsyncCommands, aio::MultiplexedConnection};
 
 #[path = "faults/fences.rs"]
 mod fences;
+#[path = "faults/proxy.rs"]
+mod proxy;
+#[path = "faults/pubsub.rs"]
+mod pubsub;
 
 use fences::cycle;
 
@@ -787,6 +791,9 @@ fn main() -> ExitCode {
         })
         .case("waiters_share_one_pubsub_connection", || {
             Box::pin(waiters_share_one_pubsub_connection())
+        })
+        .case("half_open_pubsub_keeps_the_wait_budget", || {
+            Box::pin(pubsub::half_open_pubsub_keeps_the_wait_budget())
         })
         .case("unreachable_server_is_unavailable", || {
             Box::pin(unreachable_server_is_unavailable())

@@ -90,27 +90,36 @@ impl RedisBackend {
         Keys::new(&self.inner.config.key_prefix, name)
     }
 
-    /// Waits for the configured replicas to acknowledge; releases and fails when they do not.
+    /// Waits for the configured replicas to acknowledge; releases and fails when they do not,
+    /// or when `WAIT` itself fails.
     async fn replicate(&self, conn: &mut Conn, lease: &Lease) -> Result<(), LockError> {
         let config = &self.inner.config;
-        let acked: i64 = redis::cmd("WAIT")
+        let acked: Result<i64, _> = redis::cmd("WAIT")
             .arg(config.replica_acks)
             .arg(ops::millis(config.replica_timeout))
             .query_async(conn)
-            .await
-            .map_err(|e| classify("wait for replicas", e))?;
-        if acked >= i64::from(config.replica_acks) {
+            .await;
+        if matches!(acked, Ok(n) if n >= i64::from(config.replica_acks)) {
             return Ok(());
         }
         let _ = ops::release(conn, &self.keys(lease.name()), lease.token()).await;
-        Err(LockError::Unavailable {
-            message: format!(
-                "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
-                config.replica_acks,
-                lease.name(),
-                config.replica_timeout
+        Err(match acked {
+            Ok(acked) => LockError::Unavailable {
+                message: format!(
+                    "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
+                    config.replica_acks,
+                    lease.name(),
+                    config.replica_timeout
+                ),
+                source: None,
+            },
+            Err(error) => classify(
+                &format!(
+                    "WAIT for replicas of lock `{}` (the lock was released)",
+                    lease.name()
+                ),
+                error,
             ),
-            source: None,
         })
     }
 

@@ -17,6 +17,8 @@ use redis::{AsyncCommands, aio::MultiplexedConnection};
 
 #[path = "faults/fences.rs"]
 mod fences;
+#[path = "faults/grants.rs"]
+mod grants;
 #[path = "faults/proxy.rs"]
 mod proxy;
 #[path = "faults/pubsub.rs"]
@@ -821,6 +823,9 @@ fn main() -> ExitCode {
         })
         .case("foreign_values_are_reported_not_taken", || {
             Box::pin(foreign_values_are_reported_not_taken())
+        })
+        .case("failed_replica_wait_releases_the_grant", || {
+            Box::pin(grants::failed_replica_wait_releases_the_grant())
         })
         .case("replica_acknowledgements_are_required", || {
             Box::pin(replica_acknowledgements_are_required())

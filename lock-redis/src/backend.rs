@@ -138,6 +138,21 @@ impl RedisBackend {
                 if self.inner.config.replica_acks > 0 {
                     self.replicate(conn, &lease).await?;
                 }
+                // A grant that comes back after its local deadline would be a guard already
+                // lost while the store still holds the lock: undo it and say so.
+                if !ops::within_deadline(sent, request.ttl()) {
+                    let _ = ops::release(conn, keys, token).await;
+                    return Err(LockError::Unavailable {
+                        message: format!(
+                            "lock `{}` was granted {:?} after the request, past its {:?} TTL less \
+                             the drift margin; it was released",
+                            request.name(),
+                            sent.elapsed(),
+                            request.ttl()
+                        ),
+                        source: None,
+                    });
+                }
                 Ok(Ok(Grant::new(lease, sent)))
             }
             Try::Busy { pttl } => Ok(Err(pttl)),

@@ -126,8 +126,7 @@ impl RedlockBackend {
 
     /// The validity left of a majority vote started at `start`, if any.
     fn validity(ttl: Duration, start: Instant) -> Option<Duration> {
-        let drift = ttl / 100 + Duration::from_millis(2);
-        ttl.checked_sub(start.elapsed() + drift)
+        ttl.checked_sub(start.elapsed() + ops::drift(ttl))
             .filter(|v| !v.is_zero())
     }
 

@@ -827,6 +827,9 @@ fn main() -> ExitCode {
         .case("failed_replica_wait_releases_the_grant", || {
             Box::pin(grants::failed_replica_wait_releases_the_grant())
         })
+        .case("late_grant_is_released_not_returned", || {
+            Box::pin(grants::late_grant_is_released_not_returned())
+        })
         .case("replica_acknowledgements_are_required", || {
             Box::pin(replica_acknowledgements_are_required())
         })

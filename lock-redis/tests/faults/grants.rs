@@ -1,10 +1,10 @@
 //! Grants the backend cannot stand behind are undone, never returned nor left behind: a
-//! `WAIT` for replicas that fails.
+//! `WAIT` for replicas that fails, a grant whose reply comes after its local deadline.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conformance_tests::{Failure, ensure};
-use lock_core::{Holder, LockClient, LockOptions};
+use lock_core::{Holder, LockClient, LockError, LockOptions};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
 use redis::AsyncCommands;
 
@@ -74,4 +74,52 @@ pub(super) async fn failed_replica_wait_releases_the_grant() -> Outcome {
         .await
         .map_err(fail("ACL DELUSER"))?;
     outcome
+}
+
+/// A grant whose reply comes after its local deadline (the server held the script back for
+/// longer than the TTL: `CLIENT PAUSE WRITE`) is released and reported, not returned as a
+/// guard that is already lost while the store still holds the lock.
+pub(super) async fn late_grant_is_released_not_returned() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let client = super::single_client(&url).await?;
+    let lock = name("late-grant")?;
+    let key = RedisKeys::new("faults", &lock).lock;
+    let mut conn = raw_conn(&url).await?;
+    let ttl = Duration::from_millis(100);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .map_err(fail("CLIENT PAUSE"))?;
+    let start = Instant::now();
+    let result = client
+        .acquire(
+            &Holder::new(),
+            &lock,
+            &LockOptions::new().ttl(ttl).wait(Duration::ZERO),
+        )
+        .await;
+    let took = start.elapsed();
+    let left: bool = conn.exists(&key).await.map_err(fail("EXISTS"))?;
+    ensure!(
+        took > ttl,
+        "the paused server answered in {took:?}, within the {ttl:?} TTL: no late grant to judge"
+    );
+    match result {
+        Ok(guard) => Err(Failure(format!(
+            "acquire returned a guard {took:?} after it was sent, past its {ttl:?} TTL \
+             (is_held() = {})",
+            guard.is_held()
+        ))),
+        Err(LockError::Unavailable { .. }) => {
+            ensure!(
+                !left,
+                "the late grant was reported but its key `{key}` is still there"
+            );
+            Ok(())
+        }
+        Err(other) => Err(Failure(format!("a late grant gave {other:?}"))),
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::{
     path::PathBuf,
-    process::{Command, ExitCode, Stdio},
+    process::{Child, Command, ExitCode, Stdio},
     time::{Duration, Instant},
 };
 
@@ -348,26 +348,8 @@ async fn replica_acknowledgements_are_required() -> Outcome {
     );
 
     // Start a replica of the test server, just for this case.
-    let dir = std::env::temp_dir().join(format!("lock-redis-replica-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(fail("replica dir"))?;
     let replica_port = port + 11;
-    let mut replica = Command::new("redis-server")
-        .args([
-            "--port",
-            &replica_port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .args(["--replicaof", "127.0.0.1", &port.to_string()])
-        .arg("--dir")
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(fail("starting a replica"))?;
+    let (mut replica, dir) = start_replica(port, replica_port)?;
     let outcome = async {
         let replica_url = format!("redis://127.0.0.1:{replica_port}");
         replica_streams(&url, &replica_url).await?;
@@ -391,6 +373,34 @@ async fn replica_acknowledgements_are_required() -> Outcome {
     let _ = replica.wait();
     let _ = std::fs::remove_dir_all(&dir);
     outcome
+}
+
+/// Starts a replica (no persistence) of the server on `port`, listening on `replica_port`,
+/// with its files in a directory of its own; the caller kills it and removes the directory.
+fn start_replica(port: u16, replica_port: u16) -> Result<(Child, PathBuf), Failure> {
+    let dir = std::env::temp_dir().join(format!(
+        "lock-redis-replica-{}-{replica_port}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).map_err(fail("replica dir"))?;
+    let replica = Command::new("redis-server")
+        .args([
+            "--port",
+            &replica_port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--replicaof", "127.0.0.1", &port.to_string()])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(fail("starting a replica"))?;
+    Ok((replica, dir))
 }
 
 /// Waits until the replica at `replica_url` has linked to `primary_url` and acknowledges a write
@@ -829,6 +839,9 @@ fn main() -> ExitCode {
         })
         .case("late_grant_is_released_not_returned", || {
             Box::pin(grants::late_grant_is_released_not_returned())
+        })
+        .case("replica_wait_past_the_ttl_is_released", || {
+            Box::pin(grants::replica_wait_past_the_ttl_is_released())
         })
         .case("replica_acknowledgements_are_required", || {
             Box::pin(replica_acknowledgements_are_required())

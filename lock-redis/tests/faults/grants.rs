@@ -123,3 +123,82 @@ pub(super) async fn late_grant_is_released_not_returned() -> Outcome {
         Err(other) => Err(Failure(format!("a late grant gave {other:?}"))),
     }
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to the process `pid`.
+fn signal(pid: u32, signal: &str) -> Outcome {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(fail("kill"))?;
+    ensure!(
+        status.success(),
+        "kill -{signal} {pid} exited with {status}"
+    );
+    Ok(())
+}
+
+/// With `replica_acks`, a `WAIT` that is answered after the lease's local deadline (the
+/// replica is stopped for 300 ms, the TTL is 100 ms) makes no grant: the acquisition is
+/// released and reported.
+pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| Failure(format!("no port in {url}")))?;
+    let replica_port = port + 12;
+    let (mut replica, dir) = super::start_replica(port, replica_port)?;
+    let pid = replica.id();
+    let outcome = async {
+        let replica_url = format!("redis://127.0.0.1:{replica_port}");
+        super::replica_streams(&url, &replica_url).await?;
+        let config = RedisConfig::single(&url)
+            .with_key_prefix("faults")
+            .with_replica_acks(1, Duration::from_secs(1));
+        let client = LockClient::new(
+            RedisBackend::connect(config)
+                .await
+                .map_err(fail("connect"))?,
+        );
+        let lock = name("wait-past-ttl")?;
+        let ttl = Duration::from_millis(100);
+        signal(pid, "STOP")?;
+        let resume = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            signal(pid, "CONT")
+        });
+        let start = Instant::now();
+        let result = client
+            .acquire(
+                &Holder::new(),
+                &lock,
+                &LockOptions::new().ttl(ttl).wait(Duration::ZERO),
+            )
+            .await;
+        let took = start.elapsed();
+        resume.await.map_err(fail("resume task"))??;
+        ensure!(
+            took > ttl,
+            "the stopped replica acknowledged within {took:?}, inside the {ttl:?} TTL"
+        );
+        match result {
+            Ok(guard) => Err(Failure(format!(
+                "acquire returned a guard after a WAIT of {took:?}, past its {ttl:?} TTL \
+                 (is_held() = {})",
+                guard.is_held()
+            ))),
+            Err(LockError::Unavailable { message, .. }) if message.contains("released") => Ok(()),
+            Err(other) => Err(Failure(format!(
+                "a WAIT past the TTL gave {other:?} after {took:?}"
+            ))),
+        }
+    }
+    .await;
+    let _ = signal(pid, "CONT");
+    let _ = replica.kill();
+    let _ = replica.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}

@@ -162,6 +162,12 @@ impl RedisBackend {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
+    /// Fencing is [`Fencing::Strict`] on one server without `replica_acks`: fences are
+    /// `max(counter + 1, server time in µs)`, so they stay above every earlier fence through a
+    /// restart without persistence or an eviction of the counter, unless the server's clock
+    /// steps back. With `replica_acks` or on a cluster it is [`Fencing::BestEffort`]: a
+    /// failover continues on a replica that may lack the last grant and whose clock may be
+    /// behind the old primary's.
     fn capabilities(&self) -> Capabilities {
         let config = &self.inner.config;
         // Fences are `max(counter + 1, server time in µs)`: on one server they survive a lost

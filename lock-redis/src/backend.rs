@@ -14,7 +14,7 @@ use redis::Value;
 
 use crate::{
     RedisConfig,
-    connection::Conn,
+    connection::{self, Conn},
     error::classify,
     keys::RedisKeys as Keys,
     ops::{self, Try},
@@ -26,9 +26,16 @@ use crate::{
 /// Cluster.
 ///
 /// - Acquire is one Lua script: `SET key token PX ttl` if the key is free, with the fence
-///   counter bumped in the same atomic step; release is a compare-and-delete that also
+///   counter raised in the same atomic step; release is a compare-and-delete that also
 ///   publishes the release when a waiter marked the lock; renew is a compare-and-`PEXPIRE`.
 ///   Scripts run by `EVALSHA` and are reloaded on `NOSCRIPT`.
+/// - The fence is `max(counter + 1, server time in µs)`, written back to the counter (a hybrid
+///   clock), so it stays above every earlier fence of the name even when the server lost the
+///   counter: a restart without persistence, an eviction. Capabilities say
+///   [`Fencing::Strict`] for one server without `replica_acks`, where that holds unless the
+///   server's clock steps back; [`Fencing::BestEffort`] with `replica_acks` or on a cluster,
+///   where a failover continues on a replica that may lack the last grant and whose clock may
+///   be behind. See the crate docs, "Fences".
 /// - Waiters mark the lock, are woken by the release message on one pub/sub connection shared
 ///   by all waiting locks of this backend, and retry when the holder's TTL runs out in case a
 ///   message is lost.
@@ -69,14 +76,11 @@ impl RedisBackend {
             .await
             .map_err(|e| classify("ping", e))?;
         // Release messages of a cluster reach every node, so one node serves all waiters.
-        let pubsub =
-            redis::Client::open(first.as_str()).map_err(|e| LockError::InvalidOptions {
-                reason: format!("bad redis URL: {e}"),
-            })?;
+        let pubsub = connection::client(&first)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
-                waiters: Waiters::new(pubsub),
+                waiters: Waiters::new(pubsub, config.response_timeout),
                 config,
             }),
         })
@@ -86,27 +90,36 @@ impl RedisBackend {
         Keys::new(&self.inner.config.key_prefix, name)
     }
 
-    /// Waits for the configured replicas to acknowledge; releases and fails when they do not.
+    /// Waits for the configured replicas to acknowledge; releases and fails when they do not,
+    /// or when `WAIT` itself fails.
     async fn replicate(&self, conn: &mut Conn, lease: &Lease) -> Result<(), LockError> {
         let config = &self.inner.config;
-        let acked: i64 = redis::cmd("WAIT")
+        let acked: Result<i64, _> = redis::cmd("WAIT")
             .arg(config.replica_acks)
             .arg(ops::millis(config.replica_timeout))
             .query_async(conn)
-            .await
-            .map_err(|e| classify("wait for replicas", e))?;
-        if acked >= i64::from(config.replica_acks) {
+            .await;
+        if matches!(acked, Ok(n) if n >= i64::from(config.replica_acks)) {
             return Ok(());
         }
         let _ = ops::release(conn, &self.keys(lease.name()), lease.token()).await;
-        Err(LockError::Unavailable {
-            message: format!(
-                "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
-                config.replica_acks,
-                lease.name(),
-                config.replica_timeout
+        Err(match acked {
+            Ok(acked) => LockError::Unavailable {
+                message: format!(
+                    "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
+                    config.replica_acks,
+                    lease.name(),
+                    config.replica_timeout
+                ),
+                source: None,
+            },
+            Err(error) => classify(
+                &format!(
+                    "WAIT for replicas of lock `{}` (the lock was released)",
+                    lease.name()
+                ),
+                error,
             ),
-            source: None,
         })
     }
 
@@ -125,6 +138,21 @@ impl RedisBackend {
                 if self.inner.config.replica_acks > 0 {
                     self.replicate(conn, &lease).await?;
                 }
+                // A grant that comes back after its local deadline would be a guard already
+                // lost while the store still holds the lock: undo it and say so.
+                if !ops::within_deadline(sent, request.ttl()) {
+                    let _ = ops::release(conn, keys, token).await;
+                    return Err(LockError::Unavailable {
+                        message: format!(
+                            "lock `{}` was granted {:?} after the request, past its {:?} TTL less \
+                             the drift margin; it was released",
+                            request.name(),
+                            sent.elapsed(),
+                            request.ttl()
+                        ),
+                        source: None,
+                    });
+                }
                 Ok(Ok(Grant::new(lease, sent)))
             }
             Try::Busy { pttl } => Ok(Err(pttl)),
@@ -134,13 +162,20 @@ impl RedisBackend {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
+    /// Fencing is [`Fencing::Strict`] on one server without `replica_acks`: fences are
+    /// `max(counter + 1, server time in µs)`, so they stay above every earlier fence through a
+    /// restart without persistence or an eviction of the counter, unless the server's clock
+    /// steps back. With `replica_acks` or on a cluster it is [`Fencing::BestEffort`]: a
+    /// failover continues on a replica that may lack the last grant and whose clock may be
+    /// behind the old primary's.
     fn capabilities(&self) -> Capabilities {
         let config = &self.inner.config;
-        let (fencing, failover) = if config.cluster {
-            // A failover to an asynchronously replicated replica can lose the last INCR.
+        // Fences are `max(counter + 1, server time in µs)`: on one server they survive a lost
+        // counter (restart without persistence, eviction) unless that server's clock steps
+        // back. A failover hands the counter to another machine, which may not have the last
+        // grant (asynchronous replication) and whose clock may be behind: best effort.
+        let (fencing, failover) = if config.cluster || config.replica_acks > 0 {
             (Fencing::BestEffort, Failover::AsyncReplica)
-        } else if config.replica_acks > 0 {
-            (Fencing::Strict, Failover::AsyncReplica)
         } else {
             (Fencing::Strict, Failover::SingleServer)
         };
@@ -175,8 +210,18 @@ impl LockBackend for RedisBackend {
         let mut fallback = request.backoff().delays();
         // Declared after the registration, so dropped before it.
         let mut woken: Option<WakeUp<'_>> = None;
+        // How long this turn waits for its subscription: the response time-out within the
+        // budget; once a subscription failed or was late, later turns of this wait only check
+        // whether it has come through since (it goes on in the background) and retry without.
+        let deadline = request.deadline();
+        let mut subscribe_by = Instant::now()
+            .checked_add(self.inner.config.response_timeout)
+            .map_or(deadline, |by| by.min(deadline));
         loop {
-            let push = registration.ensure().await;
+            let push = registration.ensure(subscribe_by).await;
+            if !push {
+                subscribe_by = Instant::now();
+            }
             let notified = registration.notify().notified();
             tokio::pin!(notified);
             notified.as_mut().enable();

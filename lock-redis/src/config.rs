@@ -28,7 +28,8 @@ pub struct RedisConfig {
     /// Replicas that must acknowledge an acquisition (`WAIT`) before it is granted; single
     /// server only. 0 = none.
     pub replica_acks: u32,
-    /// How long to wait for those acknowledgements.
+    /// How long to wait for those acknowledgements: at least 1 ms and below
+    /// `response_timeout` when `replica_acks` is set.
     #[serde(with = "humantime_serde")]
     pub replica_timeout: Duration,
     /// Time-out of one request to the server.
@@ -100,6 +101,23 @@ impl RedisConfig {
         }
         if self.response_timeout.is_zero() {
             return Err(invalid("response_timeout must be above zero".into()));
+        }
+        if self.replica_acks > 0 {
+            // `WAIT n 0` blocks for ever; a WAIT that outlives the request's time-out fails
+            // instead of counting the replicas.
+            if self.replica_timeout < Duration::from_millis(1) {
+                return Err(invalid(format!(
+                    "replica_timeout is {:?}; with replica_acks it must be at least 1 ms",
+                    self.replica_timeout
+                )));
+            }
+            if self.replica_timeout >= self.response_timeout {
+                return Err(invalid(format!(
+                    "replica_timeout ({:?}) must be below response_timeout ({:?}): the WAIT for \
+                     replicas runs within one request",
+                    self.replica_timeout, self.response_timeout
+                )));
+            }
         }
         Ok(())
     }
@@ -256,6 +274,22 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("replica_acks"));
+        let err = RedisConfig::single("redis://h")
+            .with_replica_acks(1, Duration::from_secs(2))
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("below response_timeout"), "{err}");
+        let err = RedisConfig::single("redis://h")
+            .with_replica_acks(1, Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("at least 1 ms"), "{err}");
+        assert!(
+            RedisConfig::single("redis://h")
+                .with_replica_acks(1, Duration::from_millis(500))
+                .validate()
+                .is_ok()
+        );
         assert!(RedlockConfig::new(Vec::<String>::new()).validate().is_err());
         assert_eq!(RedlockConfig::new(["a", "b", "c", "d", "e"]).quorum(), 3);
     }

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use lock_core::LockError;
 use redis::{
-    Cmd, Pipeline, RedisFuture, Value,
+    Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClientBuilder,
     cluster_async::ClusterConnection,
+    io::tcp::{TcpSettings, socket2::TcpKeepalive},
 };
 
 use crate::error::classify;
@@ -28,10 +29,32 @@ impl std::fmt::Debug for Conn {
     }
 }
 
+/// TCP settings of every connection: keepalive probes after 10 s idle, every 5 s, 3 of them,
+/// so a connection to a host that died without a reset, or dropped by a NAT or firewall that
+/// forgot it, ends within about 25 s even when idle (a pub/sub connection mostly is), and the
+/// probes keep NAT mappings alive.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_keepalive(
+        TcpKeepalive::new()
+            .with_time(Duration::from_secs(10))
+            .with_interval(Duration::from_secs(5))
+            .with_retries(3),
+    )
+}
+
+/// A client of the server at `url` whose connections use [`tcp_settings`].
+pub(crate) fn client(url: &str) -> Result<Client, LockError> {
+    let info = url
+        .into_connection_info()
+        .map_err(|e| invalid_url(url, e))?
+        .set_tcp_settings(tcp_settings());
+    Client::open(info).map_err(|e| invalid_url(url, e))
+}
+
 impl Conn {
     /// Connects to one server; fails when it does not answer.
     pub(crate) async fn single(url: &str, timeout: Duration) -> Result<Self, LockError> {
-        let client = redis::Client::open(url).map_err(|e| invalid_url(url, e))?;
+        let client = client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout))
@@ -46,7 +69,7 @@ impl Conn {
     /// A connection to one server that connects on first use (a Redlock node may be down
     /// when the backend starts).
     pub(crate) fn lazy_single(url: &str, timeout: Duration) -> Result<Self, LockError> {
-        let client = redis::Client::open(url).map_err(|e| invalid_url(url, e))?;
+        let client = client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout))
@@ -61,6 +84,7 @@ impl Conn {
         let client = ClusterClientBuilder::new(urls.to_vec())
             .response_timeout(timeout)
             .connection_timeout(timeout)
+            .tcp_settings(tcp_settings())
             .build()
             .map_err(|e| invalid_url(&urls.join(","), e))?;
         let conn = client

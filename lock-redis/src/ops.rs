@@ -1,7 +1,7 @@
 //! The lock operations on one Redis node (or cluster), shared by the single-server, cluster
 //! and Redlock backends: each is one script, one round trip.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lock_core::{Fence, Lease, LeaseToken, LockError, LockInfo, LockName};
 use redis::{Value, aio::ConnectionLike};
@@ -23,6 +23,19 @@ pub(crate) enum Try {
 
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The margin between the store's expiry and the local deadline of a lease: TTL/100 + 2 ms,
+/// as `lock-core` keeps it (Redlock's clock-drift allowance).
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// Whether a lease of `ttl` requested at `sent` is still inside its local deadline: `lock-core`
+/// gives it up at `sent + ttl - drift`, so a grant that answers later is no grant.
+pub(crate) fn within_deadline(sent: Instant, ttl: Duration) -> bool {
+    ttl.checked_sub(drift(ttl))
+        .is_some_and(|left| sent.elapsed() < left)
 }
 
 /// The lease granted by a try, with the expiry the server reported.
@@ -154,20 +167,41 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
             let pttl = u64::try_from(pttl).ok().map(Duration::from_millis);
             Ok(Try::Busy { pttl })
         }
-        Some(2) => {
-            let which = reply.get(1).and_then(text).unwrap_or_default();
-            let what = reply.get(2).and_then(text).unwrap_or_default();
-            let key = if which == "fence" {
-                &keys.fence
-            } else {
-                &keys.lock
-            };
-            Err(foreign(
-                name,
-                format!("key `{key}` holds {:?}", shorten(what)),
-            ))
-        }
+        Some(2) => Err(reported(name, keys, &reply)),
         _ => Err(unexpected("acquire", &reply)),
+    }
+}
+
+/// The error for a script's `{2, which, what}`: a key holds something this library did not
+/// write.
+fn reported(name: &LockName, keys: &Keys, reply: &[Value]) -> LockError {
+    let which = reply.get(1).and_then(text).unwrap_or_default();
+    let what = reply.get(2).and_then(text).unwrap_or_default();
+    let key = if which == "fence" {
+        &keys.fence
+    } else {
+        &keys.lock
+    };
+    foreign(name, format!("key `{key}` holds {:?}", shorten(what)))
+}
+
+/// Raises the fence counter of `keys` to at least `fence` (see [`scripts::RAISE`]).
+pub(crate) async fn raise_fence<C: ConnectionLike + Send>(
+    conn: &mut C,
+    name: &LockName,
+    keys: &Keys,
+    fence: u64,
+) -> Result<(), LockError> {
+    let reply: Vec<Value> = scripts::RAISE
+        .key(&keys.fence)
+        .arg(fence)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| classify("raise the fence", e))?;
+    match reply.first().and_then(int) {
+        Some(1) => Ok(()),
+        Some(2) => Err(reported(name, keys, &reply)),
+        _ => Err(unexpected("raise the fence", &reply)),
     }
 }
 
@@ -263,11 +297,12 @@ pub(crate) async fn inspect<C: ConnectionLike + Send>(
         .get(3)
         .and_then(int)
         .and_then(|f| u64::try_from(f).ok())
+        .filter(|f| *f <= scripts::MAX_FENCE)
         .ok_or_else(|| {
             foreign(
                 name,
                 format!(
-                    "key `{}` is held but its fence counter is not a number",
+                    "key `{}` is held but its fence counter is not a fence of this library",
                     keys.fence
                 ),
             )

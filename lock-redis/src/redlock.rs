@@ -33,12 +33,18 @@ use crate::{
 ///   retries after a random delay: `lock_core::poll_until_acquired`'s jittered back-off,
 ///   bounded by the holder's TTL and the wait budget.
 /// - Renewal must reach a majority within the validity.
-/// - **Fences are best effort**: the fence is the maximum of the per-server counters of the
-///   granting majority. Two majorities share a server, so it grows while servers keep their
-///   data; but a server restarted without persistence restarts its counter at zero, and once
-///   enough servers have done so a fence can repeat. Use persistence (`appendonly yes`,
-///   `appendfsync always`) where fencing must be strict, or a backend whose capabilities say
-///   `Strict`.
+/// - **Fences are best effort**. Each server proposes `max(its counter + 1, its clock in µs)`
+///   (the acquire script of the single-server backend); the fence is the highest proposal of
+///   the granting majority, and it is written back to that majority (`SET fence max(cur, F)`)
+///   before the grant is returned. Any two majorities share a server, so while servers keep
+///   their counters every fence is above every earlier one, whichever servers granted.
+///   Fences can still repeat or go back only when servers **lose their counters** (a restart
+///   without persistence, an eviction, `FLUSHALL`): when every server the next majority shares
+///   with the last one lost its counter, the next fence comes from the other servers' counters
+///   and from clocks, and repeats if those are behind the last fence (for example when a
+///   server whose clock runs ahead made it). Use persistence (`appendonly yes`,
+///   `appendfsync always`) and synchronized clocks where fencing must hold, or a backend whose
+///   capabilities say `Strict`.
 /// - Waiting is by randomized retries (capabilities say `Poll`).
 #[derive(Debug, Clone)]
 pub struct RedlockBackend {
@@ -85,8 +91,22 @@ impl RedlockBackend {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, LockError>>,
     {
+        self.on(self.inner.nodes.iter(), what, op).await
+    }
+
+    /// Runs `op` on `nodes` in parallel, each within the per-server time-out.
+    async fn on<'a, T, F, Fut>(
+        &self,
+        nodes: impl Iterator<Item = &'a Conn>,
+        what: &'static str,
+        op: F,
+    ) -> Vec<Vote<T>>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, LockError>>,
+    {
         let timeout = self.inner.config.node_timeout;
-        join_all(self.inner.nodes.iter().map(|conn| {
+        join_all(nodes.map(|conn| {
             let call = op(conn.clone());
             async move {
                 tokio::time::timeout(timeout, call)
@@ -106,8 +126,7 @@ impl RedlockBackend {
 
     /// The validity left of a majority vote started at `start`, if any.
     fn validity(ttl: Duration, start: Instant) -> Option<Duration> {
-        let drift = ttl / 100 + Duration::from_millis(2);
-        ttl.checked_sub(start.elapsed() + drift)
+        ttl.checked_sub(start.elapsed() + ops::drift(ttl))
             .filter(|v| !v.is_zero())
     }
 
@@ -131,9 +150,9 @@ impl RedlockBackend {
         let mut holder_left: Option<Duration> = None;
         let mut foreign = None;
         let mut failed = 0;
-        for vote in votes {
+        for (node, vote) in self.inner.nodes.iter().zip(votes) {
             match vote {
-                Ok(Try::Granted { fence, server_ms }) => granted.push((fence, server_ms)),
+                Ok(Try::Granted { fence, server_ms }) => granted.push((node, fence, server_ms)),
                 Ok(Try::Busy { pttl }) => {
                     holder_left = match (holder_left, pttl) {
                         (Some(a), Some(b)) => Some(a.min(b)),
@@ -148,12 +167,33 @@ impl RedlockBackend {
             && granted.len() >= self.quorum()
             && Self::validity(ttl, start).is_some()
         {
-            let fence = granted.iter().map(|(f, _)| *f).max().unwrap_or_default();
-            let server_ms = granted.iter().map(|(_, t)| *t).max().unwrap_or_default();
-            return Ok(Attempt::Acquired(Grant::new(
-                ops::lease(name, token, fence, ttl, server_ms),
-                start,
-            )));
+            let fence = granted.iter().map(|(_, f, _)| *f).max().unwrap_or_default();
+            let server_ms = granted.iter().map(|(_, _, t)| *t).max().unwrap_or_default();
+            // The fence goes back to the granting majority before the grant is returned: the
+            // next majority shares a server with it, so its fence is higher.
+            let raised = self
+                .on(
+                    granted.iter().map(|(node, ..)| *node),
+                    "raise the fence",
+                    |mut conn| async move { ops::raise_fence(&mut conn, name, keys, fence).await },
+                )
+                .await;
+            let mut written = 0;
+            for vote in raised {
+                match vote {
+                    Ok(()) => written += 1,
+                    Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
+                    Err(_) => {}
+                }
+            }
+            // Checked again after the write-back: a grant past its local deadline is no grant.
+            if foreign.is_none() && written >= self.quorum() && Self::validity(ttl, start).is_some()
+            {
+                return Ok(Attempt::Acquired(Grant::new(
+                    ops::lease(name, token, fence, ttl, server_ms),
+                    start,
+                )));
+            }
         }
         if !granted.is_empty() || failed > 0 {
             self.release_everywhere(keys, token).await;

@@ -4,10 +4,23 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Acquire. The fast path is `SET key token NX PX ttl`, then the fence bump and the server
-/// time, in one atomic step. Returns `{1, fence, server_ms}`; `{0, pttl, value}` when held;
-/// `{2, which, what}` when a key holds something this library did not write (a fence counter
-/// that is not a number undoes the `SET`). `pcall` turns a wrong-type read into a report.
+/// The largest fence a counter may reach: 2^53, so that every fence is exact in a double
+/// (Lua's numbers, JSON readers) and the script's arithmetic never rounds. The server clock in
+/// microseconds reaches it in the year 2255.
+pub(crate) const MAX_FENCE: u64 = 1 << 53;
+
+/// Acquire, in one atomic step. Returns `{1, fence, server_ms}` when granted (the fence as a
+/// decimal string); `{0, pttl, value}` when held; `{2, which, what}` when a key holds
+/// something this library did not write, with nothing written.
+///
+/// When the lock is free, the fence counter is checked *before* anything is written: it must
+/// be absent or a decimal `0 <= n < 2^53` with no sign or leading zeros (anything else, of any
+/// type, is reported). The new fence is `max(counter + 1, server time in µs)`, written back to
+/// the counter: a hybrid clock. It is above every fence issued before even when the counter
+/// was lost (a restart without persistence, an eviction), as long as the server's clock does
+/// not step back. Every number stays below 2^53, so Lua's doubles hold them exactly.
+/// `redis.replicate_commands()` makes servers before 5.0 replicate the writes (the fence
+/// computed here) rather than the script, which is non-deterministic; later servers always do.
 ///
 /// `ARGV[3]` is the caller's [`Mark`] (as a number): a subscribed waiter's busy answer also sets
 /// the waiter mark (`KEYS[3]`) until the hold's expiry plus `ARGV[4]` ms, so that the release
@@ -17,30 +30,62 @@ use redis::Script;
 /// same client, which one release message does not all wake) still wait. A mark is only ever
 /// lengthened.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    let counter = read_counter("KEYS[2]");
+    Script::new(&format!(
         r"
+redis.replicate_commands()
 local function mark(ms)
   if redis.call('PTTL', KEYS[3]) < ms then redis.call('SET', KEYS[3], '1', 'PX', ms) end
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = redis.pcall('INCR', KEYS[2])
-  if type(fence) == 'table' then
-    redis.call('DEL', KEYS[1])
-    local ft = redis.call('TYPE', KEYS[2]).ok
-    if ft == 'string' then return {2, 'fence', redis.call('GET', KEYS[2])} end
-    return {2, 'fence', ft}
-  end
-  if ARGV[3] == '2' then mark(tonumber(ARGV[2]) + tonumber(ARGV[4])) end
-  local t = redis.call('TIME')
-  return {1, fence, t[1] * 1000 + math.floor(t[2] / 1000)}
-end
 local cur = redis.pcall('GET', KEYS[1])
-if type(cur) == 'table' then return {2, 'lock', redis.call('TYPE', KEYS[1]).ok} end
-local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[3] ~= '0' and pttl > 0 then mark(pttl + tonumber(ARGV[4])) end
-return {0, pttl, cur}
-",
+if type(cur) == 'table' then return {{2, 'lock', redis.call('TYPE', KEYS[1]).ok}} end
+if cur then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if ARGV[3] ~= '0' and pttl > 0 then mark(pttl + tonumber(ARGV[4])) end
+  return {{0, pttl, cur}}
+end
+{counter}
+local t = redis.call('TIME')
+local fence = string.format('%.0f', math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], fence)
+if ARGV[3] == '2' then mark(tonumber(ARGV[2]) + tonumber(ARGV[4])) end
+return {{1, fence, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}}
+"
+    ))
+});
+
+/// Lua that reads the fence counter `key` into `last` (0 when absent), or returns
+/// `{2, 'fence', what}` when it holds anything but a counter this library can raise (see
+/// [`ACQUIRE`]). The length check comes first, so `tonumber` only sees at most 16 digits.
+fn read_counter(key: &str) -> String {
+    format!(
+        r"
+local last = redis.pcall('GET', {key})
+if type(last) == 'table' then return {{2, 'fence', redis.call('TYPE', {key}).ok}} end
+if not last then
+  last = 0
+elseif #last <= 16 and (last == '0' or string.match(last, '^[1-9]%d*$')) and tonumber(last) < {MAX_FENCE} then
+  last = tonumber(last)
+else
+  return {{2, 'fence', last}}
+end
+"
     )
+}
+
+/// Raise (Redlock): sets the fence counter `KEYS[1]` to `ARGV[1]` unless it is already at
+/// least that. Returns `{1}`, or `{2, 'fence', what}` for a counter this library did not
+/// write (as [`ACQUIRE`]), with nothing written. A counter only ever grows.
+pub(crate) static RAISE: LazyLock<Script> = LazyLock::new(|| {
+    let counter = read_counter("KEYS[1]");
+    Script::new(&format!(
+        r"
+{counter}
+if last < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return {{1}}
+"
+    ))
 });
 
 /// Renew: `PEXPIRE` only if the key holds our token. Returns the server time in ms, or 0.

@@ -5,21 +5,32 @@
 //! Each message wakes one waiter of this client, not all of them: only one can win, and the
 //! others would only queue their scripts in front of the winner's.
 //! Subscribes and unsubscribes go through one queue so that a late unsubscribe can never undo
-//! a newer subscribe. If the pub/sub connection drops, waiters fall back to retrying when the
-//! holder's TTL runs out, and re-subscribe on a new connection at their next turn.
+//! a newer subscribe. Every network step in that queue (connect, subscribe, unsubscribe) is
+//! bounded by the response time-out; one that fails or times out drops the connection, so the
+//! next subscription reconnects. A waiter waits for its subscription no longer than its own
+//! wait budget. Waiters without a confirmed subscription (the connection dropped, or not
+//! subscribed in time) fall back to retrying on a back-off bounded by the holder's TTL, and
+//! subscribe again at their next turn.
 
 use std::{
     collections::{HashMap, HashSet},
+    io,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
 };
 
-use futures::StreamExt;
-use redis::aio::PubSubSink;
-use tokio::sync::Notify;
+use futures::{
+    FutureExt, StreamExt,
+    future::{BoxFuture, Shared},
+};
+use redis::{RedisError, aio::PubSubSink};
+use tokio::{sync::Notify, task::AbortHandle};
 
 #[derive(Debug)]
 pub(crate) struct Waiters {
     client: redis::Client,
+    /// The bound of each network step on the pub/sub connection.
+    timeout: Duration,
     state: Mutex<State>,
     /// Serialises subscribe, unsubscribe and connect.
     ops: tokio::sync::Mutex<()>,
@@ -29,6 +40,8 @@ pub(crate) struct Waiters {
 struct State {
     channels: HashMap<String, Channel>,
     sink: Option<PubSubSink>,
+    /// The task reading the connection's messages; it owns the connection's stream.
+    reader: Option<AbortHandle>,
     subscribed: HashSet<String>,
     generation: u64,
 }
@@ -42,15 +55,32 @@ impl std::fmt::Debug for State {
     }
 }
 
+/// A subscription in progress: the outcome of its task (an error as text, for the log).
+type Pending = Shared<BoxFuture<'static, Result<(), String>>>;
+
 struct Channel {
     notify: Arc<Notify>,
     users: usize,
+    /// The subscription under way for this channel, shared by its waiters, so a waiter that
+    /// loops while the connection does not answer does not queue one more per turn.
+    pending: Option<Pending>,
+}
+
+fn timed_out(what: &str) -> RedisError {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("redis pub/sub {what} timed out"),
+    )
+    .into()
 }
 
 impl Waiters {
-    pub(crate) fn new(client: redis::Client) -> Arc<Self> {
+    /// Waiters whose pub/sub connection comes from `client`, each of its network steps bounded
+    /// by `timeout`.
+    pub(crate) fn new(client: redis::Client, timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             client,
+            timeout,
             state: Mutex::new(State::default()),
             ops: tokio::sync::Mutex::new(()),
         })
@@ -70,6 +100,7 @@ impl Waiters {
                 .or_insert_with(|| Channel {
                     notify: Arc::new(Notify::new()),
                     users: 0,
+                    pending: None,
                 });
             entry.users += 1;
             entry.notify.clone()
@@ -81,42 +112,89 @@ impl Waiters {
         }
     }
 
-    /// Makes sure `channel` is subscribed on a live connection. An error means waiters must
-    /// rely on the holder's TTL for now.
-    async fn ensure(self: &Arc<Self>, channel: &str) -> Result<(), redis::RedisError> {
-        {
+    /// The subscription of `channel`: done, under way, or started now in a task of its own (so
+    /// that it is neither cancelled nor left half-done by a waiter that stops waiting for it).
+    fn subscription(self: &Arc<Self>, channel: &str) -> Option<Pending> {
+        let mut state = self.state();
+        if state.sink.is_some() && state.subscribed.contains(channel) {
+            return None;
+        }
+        let Some(entry) = state.channels.get_mut(channel) else {
+            // Not registered (cannot happen while a `Registration` lives): no push.
+            return Some(
+                futures::future::ready(Err(format!("`{channel}` is not registered")))
+                    .boxed()
+                    .shared(),
+            );
+        };
+        let pending = entry.pending.get_or_insert_with(|| {
+            let task = tokio::spawn(self.clone().subscribe(channel.to_owned()));
+            async move {
+                match task.await {
+                    Ok(outcome) => outcome.map_err(|e| e.to_string()),
+                    Err(error) => Err(error.to_string()),
+                }
+            }
+            .boxed()
+            .shared()
+        });
+        Some(pending.clone())
+    }
+
+    /// Makes sure `channel` is subscribed on a live connection; an error means waiters must
+    /// rely on retries for now. Each network step is bounded by the time-out; one that fails
+    /// drops the connection.
+    async fn subscribe(self: Arc<Self>, channel: String) -> Result<(), RedisError> {
+        let outcome = self.subscribe_queued(&channel).await;
+        if let Some(entry) = self.state().channels.get_mut(&channel) {
+            entry.pending = None;
+        }
+        outcome
+    }
+
+    async fn subscribe_queued(self: &Arc<Self>, channel: &str) -> Result<(), RedisError> {
+        let _ops = self.ops.lock().await;
+        let existing = {
             let state = self.state();
+            if !state.channels.contains_key(channel) {
+                // Every waiter left while this waited for its turn.
+                return Ok(());
+            }
             if state.sink.is_some() && state.subscribed.contains(channel) {
                 return Ok(());
             }
-        }
-        let _ops = self.ops.lock().await;
-        let existing = self.state().sink.clone();
-        let sink = match existing {
-            Some(sink) => sink,
-            None => self.connect().await?,
+            state.sink.clone().map(|sink| (sink, state.generation))
         };
-        if self.state().subscribed.contains(channel) {
-            return Ok(());
+        let (mut sink, generation) = match existing {
+            Some(existing) => existing,
+            None => tokio::time::timeout(self.timeout, self.connect())
+                .await
+                .map_err(|_| timed_out("connect"))??,
+        };
+        match tokio::time::timeout(self.timeout, sink.subscribe(channel)).await {
+            Ok(Ok(())) => {
+                self.state().subscribed.insert(channel.to_owned());
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                self.disconnect(generation);
+                Err(error)
+            }
+            Err(_) => {
+                self.disconnect(generation);
+                Err(timed_out("subscribe"))
+            }
         }
-        let mut sink = sink;
-        sink.subscribe(channel).await?;
-        self.state().subscribed.insert(channel.to_owned());
-        Ok(())
     }
 
     /// Opens the pub/sub connection and starts its reader. Called under `ops`.
-    async fn connect(self: &Arc<Self>) -> Result<PubSubSink, redis::RedisError> {
+    async fn connect(self: &Arc<Self>) -> Result<(PubSubSink, u64), RedisError> {
         let (sink, mut stream) = self.client.get_async_pubsub().await?.split();
-        let generation = {
-            let mut state = self.state();
-            state.generation += 1;
-            state.sink = Some(sink.clone());
-            state.subscribed.clear();
-            state.generation
-        };
+        let mut state = self.state();
+        state.generation += 1;
+        let generation = state.generation;
         let waiters = Arc::downgrade(self);
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Some(message) = stream.next().await {
                 let Some(waiters) = waiters.upgrade() else {
                     return;
@@ -133,23 +211,39 @@ impl Waiters {
                     notify.notify_one();
                 }
             }
-            // The connection ended: forget it and wake everyone to re-subscribe.
+            tracing::debug!("redis pub/sub connection ended; waiters fall back to retries");
             if let Some(waiters) = waiters.upgrade() {
-                let notifies: Vec<_> = {
-                    let mut state = waiters.state();
-                    if state.generation == generation {
-                        state.sink = None;
-                        state.subscribed.clear();
-                    }
-                    state.channels.values().map(|c| c.notify.clone()).collect()
-                };
-                tracing::debug!("redis pub/sub connection ended; waiters fall back to TTL retries");
-                for notify in notifies {
-                    notify.notify_waiters();
-                }
+                waiters.disconnect(generation);
             }
         });
-        Ok(sink)
+        if let Some(old) = state.reader.replace(reader.abort_handle()) {
+            old.abort();
+        }
+        state.sink = Some(sink.clone());
+        state.subscribed.clear();
+        Ok((sink, generation))
+    }
+
+    /// Forgets the connection of `generation` (if it is still the current one), closes it, and
+    /// wakes every waiter to subscribe again on a new one.
+    fn disconnect(&self, generation: u64) {
+        let (reader, notifies) = {
+            let mut state = self.state();
+            if state.generation != generation || state.sink.is_none() {
+                return;
+            }
+            state.sink = None;
+            state.subscribed.clear();
+            let notifies: Vec<_> = state.channels.values().map(|c| c.notify.clone()).collect();
+            (state.reader.take(), notifies)
+        };
+        // The reader owns the stream: ending it closes the connection.
+        if let Some(reader) = reader {
+            reader.abort();
+        }
+        for notify in notifies {
+            notify.notify_waiters();
+        }
     }
 
     fn leave(self: &Arc<Self>, channel: &str) {
@@ -173,15 +267,19 @@ impl Waiters {
         let (waiters, channel) = (self.clone(), channel.to_owned());
         runtime.spawn(async move {
             let _ops = waiters.ops.lock().await;
-            let sink = {
+            let (sink, generation) = {
                 let mut state = waiters.state();
                 if state.channels.contains_key(&channel) || !state.subscribed.remove(&channel) {
                     return;
                 }
-                state.sink.clone()
+                (state.sink.clone(), state.generation)
             };
             if let Some(mut sink) = sink {
-                let _ = sink.unsubscribe(&channel).await;
+                let unsubscribed =
+                    tokio::time::timeout(waiters.timeout, sink.unsubscribe(&channel)).await;
+                if !matches!(unsubscribed, Ok(Ok(()))) {
+                    waiters.disconnect(generation);
+                }
             }
         });
     }
@@ -196,12 +294,22 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    /// Subscribes if needed; false when push wake-ups are unavailable right now.
-    pub(crate) async fn ensure(&self) -> bool {
-        match self.waiters.ensure(&self.channel).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::debug!(%error, "redis pub/sub unavailable; waiting on the holder's TTL");
+    /// Subscribes if needed, waiting for it until `deadline` at most; false when push
+    /// wake-ups are unavailable right now (the waiter then retries on its own).
+    pub(crate) async fn ensure(&self, deadline: Instant) -> bool {
+        let Some(pending) = self.waiters.subscription(&self.channel) else {
+            return true;
+        };
+        match tokio::time::timeout_at(deadline.into(), pending).await {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "redis pub/sub unavailable; retrying without it");
+                false
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "redis pub/sub subscription not confirmed in time; retrying without it"
+                );
                 false
             }
         }

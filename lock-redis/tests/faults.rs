@@ -6,7 +6,7 @@
 
 use std::{
     path::PathBuf,
-    process::{Command, ExitCode, Stdio},
+    process::{Child, Command, ExitCode, Stdio},
     time::{Duration, Instant},
 };
 
@@ -14,6 +14,17 @@ use conformance_tests::{Failure, ensure};
 use lock_core::{Holder, LockClient, LockError, LockName, LockOptions, LossReason};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 use redis::{AsyncCommands, aio::MultiplexedConnection};
+
+#[path = "faults/fences.rs"]
+mod fences;
+#[path = "faults/grants.rs"]
+mod grants;
+#[path = "faults/proxy.rs"]
+mod proxy;
+#[path = "faults/pubsub.rs"]
+mod pubsub;
+
+use fences::cycle;
 
 type Outcome = Result<(), Failure>;
 
@@ -206,12 +217,14 @@ async fn redlock_fails_cleanly_with_three_of_five_down() -> Outcome {
 }
 
 /// A restart of a server without persistence forgets the lock: `lost()` fires, and the lock is
-/// free for others.
+/// free for others, with a fence above every fence issued before the restart (the server runs
+/// `save ''` and `appendonly no`, so the counter is gone too).
 async fn restart_while_held_fires_lost() -> Outcome {
     let url = var("LOCK_TEST_REDIS_URL")?;
     let a = single_client(&url).await?;
     let lock = name("restart")?;
     let ttl = Duration::from_secs(2);
+    cycle(&a, &lock, 3).await?;
     let guard = a
         .acquire(&Holder::new(), &lock, &LockOptions::new().ttl(ttl))
         .await
@@ -231,11 +244,16 @@ async fn restart_while_held_fires_lost() -> Outcome {
         .try_acquire(&Holder::new(), &lock, &LockOptions::new())
         .await
         .map_err(fail("try after restart"))?;
-    ensure!(next.is_some(), "the lock is not free after the restart");
-    if let Some(g) = next {
-        g.release().await.map_err(fail("release"))?;
-    }
-    Ok(())
+    let Some(next) = next else {
+        return Err(Failure("the lock is not free after the restart".into()));
+    };
+    ensure!(
+        next.fence() > guard.fence(),
+        "the fence after the restart, {}, is not above the fence before it, {}",
+        next.fence(),
+        guard.fence()
+    );
+    next.release().await.map_err(fail("release"))
 }
 
 /// Values of other types or formats under our keys are errors that name the key, and are left
@@ -330,26 +348,8 @@ async fn replica_acknowledgements_are_required() -> Outcome {
     );
 
     // Start a replica of the test server, just for this case.
-    let dir = std::env::temp_dir().join(format!("lock-redis-replica-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(fail("replica dir"))?;
     let replica_port = port + 11;
-    let mut replica = Command::new("redis-server")
-        .args([
-            "--port",
-            &replica_port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .args(["--replicaof", "127.0.0.1", &port.to_string()])
-        .arg("--dir")
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(fail("starting a replica"))?;
+    let (mut replica, dir) = start_replica(port, replica_port)?;
     let outcome = async {
         let replica_url = format!("redis://127.0.0.1:{replica_port}");
         replica_streams(&url, &replica_url).await?;
@@ -373,6 +373,34 @@ async fn replica_acknowledgements_are_required() -> Outcome {
     let _ = replica.wait();
     let _ = std::fs::remove_dir_all(&dir);
     outcome
+}
+
+/// Starts a replica (no persistence) of the server on `port`, listening on `replica_port`,
+/// with its files in a directory of its own; the caller kills it and removes the directory.
+fn start_replica(port: u16, replica_port: u16) -> Result<(Child, PathBuf), Failure> {
+    let dir = std::env::temp_dir().join(format!(
+        "lock-redis-replica-{}-{replica_port}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).map_err(fail("replica dir"))?;
+    let replica = Command::new("redis-server")
+        .args([
+            "--port",
+            &replica_port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--replicaof", "127.0.0.1", &port.to_string()])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(fail("starting a replica"))?;
+    Ok((replica, dir))
 }
 
 /// Waits until the replica at `replica_url` has linked to `primary_url` and acknowledges a write
@@ -776,6 +804,9 @@ fn main() -> ExitCode {
         .case("waiters_share_one_pubsub_connection", || {
             Box::pin(waiters_share_one_pubsub_connection())
         })
+        .case("half_open_pubsub_keeps_the_wait_budget", || {
+            Box::pin(pubsub::half_open_pubsub_keeps_the_wait_budget())
+        })
         .case("unreachable_server_is_unavailable", || {
             Box::pin(unreachable_server_is_unavailable())
         })
@@ -791,8 +822,26 @@ fn main() -> ExitCode {
         .case("restart_while_held_fires_lost", || {
             Box::pin(restart_while_held_fires_lost())
         })
+        .case("fences_grow_after_the_counter_is_lost", || {
+            Box::pin(fences::fences_grow_after_the_counter_is_lost())
+        })
+        .case("planted_fence_counters_are_refused", || {
+            Box::pin(fences::planted_fence_counters_are_refused())
+        })
+        .case("redlock_fences_grow_across_majorities", || {
+            Box::pin(fences::redlock_fences_grow_across_majorities())
+        })
         .case("foreign_values_are_reported_not_taken", || {
             Box::pin(foreign_values_are_reported_not_taken())
+        })
+        .case("failed_replica_wait_releases_the_grant", || {
+            Box::pin(grants::failed_replica_wait_releases_the_grant())
+        })
+        .case("late_grant_is_released_not_returned", || {
+            Box::pin(grants::late_grant_is_released_not_returned())
+        })
+        .case("replica_wait_past_the_ttl_is_released", || {
+            Box::pin(grants::replica_wait_past_the_ttl_is_released())
         })
         .case("replica_acknowledgements_are_required", || {
             Box::pin(replica_acknowledgements_are_required())

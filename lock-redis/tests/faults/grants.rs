@@ -1,0 +1,204 @@
+//! Grants the backend cannot stand behind are undone, never returned nor left behind: a
+//! `WAIT` for replicas that fails, a grant whose reply comes after its local deadline.
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::{Failure, ensure};
+use lock_core::{Holder, LockClient, LockError, LockOptions};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
+use redis::AsyncCommands;
+
+use super::{Outcome, fail, name, raw_conn, var};
+
+/// With `replica_acks`, a `WAIT` that fails (here refused by an ACL that allows everything
+/// else) releases the acquisition before the error is returned: no lock key is left.
+pub(super) async fn failed_replica_wait_releases_the_grant() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let mut admin = raw_conn(&url).await?;
+    let user = format!("faults-nowait-{:08x}", rand::random::<u32>());
+    let password = format!("{:016x}", rand::random::<u64>());
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("on")
+        .arg(format!(">{password}"))
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-wait")
+        .query_async(&mut admin)
+        .await
+        .map_err(fail("ACL SETUSER"))?;
+    let outcome = async {
+        let (_, address) = url
+            .split_once("://")
+            .ok_or_else(|| Failure(format!("no scheme in {url}")))?;
+        let config = RedisConfig::single(format!("redis://{user}:{password}@{address}"))
+            .with_key_prefix("faults")
+            .with_replica_acks(1, Duration::from_millis(100));
+        let client = LockClient::new(
+            RedisBackend::connect(config)
+                .await
+                .map_err(fail("connect"))?,
+        );
+        let lock = name("wait-fails")?;
+        let result = client
+            .acquire(
+                &Holder::new(),
+                &lock,
+                &LockOptions::new()
+                    .ttl(Duration::from_secs(30))
+                    .wait(Duration::ZERO),
+            )
+            .await;
+        let key = RedisKeys::new("faults", &lock).lock;
+        let left: bool = admin.exists(&key).await.map_err(fail("EXISTS"))?;
+        let _: i64 = admin.del(&key).await.map_err(fail("DEL"))?;
+        ensure!(
+            result.is_err(),
+            "acquire succeeded although WAIT is refused: {:?}",
+            result.map(|g| g.fence())
+        );
+        ensure!(
+            !left,
+            "a failed WAIT left the lock key `{key}` behind (acquire said {:?})",
+            result.map(|g| g.fence())
+        );
+        Ok(())
+    }
+    .await;
+    let _: i64 = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .query_async(&mut admin)
+        .await
+        .map_err(fail("ACL DELUSER"))?;
+    outcome
+}
+
+/// A grant whose reply comes after its local deadline (the server held the script back for
+/// longer than the TTL: `CLIENT PAUSE WRITE`) is released and reported, not returned as a
+/// guard that is already lost while the store still holds the lock.
+pub(super) async fn late_grant_is_released_not_returned() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let client = super::single_client(&url).await?;
+    let lock = name("late-grant")?;
+    let key = RedisKeys::new("faults", &lock).lock;
+    let mut conn = raw_conn(&url).await?;
+    let ttl = Duration::from_millis(100);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .map_err(fail("CLIENT PAUSE"))?;
+    let start = Instant::now();
+    let result = client
+        .acquire(
+            &Holder::new(),
+            &lock,
+            &LockOptions::new().ttl(ttl).wait(Duration::ZERO),
+        )
+        .await;
+    let took = start.elapsed();
+    let left: bool = conn.exists(&key).await.map_err(fail("EXISTS"))?;
+    ensure!(
+        took > ttl,
+        "the paused server answered in {took:?}, within the {ttl:?} TTL: no late grant to judge"
+    );
+    match result {
+        Ok(guard) => Err(Failure(format!(
+            "acquire returned a guard {took:?} after it was sent, past its {ttl:?} TTL \
+             (is_held() = {})",
+            guard.is_held()
+        ))),
+        Err(LockError::Unavailable { .. }) => {
+            ensure!(
+                !left,
+                "the late grant was reported but its key `{key}` is still there"
+            );
+            Ok(())
+        }
+        Err(other) => Err(Failure(format!("a late grant gave {other:?}"))),
+    }
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to the process `pid`.
+fn signal(pid: u32, signal: &str) -> Outcome {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(fail("kill"))?;
+    ensure!(
+        status.success(),
+        "kill -{signal} {pid} exited with {status}"
+    );
+    Ok(())
+}
+
+/// With `replica_acks`, a `WAIT` that is answered after the lease's local deadline (the
+/// replica is stopped for 300 ms, the TTL is 100 ms) makes no grant: the acquisition is
+/// released and reported.
+pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| Failure(format!("no port in {url}")))?;
+    let replica_port = port + 12;
+    let (mut replica, dir) = super::start_replica(port, replica_port)?;
+    let pid = replica.id();
+    let outcome = async {
+        let replica_url = format!("redis://127.0.0.1:{replica_port}");
+        super::replica_streams(&url, &replica_url).await?;
+        let config = RedisConfig::single(&url)
+            .with_key_prefix("faults")
+            .with_replica_acks(1, Duration::from_secs(1));
+        let client = LockClient::new(
+            RedisBackend::connect(config)
+                .await
+                .map_err(fail("connect"))?,
+        );
+        let lock = name("wait-past-ttl")?;
+        let ttl = Duration::from_millis(100);
+        signal(pid, "STOP")?;
+        let resume = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            signal(pid, "CONT")
+        });
+        let start = Instant::now();
+        let result = client
+            .acquire(
+                &Holder::new(),
+                &lock,
+                &LockOptions::new().ttl(ttl).wait(Duration::ZERO),
+            )
+            .await;
+        let took = start.elapsed();
+        resume.await.map_err(fail("resume task"))??;
+        ensure!(
+            took > ttl,
+            "the stopped replica acknowledged within {took:?}, inside the {ttl:?} TTL"
+        );
+        match result {
+            Ok(guard) => Err(Failure(format!(
+                "acquire returned a guard after a WAIT of {took:?}, past its {ttl:?} TTL \
+                 (is_held() = {})",
+                guard.is_held()
+            ))),
+            Err(LockError::Unavailable { message, .. }) if message.contains("released") => Ok(()),
+            Err(other) => Err(Failure(format!(
+                "a WAIT past the TTL gave {other:?} after {took:?}"
+            ))),
+        }
+    }
+    .await;
+    let _ = signal(pid, "CONT");
+    let _ = replica.kill();
+    let _ = replica.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}

@@ -25,17 +25,10 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The margin between the store's expiry and the local deadline of a lease: TTL/100 + 2 ms,
-/// as `lock-core` keeps it (Redlock's clock-drift allowance).
-pub(crate) fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
-/// Whether a lease of `ttl` requested at `sent` is still inside its local deadline: `lock-core`
-/// gives it up at `sent + ttl - drift`, so a grant that answers later is no grant.
+/// Whether a lease of `ttl` requested at `sent` is still inside its local deadline (see
+/// [`lock_core::local_deadline`]): a grant that answers later is no grant.
 pub(crate) fn within_deadline(sent: Instant, ttl: Duration) -> bool {
-    ttl.checked_sub(drift(ttl))
-        .is_some_and(|left| sent.elapsed() < left)
+    Instant::now() < lock_core::local_deadline(sent, ttl)
 }
 
 /// The lease granted by a try, with the expiry the server reported.

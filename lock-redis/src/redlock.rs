@@ -126,7 +126,7 @@ impl RedlockBackend {
 
     /// The validity left of a majority vote started at `start`, if any.
     fn validity(ttl: Duration, start: Instant) -> Option<Duration> {
-        ttl.checked_sub(start.elapsed() + ops::drift(ttl))
+        Some(lock_core::local_deadline(start, ttl).saturating_duration_since(Instant::now()))
             .filter(|v| !v.is_zero())
     }
 

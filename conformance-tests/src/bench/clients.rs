@@ -34,6 +34,9 @@ pub struct Fleet {
     /// Jain's fairness index of acquisitions per client: 1 when equal, 1/n when one client
     /// took everything.
     pub jain: f64,
+    /// Turns that failed with an error (the store did not answer in time, ...); the client
+    /// went on trying.
+    pub failures: usize,
 }
 
 /// One acquisition: by which client, when `acquire` returned, when the release began.
@@ -164,6 +167,7 @@ where
         .map_err(|e| e.to_string())?;
     let connect = Arc::new(connect);
     let turns = Arc::new(Mutex::new(Vec::new()));
+    let failures = Arc::new(Mutex::new(0usize));
     // Every client connects first; the clock starts when all are ready.
     let ready = Arc::new(Barrier::new(clients + 1));
     let start = Arc::new(Mutex::new(None::<Instant>));
@@ -171,7 +175,7 @@ where
     for id in 0..clients {
         let (connect, turns, ready, start) =
             (connect.clone(), turns.clone(), ready.clone(), start.clone());
-        let name = name.clone();
+        let (name, failures) = (name.clone(), failures.clone());
         let thread = std::thread::Builder::new()
             .name(format!("fleet-{id}"))
             .spawn(move || -> Result<(), String> {
@@ -189,7 +193,14 @@ where
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .ok_or("the run did not start")?;
-                runtime.block_on(take_turns(id, &contender, hold, began + run_for, &turns))
+                runtime.block_on(take_turns(
+                    id,
+                    &contender,
+                    hold,
+                    began + run_for,
+                    &turns,
+                    &failures,
+                ))
             })
             .map_err(|e| e.to_string())?;
         threads.push(thread);
@@ -213,33 +224,56 @@ where
     let elapsed = began.elapsed();
     let mut turns = std::mem::take(&mut *turns.lock().unwrap_or_else(PoisonError::into_inner));
     turns.sort_by_key(|turn| turn.acquired);
-    summarize(clients, &turns, elapsed)
+    let failures = *failures.lock().unwrap_or_else(PoisonError::into_inner);
+    summarize(clients, &turns, elapsed, failures)
 }
 
-/// One client's loop: turns until `end`.
+/// How many failed turns one client tolerates before the run fails.
+const MAX_FAILURES: usize = 100;
+
+/// One client's loop: turns until `end`; a failed turn is counted and the client goes on.
 async fn take_turns<T: Contender>(
     id: usize,
     contender: &T,
     hold: Duration,
     end: Instant,
     turns: &Mutex<Vec<Turn>>,
+    failures: &Mutex<usize>,
 ) -> Result<(), String> {
     let mut mine = Vec::new();
-    while let Some((acquired, released)) = contender.turn(end, hold).await? {
-        mine.push(Turn {
-            client: id,
-            acquired,
-            released,
-        });
+    let mut failed = 0;
+    loop {
+        match contender.turn(end, hold).await {
+            Ok(Some((acquired, released))) => mine.push(Turn {
+                client: id,
+                acquired,
+                released,
+            }),
+            Ok(None) => break,
+            Err(error) => {
+                failed += 1;
+                if failed > MAX_FAILURES {
+                    return Err(format!(
+                        "client {id}: {failed} failed turns, the last: {error}"
+                    ));
+                }
+            }
+        }
     }
     turns
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .extend(mine);
+    *failures.lock().unwrap_or_else(PoisonError::into_inner) += failed;
     Ok(())
 }
 
-fn summarize(clients: usize, turns: &[Turn], elapsed: Duration) -> Result<Fleet, String> {
+fn summarize(
+    clients: usize,
+    turns: &[Turn],
+    elapsed: Duration,
+    failures: usize,
+) -> Result<Fleet, String> {
     let mut handoffs = histogram()?;
     let mut self_retakes = 0;
     for pair in turns.windows(2) {
@@ -266,6 +300,7 @@ fn summarize(clients: usize, turns: &[Turn], elapsed: Duration) -> Result<Fleet,
         min: counts.iter().copied().min().unwrap_or(0),
         max: counts.iter().copied().max().unwrap_or(0),
         jain: jain(&counts),
+        failures,
     })
 }
 
@@ -292,8 +327,8 @@ impl super::Report {
         self.push(
             &format!("{label}: fairness"),
             format!(
-                "per client min {} / max {} of {}, Jain {:.2}",
-                fleet.min, fleet.max, fleet.acquisitions, fleet.jain
+                "per client min {} / max {} of {}, Jain {:.2}, {} failed turns",
+                fleet.min, fleet.max, fleet.acquisitions, fleet.jain, fleet.failures
             ),
             None,
             None,

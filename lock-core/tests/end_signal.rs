@@ -1,30 +1,33 @@
 //! A backend's end signal makes the hold lost the moment the store ends it: `is_held()` turns
 //! false at once and `lost()` resolves with the reason, without waiting for a renewal.
 
+mod support;
+
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use lock_core::{
-    AcquireRequest, Capabilities, EndNotifier, Grant, Holder, Lease, LockBackend, LockClient,
-    LockError, LockInfo, LockName, LockOptions, LossReason, MemoryBackend, async_trait, end_signal,
+    AcquireRequest, EndNotifier, Grant, Holder, LockBackend, LockClient, LockError, LockName,
+    LockOptions, LossReason, MemoryBackend, async_trait, end_signal,
 };
+use support::{Fault, Faulty};
 
-/// Grants through a MemoryBackend and keeps the notifier of each grant's end signal.
+/// Grants through the memory store and keeps the notifier of each grant's end signal.
 #[derive(Debug, Default)]
 struct Ending {
-    inner: MemoryBackend,
     notifiers: Arc<Mutex<Vec<EndNotifier>>>,
 }
 
 #[async_trait]
-impl LockBackend for Ending {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        let grant = self.inner.acquire(request).await?;
+impl Fault for Ending {
+    async fn acquire(
+        &self,
+        store: &MemoryBackend,
+        request: &AcquireRequest,
+    ) -> Result<Grant, LockError> {
+        let grant = store.acquire(request).await?;
         let (notifier, signal) = end_signal();
         self.notifiers
             .lock()
@@ -32,21 +35,12 @@ impl LockBackend for Ending {
             .push(notifier);
         Ok(grant.with_end(signal))
     }
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        self.inner.renew(lease, ttl).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(name).await
-    }
 }
 
 #[tokio::test]
 async fn the_store_ending_a_hold_is_seen_at_once() {
-    let backend = Ending::default();
-    let notifiers = backend.notifiers.clone();
+    let backend = Faulty::<Ending>::default();
+    let notifiers = backend.fault.notifiers.clone();
     let client = LockClient::new(backend);
     let name = LockName::new("ending").unwrap();
     let options = LockOptions::new().ttl(Duration::from_secs(30));
@@ -74,8 +68,8 @@ async fn the_store_ending_a_hold_is_seen_at_once() {
 
 #[tokio::test]
 async fn a_notifier_dropped_without_ending_changes_nothing() {
-    let backend = Ending::default();
-    let notifiers = backend.notifiers.clone();
+    let backend = Faulty::<Ending>::default();
+    let notifiers = backend.fault.notifiers.clone();
     let client = LockClient::new(backend);
     let name = LockName::new("not-ending").unwrap();
     let options = LockOptions::new().ttl(Duration::from_secs(30));

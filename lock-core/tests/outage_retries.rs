@@ -2,6 +2,8 @@
 //! (`Unavailable`) with jittered back-off inside its wait budget, and returns the failure when
 //! the budget has run out; a zero budget is one try.
 
+mod support;
+
 use std::{
     sync::{
         Arc,
@@ -11,26 +13,27 @@ use std::{
 };
 
 use lock_core::{
-    AcquireRequest, Capabilities, Grant, Holder, Lease, LockBackend, LockClient, LockError,
-    LockInfo, LockName, LockOptions, MemoryBackend, async_trait,
+    AcquireRequest, Grant, Holder, LockBackend, LockClient, LockError, LockName, LockOptions,
+    MemoryBackend, async_trait,
 };
+use support::{Fault, Faulty};
 
 /// Fails the first `down_for` acquisitions with `Unavailable` (or, with `hangs`, never
 /// answers them), then behaves.
 #[derive(Debug, Default)]
 struct Outage {
-    inner: MemoryBackend,
     down_for: usize,
     hangs: bool,
     tries: Arc<AtomicUsize>,
 }
 
 #[async_trait]
-impl LockBackend for Outage {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+impl Fault for Outage {
+    async fn acquire(
+        &self,
+        store: &MemoryBackend,
+        request: &AcquireRequest,
+    ) -> Result<Grant, LockError> {
         if self.tries.fetch_add(1, Ordering::SeqCst) < self.down_for {
             if self.hangs {
                 std::future::pending::<()>().await;
@@ -40,26 +43,17 @@ impl LockBackend for Outage {
                 source: None,
             });
         }
-        self.inner.acquire(request).await
-    }
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        self.inner.renew(lease, ttl).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(name).await
+        store.acquire(request).await
     }
 }
 
 fn client(down_for: usize) -> (LockClient, Arc<AtomicUsize>) {
-    let backend = Outage {
+    let outage = Outage {
         down_for,
         ..Outage::default()
     };
-    let tries = backend.tries.clone();
-    (LockClient::new(backend), tries)
+    let tries = outage.tries.clone();
+    (LockClient::new(Faulty::new(outage)), tries)
 }
 
 #[tokio::test]
@@ -116,12 +110,11 @@ async fn a_zero_budget_is_one_try_during_an_outage() {
 
 #[tokio::test]
 async fn a_store_that_never_answers_is_given_up_on_a_second_after_the_budget() {
-    let backend = Outage {
+    let client = LockClient::new(Faulty::new(Outage {
         down_for: usize::MAX,
         hangs: true,
         ..Outage::default()
-    };
-    let client = LockClient::new(backend);
+    }));
     let name = LockName::new("outage-hang").unwrap();
     let budget = Duration::from_millis(200);
     let start = Instant::now();

@@ -1,6 +1,8 @@
 //! The watchdog retries a failing renewal at a measured pace until the local deadline, then
 //! reports the loss; it never spins.
 
+mod support;
+
 use std::{
     sync::{
         Arc,
@@ -10,44 +12,37 @@ use std::{
 };
 
 use lock_core::{
-    AcquireRequest, Capabilities, Grant, Holder, Lease, LockBackend, LockClient, LockError,
-    LockInfo, LockName, LockOptions, LossReason, MemoryBackend, async_trait,
+    Grant, Holder, Lease, LockClient, LockError, LockName, LockOptions, LossReason, MemoryBackend,
+    async_trait,
 };
+use support::{Fault, Faulty};
 
-/// Grants through a MemoryBackend but never manages to renew.
+/// Grants through the memory store but never manages to renew.
 #[derive(Debug, Default)]
 struct Unrenewable {
-    inner: MemoryBackend,
     renewals: Arc<AtomicUsize>,
 }
 
 #[async_trait]
-impl LockBackend for Unrenewable {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        self.inner.acquire(request).await
-    }
-    async fn renew(&self, _lease: &Lease, _ttl: Duration) -> Result<Grant, LockError> {
+impl Fault for Unrenewable {
+    async fn renew(
+        &self,
+        _store: &MemoryBackend,
+        _lease: &Lease,
+        _ttl: Duration,
+    ) -> Result<Grant, LockError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         Err(LockError::Unavailable {
             message: "store unreachable".into(),
             source: None,
         })
     }
-    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(name).await
-    }
 }
 
 #[tokio::test]
 async fn failed_renewals_back_off_until_the_deadline() {
-    let backend = Unrenewable::default();
-    let renewals = backend.renewals.clone();
+    let backend = Faulty::<Unrenewable>::default();
+    let renewals = backend.fault.renewals.clone();
     let client = LockClient::new(backend);
     let name = LockName::new("flaky").unwrap();
     let options = LockOptions::new().ttl(Duration::from_millis(300));

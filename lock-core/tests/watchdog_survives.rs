@@ -2,15 +2,18 @@
 //! renewing on the next one, a backend that panics once in a renewal costs one round, and a
 //! release at `max_hold` that hangs does not stop the renewal of other holds.
 
+mod support;
+
 use std::{
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
 use lock_core::{
-    AcquireRequest, Capabilities, Grant, Holder, Lease, LockBackend, LockClient, LockError,
-    LockInfo, LockName, LockOptions, MemoryBackend, async_trait,
+    AcquireRequest, Grant, Holder, Lease, LockBackend, LockClient, LockError, LockName,
+    LockOptions, MemoryBackend, async_trait,
 };
+use support::{Fault, Faulty};
 
 #[allow(clippy::unwrap_used)] // test set-up
 fn runtime() -> tokio::runtime::Runtime {
@@ -49,48 +52,40 @@ fn a_client_reused_on_a_second_runtime_keeps_renewing() {
     });
 }
 
-/// Panics in its first `renew_many`, then behaves.
+/// Panics in its first `renew_many` (or, with `hang_releases`, never answers a release).
 #[derive(Debug, Default)]
 struct PanicsOnce {
-    inner: MemoryBackend,
     panicked: AtomicBool,
     hang_releases: bool,
 }
 
 #[async_trait]
-impl LockBackend for PanicsOnce {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        self.inner.acquire(request).await
-    }
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        self.inner.renew(lease, ttl).await
-    }
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+impl Fault for PanicsOnce {
+    async fn renew_many(
+        &self,
+        store: &MemoryBackend,
+        leases: &[Lease],
+    ) -> Vec<Result<Grant, LockError>> {
         if !self.hang_releases && !self.panicked.swap(true, Ordering::SeqCst) {
             #[allow(clippy::panic)] // the backend bug this test is about
             {
                 panic!("a backend bug in renew_many");
             }
         }
-        self.inner.renew_many(leases).await
+        store.renew_many(leases).await
     }
-    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+
+    async fn release(&self, store: &MemoryBackend, lease: &Lease) -> Result<(), LockError> {
         if self.hang_releases {
             std::future::pending::<()>().await;
         }
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(name).await
+        store.release(lease).await
     }
 }
 
 #[tokio::test]
 async fn a_panicking_renewal_costs_one_round_not_the_watchdog() {
-    let client = LockClient::new(PanicsOnce::default());
+    let client = LockClient::new(Faulty::<PanicsOnce>::default());
     let options = LockOptions::new().ttl(Duration::from_millis(300));
     let name = LockName::new("panics-once").unwrap();
     let guard = client
@@ -118,10 +113,10 @@ async fn a_panicking_renewal_costs_one_round_not_the_watchdog() {
 
 #[tokio::test]
 async fn a_hanging_release_at_max_hold_stalls_no_other_renewal() {
-    let client = LockClient::new(PanicsOnce {
+    let client = LockClient::new(Faulty::new(PanicsOnce {
         hang_releases: true,
         ..PanicsOnce::default()
-    });
+    }));
     let ttl = Duration::from_millis(300);
     let capped = client
         .acquire(
@@ -149,36 +144,26 @@ async fn a_hanging_release_at_max_hold_stalls_no_other_renewal() {
     drop(kept);
 }
 
-/// Grants through a MemoryBackend, but hands the grant over only after its TTL has passed.
+/// Grants through the memory store, but hands the grant over only after its TTL has passed.
 #[derive(Debug, Default)]
-struct LateGrants {
-    inner: MemoryBackend,
-}
+struct LateGrants;
 
 #[async_trait]
-impl LockBackend for LateGrants {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        let grant = self.inner.acquire(request).await?;
+impl Fault for LateGrants {
+    async fn acquire(
+        &self,
+        store: &MemoryBackend,
+        request: &AcquireRequest,
+    ) -> Result<Grant, LockError> {
+        let grant = store.acquire(request).await?;
         tokio::time::sleep(request.ttl() + Duration::from_millis(50)).await;
         Ok(grant)
-    }
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        self.inner.renew(lease, ttl).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(name).await
     }
 }
 
 #[tokio::test]
 async fn a_grant_past_its_deadline_is_not_a_success() {
-    let client = LockClient::new(LateGrants::default());
+    let client = LockClient::new(Faulty::new(LateGrants));
     let name = LockName::new("late").unwrap();
     let options = LockOptions::new()
         .ttl(Duration::from_millis(100))

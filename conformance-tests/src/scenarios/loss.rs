@@ -32,6 +32,9 @@ pub(crate) async fn lost_fires_when_lock_is_taken_away(ctx: Ctx) -> Outcome {
     Ok(())
 }
 
+/// How late a timer may fire on a loaded machine.
+const TIMER_SLACK: Duration = Duration::from_millis(20);
+
 /// Without renewals, `lost()` fires at the local deadline (before the store's expiry).
 pub(crate) async fn lost_fires_at_local_deadline(ctx: Ctx) -> Outcome {
     let name = ctx.name("lost-deadline");
@@ -54,9 +57,14 @@ pub(crate) async fn lost_fires_at_local_deadline(ctx: Ctx) -> Outcome {
         reason == LossReason::Expired,
         "lost() said {reason:?}, expected Expired"
     );
+    // The deadline is the TTL less the drift allowance (7 ms at 500 ms) after the request
+    // was sent; the timer behind lost() may fire a few ms late on a loaded machine (a Redlock
+    // run measured 504.8 ms). A backend that dates grants from their reply (50 ms late) is
+    // still caught.
+    let bound = ttl + TIMER_SLACK;
     ensure!(
-        took <= ttl,
-        "lost() fired {took:?} after acquisition, after the {ttl:?} TTL"
+        took <= bound,
+        "lost() fired {took:?} after acquisition, after the {ttl:?} TTL (bound {bound:?})"
     );
     ensure!(
         took >= ttl.mul_f64(0.9),

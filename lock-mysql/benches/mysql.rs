@@ -121,15 +121,9 @@ async fn run() -> Result<(), String> {
         let fleet_config = config.clone().pool_size(1);
         bench::fleet_report(
             &mut report,
-            move || {
-                let config = fleet_config.clone();
-                async move {
-                    MySqlBackend::connect(&config)
-                        .await
-                        .map(LockClient::new)
-                        .map_err(|e| e.to_string())
-                }
-            },
+            bench::each_own(fleet_config, |config| async move {
+                MySqlBackend::connect(&config).await
+            }),
             rtt,
             FLEET_TIME,
         )

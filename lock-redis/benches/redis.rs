@@ -261,18 +261,12 @@ async fn run() -> Result<(), String> {
     lock_numbers(&mut report, &LockClient::new(backend.clone()), &raw, true).await?;
     batching(&mut report, &backend).await?;
     let rtt = raw.round_trip().await?.p50;
-    let single = url.clone();
     bench::fleet_report(
         &mut report,
-        move || {
-            let url = single.clone();
-            async move {
-                RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("bench"))
-                    .await
-                    .map(LockClient::new)
-                    .map_err(|e| e.to_string())
-            }
-        },
+        bench::each_own(
+            RedisConfig::single(&url).with_key_prefix("bench"),
+            RedisBackend::connect,
+        ),
         rtt,
         FLEET_TIME,
     )
@@ -299,15 +293,10 @@ async fn run() -> Result<(), String> {
     let rtt = cluster_raw.round_trip().await?.p50;
     bench::fleet_report(
         &mut report,
-        move || {
-            let urls = cluster_urls.clone();
-            async move {
-                RedisBackend::connect(RedisConfig::cluster(urls).with_key_prefix("bench"))
-                    .await
-                    .map(LockClient::new)
-                    .map_err(|e| e.to_string())
-            }
-        },
+        bench::each_own(
+            RedisConfig::cluster(cluster_urls).with_key_prefix("bench"),
+            RedisBackend::connect,
+        ),
         rtt,
         FLEET_TIME,
     )
@@ -328,15 +317,10 @@ async fn run() -> Result<(), String> {
     let rtt = raw.round_trip().await?.p50;
     bench::fleet_report(
         &mut report,
-        move || {
-            let urls = redlock_urls.clone();
-            async move {
-                RedlockBackend::connect(RedlockConfig::new(urls).with_key_prefix("bench"))
-                    .await
-                    .map(LockClient::new)
-                    .map_err(|e| e.to_string())
-            }
-        },
+        bench::each_own(
+            RedlockConfig::new(redlock_urls).with_key_prefix("bench"),
+            RedlockBackend::connect,
+        ),
         rtt,
         FLEET_TIME,
     )

@@ -118,15 +118,7 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     report.rate("raw create + delete per second", per_second(&floor));
     bench::fleet_report(
         &mut report,
-        move || {
-            let config = config.clone();
-            async move {
-                ZkBackend::connect(config)
-                    .await
-                    .map(LockClient::new)
-                    .map_err(text)
-            }
-        },
+        bench::each_own(config, ZkBackend::connect),
         create.p50,
         FLEET_TIME,
     )

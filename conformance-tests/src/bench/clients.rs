@@ -336,6 +336,33 @@ impl super::Report {
     }
 }
 
+/// A fleet's `connect`: each client gets its own backend, made by `connect` from a clone of
+/// `config` (for [`separate_clients`] and [`fleet_report`]).
+pub fn each_own<Config, Connect, Connecting, Backend>(
+    config: Config,
+    connect: Connect,
+) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<LockClient, String>> + Send>>
++ Clone
++ Send
++ Sync
++ 'static
+where
+    Config: Clone + Send + Sync + 'static,
+    Connect: Fn(Config) -> Connecting + Copy + Send + Sync + 'static,
+    Connecting: Future<Output = Result<Backend, lock_core::LockError>> + Send + 'static,
+    Backend: lock_core::LockBackend,
+{
+    move || {
+        let connecting = connect(config.clone());
+        Box::pin(async move {
+            connecting
+                .await
+                .map(LockClient::new)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
 /// The fleet runs every store's benchmark makes: 16 clients holding 1 ms and holding 0, and
 /// 100 clients holding 1 ms, `run_for` each.
 pub const FLEET_RUNS: [(usize, Duration); 3] = [
@@ -387,12 +414,10 @@ mod tests {
 
     #[test]
     fn separate_clients_take_turns_and_are_counted() {
-        let backend = MemoryBackend::new();
         let fleet = separate_clients(
-            move || {
-                let backend = backend.clone();
-                async move { Ok(LockClient::new(backend)) }
-            },
+            each_own(MemoryBackend::new(), |shared| async move {
+                Ok::<_, lock_core::LockError>(shared)
+            }),
             4,
             Duration::from_millis(1),
             Duration::from_millis(300),

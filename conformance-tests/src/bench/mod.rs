@@ -16,7 +16,9 @@ use std::{
 
 mod clients;
 
-pub use clients::{Contender, FLEET_RUNS, Fleet, fleet, fleet_report, jain, separate_clients};
+pub use clients::{
+    Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, separate_clients,
+};
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};

@@ -123,6 +123,8 @@ impl RedisBackend {
         })
     }
 
+    /// One try; `place` as in [`ops::try_acquire`]. `Err(Busy)` when someone else has the
+    /// lock or, with `queued`, the turn.
     async fn try_once(
         &self,
         conn: &mut Conn,
@@ -130,9 +132,20 @@ impl RedisBackend {
         keys: &Keys,
         token: &LeaseToken,
         mark: Mark,
-    ) -> Result<Result<Grant, Option<Duration>>, LockError> {
+        place: Duration,
+    ) -> Result<Result<Grant, Busy>, LockError> {
         let sent = Instant::now();
-        match ops::try_acquire(conn, request.name(), keys, token, request.ttl(), mark).await? {
+        let tried = ops::try_acquire(
+            conn,
+            request.name(),
+            keys,
+            token,
+            request.ttl(),
+            mark,
+            place,
+        )
+        .await?;
+        match tried {
             Try::Granted { fence, server_ms } => {
                 let lease = ops::lease(request.name(), token, fence, request.ttl(), server_ms);
                 if self.inner.config.replica_acks > 0 {
@@ -155,7 +168,56 @@ impl RedisBackend {
                 }
                 Ok(Ok(Grant::new(lease, sent)))
             }
-            Try::Busy { pttl } => Ok(Err(pttl)),
+            Try::Busy { pttl } => Ok(Err(Busy {
+                left: pttl,
+                queued: false,
+            })),
+            Try::Queued { turn } => Ok(Err(Busy {
+                left: Some(turn),
+                queued: true,
+            })),
+        }
+    }
+}
+
+/// A busy try: how long the lock stays taken (when the server said), and whether it is free
+/// but a waiter queued earlier has its turn.
+struct Busy {
+    left: Option<Duration>,
+    queued: bool,
+}
+
+/// How long a waiter's place outlives its budget (a waiter that gives up takes it out at
+/// once; one that dies loses it this much later, or as soon as its turn comes and it does not).
+const PLACE_GRACE: Duration = Duration::from_secs(1);
+
+/// A waiter's place in the queue: taken out in the background when the acquisition ends
+/// without the lock (timed out, failed, or dropped); the grant takes it out itself.
+struct Queued<'a> {
+    conn: Conn,
+    keys: &'a Keys,
+    token: &'a LeaseToken,
+    served: bool,
+}
+
+impl Queued<'_> {
+    fn served(mut self) {
+        self.served = true;
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.served {
+            return;
+        }
+        let (mut conn, keys, token) = (self.conn.clone(), self.keys.clone(), self.token.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = ops::leave(&mut conn, &keys, &token).await {
+                    tracing::debug!(%error, "leaving the waiters' queue failed; the place expires");
+                }
+            });
         }
     }
 }
@@ -183,7 +245,7 @@ impl LockBackend for RedisBackend {
             fencing,
             Expiry::Ttl,
             Wakeup::Push,
-            WaitOrder::None,
+            WaitOrder::Fifo,
             Clock::Server,
         )
         .with_portable_lease(true)
@@ -197,15 +259,23 @@ impl LockBackend for RedisBackend {
         let mut conn = self.inner.conn.clone();
         // The uncontended path: one round trip, no subscription.
         let mut holder_left = match self
-            .try_once(&mut conn, request, &keys, &token, Mark::No)
+            .try_once(&mut conn, request, &keys, &token, Mark::No, Duration::ZERO)
             .await?
         {
             Ok(grant) => return Ok(grant),
-            Err(pttl) => pttl,
+            Err(busy) => busy.left,
         };
         if Instant::now() >= request.deadline() {
             return Err(request.timeout_error());
         }
+        // From here on every busy try keeps this waiter's place in the queue, for the rest of
+        // its budget and a grace; a waiter that gives up leaves it.
+        let queue = Queued {
+            conn: conn.clone(),
+            keys: &keys,
+            token: &token,
+            served: false,
+        };
         let registration = self.inner.waiters.register(&keys.channel);
         let mut fallback = request.backoff().delays();
         // Declared after the registration, so dropped before it.
@@ -233,15 +303,31 @@ impl LockBackend for RedisBackend {
                 (true, false) => Mark::WhenBusy,
                 (true, true) => Mark::Always,
             };
+            let place = request.deadline().saturating_duration_since(Instant::now()) + PLACE_GRACE;
             let tried = self
-                .try_once(&mut conn, request, &keys, &token, mark)
+                .try_once(&mut conn, request, &keys, &token, mark, place)
                 .await?;
             if let Some(wake_up) = woken.take() {
                 wake_up.done();
             }
             match tried {
-                Ok(grant) => return Ok(grant),
-                Err(pttl) => holder_left = pttl.or(holder_left),
+                Ok(grant) => {
+                    queue.served();
+                    return Ok(grant);
+                }
+                Err(busy) => {
+                    holder_left = busy.left.or(holder_left);
+                    if busy.queued && registration.others_wait() {
+                        // The turn is someone else's, maybe a sibling's that the one release
+                        // message did not wake: pass the wake-up on to the next sibling (this
+                        // waiter goes to the back of the line first, so it is not the one
+                        // woken), which passes it on in turn until the first in the queue
+                        // has it.
+                        notified.set(registration.notify().notified());
+                        notified.as_mut().enable();
+                        registration.notify().notify_one();
+                    }
+                }
             }
             let now = Instant::now();
             let deadline = request.deadline();

@@ -1,7 +1,7 @@
-//! Where a lock lives in Redis: its key, its fence counter, its waiter mark and its release
-//! channel.
+//! Where a lock lives in Redis: its key, its fence counter, its waiter mark, its release
+//! channel and its waiters' queue.
 //!
-//! All four share one hash tag, `{<encoded name>}`, so they live in one cluster slot. The
+//! All of them share one hash tag, `{<encoded name>}`, so they live in one cluster slot. The
 //! encoding escapes `%`, `{` and `}` as `%25`, `%7B`, `%7D`: injective (every valid name maps
 //! to one tag and back) and brace-free, so the tag is exactly the encoded name.
 
@@ -29,6 +29,11 @@ pub struct RedisKeys {
     pub waiters: String,
     /// Receives a message on every release that found the waiter mark.
     pub channel: String,
+    /// The waiters' queue: a sorted set of their owner tokens by arrival (server µs).
+    pub queue: String,
+    /// Until when each queued waiter keeps its place: a sorted set of the same tokens by
+    /// expiry (server ms); a place not renewed in time is dropped.
+    pub places: String,
 }
 
 impl RedisKeys {
@@ -40,6 +45,8 @@ impl RedisKeys {
             fence: format!("{prefix}:{{{tag}}}:fence"),
             waiters: format!("{prefix}:{{{tag}}}:waiters"),
             channel: format!("{prefix}:{{{tag}}}:released"),
+            queue: format!("{prefix}:{{{tag}}}:queue"),
+            places: format!("{prefix}:{{{tag}}}:places"),
         }
     }
 }

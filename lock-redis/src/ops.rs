@@ -19,6 +19,8 @@ pub(crate) enum Try {
     Granted { fence: u64, server_ms: u64 },
     /// Held by someone else for this long (when the server said).
     Busy { pttl: Option<Duration> },
+    /// Free, but a waiter queued earlier has its turn for this long.
+    Queued { turn: Duration },
 }
 
 pub(crate) fn millis(d: Duration) -> u64 {
@@ -117,8 +119,9 @@ fn check_ours(name: &LockName, keys: &Keys, value: &str, pttl: i64) -> Result<()
     Ok(())
 }
 
-/// One acquisition try; `mark` says when it marks the lock as waited for (see
-/// [`scripts::ACQUIRE`]).
+/// One acquisition try; `mark` says when it marks the lock as waited for, and `place` how long
+/// a busy try keeps (or takes) the caller's place in the waiters' queue (zero: it does not
+/// queue; see [`scripts::ACQUIRE`]).
 pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     name: &LockName,
@@ -126,15 +129,20 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
     token: &LeaseToken,
     ttl: Duration,
     mark: Mark,
+    place: Duration,
 ) -> Result<Try, LockError> {
     let reply: Vec<Value> = scripts::ACQUIRE
         .key(&keys.lock)
         .key(&keys.fence)
         .key(&keys.waiters)
+        .key(&keys.queue)
+        .key(&keys.places)
         .arg(token.as_str())
         .arg(millis(ttl))
         .arg(mark as u8)
         .arg(scripts::MARK_MARGIN_MS)
+        .arg(millis(place))
+        .arg(scripts::HANDOFF_MS)
         .invoke_async(conn)
         .await
         .map_err(|e| classify("acquire", e))?;
@@ -161,8 +169,34 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
             Ok(Try::Busy { pttl })
         }
         Some(2) => Err(reported(name, keys, &reply)),
+        Some(3) => {
+            let turn = reply
+                .get(1)
+                .and_then(int)
+                .and_then(|ms| u64::try_from(ms).ok())
+                .ok_or_else(|| unexpected("acquire", &reply))?;
+            Ok(Try::Queued {
+                turn: Duration::from_millis(turn),
+            })
+        }
         _ => Err(unexpected("acquire", &reply)),
     }
+}
+
+/// Takes a waiter that gives up out of the queue.
+pub(crate) async fn leave<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    token: &LeaseToken,
+) -> Result<(), LockError> {
+    let _: i64 = scripts::LEAVE
+        .key(&keys.queue)
+        .key(&keys.places)
+        .arg(token.as_str())
+        .invoke_async(conn)
+        .await
+        .map_err(|e| classify("leave the queue", e))?;
+    Ok(())
 }
 
 /// The error for a script's `{2, which, what}`: a key holds something this library did not

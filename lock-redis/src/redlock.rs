@@ -143,7 +143,8 @@ impl RedlockBackend {
         let start = Instant::now();
         let votes = self
             .everywhere("acquire", |mut conn| async move {
-                ops::try_acquire(&mut conn, name, keys, token, ttl, Mark::No).await
+                // Redlock does not queue: its votes are separate servers' answers.
+                ops::try_acquire(&mut conn, name, keys, token, ttl, Mark::No, Duration::ZERO).await
             })
             .await;
         let mut granted = Vec::new();
@@ -153,6 +154,10 @@ impl RedlockBackend {
         for (node, vote) in self.inner.nodes.iter().zip(votes) {
             match vote {
                 Ok(Try::Granted { fence, server_ms }) => granted.push((node, fence, server_ms)),
+                // Only a waiter of a single-server backend on the same keys could have queued.
+                Ok(Try::Queued { turn }) => {
+                    holder_left = Some(holder_left.map_or(turn, |left| left.min(turn)));
+                }
                 Ok(Try::Busy { pttl }) => {
                     holder_left = match (holder_left, pttl) {
                         (Some(a), Some(b)) => Some(a.min(b)),

@@ -37,23 +37,70 @@ redis.replicate_commands()
 local function mark(ms)
   if redis.call('PTTL', KEYS[3]) < ms then redis.call('SET', KEYS[3], '1', 'PX', ms) end
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
+for _, id in ipairs(gone) do
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('ZREM', KEYS[5], id)
+end
+local place = tonumber(ARGV[5])
+local function join()
+  if place > 0 then
+    redis.call('ZADD', KEYS[4], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[1])
+    redis.call('ZADD', KEYS[5], now + place, ARGV[1])
+  end
+end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then return {{2, 'lock', redis.call('TYPE', KEYS[1]).ok}} end
 if cur then
   local pttl = redis.call('PTTL', KEYS[1])
+  join()
   if ARGV[3] ~= '0' and pttl > 0 then mark(pttl + tonumber(ARGV[4])) end
   return {{0, pttl, cur}}
 end
+local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+local kept = first and redis.call('ZSCORE', KEYS[5], first)
+if first and not kept then
+  redis.call('ZREM', KEYS[4], first)
+  join()
+  return {{3, 0}}
+end
+if first and first ~= ARGV[1] then
+  local turn_end = math.min(tonumber(kept), now + tonumber(ARGV[6]))
+  redis.call('ZADD', KEYS[5], 'XX', turn_end, first)
+  join()
+  if ARGV[3] ~= '0' then mark(turn_end - now + tonumber(ARGV[4])) end
+  return {{3, turn_end - now}}
+end
 {counter}
-local t = redis.call('TIME')
 local fence = string.format('%.0f', math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], fence)
-if ARGV[3] == '2' then mark(tonumber(ARGV[2]) + tonumber(ARGV[4])) end
-return {{1, fence, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}}
+if first then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[5], ARGV[1])
+end
+if ARGV[3] == '2' or redis.call('EXISTS', KEYS[4]) == 1 then mark(tonumber(ARGV[2]) + tonumber(ARGV[4])) end
+return {{1, fence, now}}
 "
     ))
 });
+
+/// Leave: a waiter that gives up takes its place out of the queue (`KEYS[1]` the queue,
+/// `KEYS[2]` the places, `ARGV[1]` its token). Returns how many places it removed.
+pub(crate) static LEAVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('ZREM', KEYS[2], ARGV[1])
+return redis.call('ZREM', KEYS[1], ARGV[1])
+",
+    )
+});
+
+/// How long the first waiter in the queue has to come for a lock that became free before it
+/// loses its place (a waiter that died or is paused stalls the lock for at most this long).
+pub(crate) const HANDOFF_MS: u64 = 100;
 
 /// Lua that reads the fence counter `key` into `last` (0 when absent), or returns
 /// `{2, 'fence', what}` when it holds anything but a counter this library can raise (see

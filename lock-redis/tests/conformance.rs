@@ -188,7 +188,7 @@ impl TestStore for RedisStore {
         let keys = Self::keys(name);
         let mut left = Vec::new();
         // Everything but the fence counter, which must stay.
-        for key in [keys.lock, keys.waiters] {
+        for key in [keys.lock, keys.waiters, keys.queue, keys.places] {
             let found = self.each(redis::cmd("EXISTS").arg(&key)).await?;
             left.extend(
                 found

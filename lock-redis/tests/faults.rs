@@ -23,6 +23,8 @@ mod grants;
 mod proxy;
 #[path = "faults/pubsub.rs"]
 mod pubsub;
+#[path = "faults/queue.rs"]
+mod queue;
 
 use fences::cycle;
 
@@ -792,6 +794,9 @@ async fn unreachable_server_is_unavailable() -> Outcome {
 
 fn main() -> ExitCode {
     conformance_tests::Cases::<Failure>::new("redis faults")
+        .case("a_dead_waiter_stalls_the_lock_briefly", || {
+            Box::pin(queue::a_dead_waiter_stalls_the_lock_briefly())
+        })
         .case("lost_release_message_strands_no_waiter", || {
             Box::pin(lost_release_message_strands_no_waiter())
         })

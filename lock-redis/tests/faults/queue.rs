@@ -1,0 +1,66 @@
+//! The waiters' queue: a waiter that died keeps nobody waiting for long.
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::ensure;
+use lock_core::{Holder, LockOptions};
+use lock_redis::RedisKeys;
+use redis::AsyncCommands;
+
+use super::{Outcome, fail, name, raw_conn, single_client, var};
+
+/// A waiter that died at the head of the queue (planted: a place that would last a minute)
+/// holds a free lock back for at most the hand-off window (100 ms), not for its whole place:
+/// the next acquisition is granted soon after, and the dead place is gone.
+pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let name = name("dead-waiter")?;
+    let keys = RedisKeys::new("faults", &name);
+    let mut raw = raw_conn(&url).await?;
+    let dead = "0123456789abcdef0123456789abcdef";
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(fail("clock"))?
+        .as_millis();
+    let _: () = raw
+        .zadd(&keys.queue, dead, 1)
+        .await
+        .map_err(fail("ZADD queue"))?;
+    let _: () = raw
+        .zadd(
+            &keys.places,
+            dead,
+            u64::try_from(now_ms).unwrap_or(0) + 60_000,
+        )
+        .await
+        .map_err(fail("ZADD places"))?;
+    let client = single_client(&url).await?;
+    let start = Instant::now();
+    let guard = client
+        .acquire(
+            &Holder::new(),
+            &name,
+            &LockOptions::new().wait(Duration::from_secs(5)),
+        )
+        .await
+        .map_err(fail("acquire behind a dead waiter"))?;
+    let took = start.elapsed();
+    ensure!(
+        took <= Duration::from_millis(600),
+        "a dead waiter held a free lock back for {took:?} (its turn lasts 100 ms)"
+    );
+    let left: Vec<String> = raw
+        .zrange(&keys.queue, 0, -1)
+        .await
+        .map_err(fail("ZRANGE queue"))?;
+    ensure!(
+        !left.iter().any(|id| id == dead),
+        "the dead waiter kept its place: {left:?}"
+    );
+    guard.release().await.map_err(fail("release"))?;
+    let _: () = raw
+        .del(&[&keys.queue, &keys.places, &keys.fence])
+        .await
+        .map_err(fail("clean-up"))?;
+    Ok(())
+}

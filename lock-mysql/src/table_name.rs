@@ -86,6 +86,11 @@ impl TableName {
     pub(crate) fn fences(&self) -> Self {
         Self(format!("{}_fences", self.0))
     }
+
+    /// The row-lock strategy's table of holders' records: `<name>_holds`.
+    pub(crate) fn holds(&self) -> Self {
+        Self(format!("{}_holds", self.0))
+    }
 }
 
 impl fmt::Display for TableName {
@@ -133,6 +138,10 @@ mod tests {
         assert_eq!(
             TableName::new("locks").unwrap().fences().as_str(),
             "locks_fences"
+        );
+        assert_eq!(
+            TableName::new("locks").unwrap().holds().as_str(),
+            "locks_holds"
         );
     }
 

@@ -105,7 +105,10 @@ pub async fn drop_run_tables() -> Result<(), String> {
     let admin = admin_pool().await?;
     for strategy in [Strategy::Lease, Strategy::RowLock] {
         let table = run_table(strategy)?;
-        let sql = format!("DROP TABLE IF EXISTS `{0}`, `{0}_fences`", table.as_str());
+        let sql = format!(
+            "DROP TABLE IF EXISTS `{0}`, `{0}_fences`, `{0}_holds`",
+            table.as_str()
+        );
         sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(&admin)
             .await
@@ -157,7 +160,7 @@ impl MySqlStore {
     pub async fn holder_connection(&self, name: &LockName) -> Result<Option<u64>, LockError> {
         let sql = format!(
             "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
-             SELECT connection_id FROM `{}` WHERE name = X'{}'; COMMIT",
+             SELECT connection_id FROM `{}_holds` WHERE name = X'{}'; COMMIT",
             self.table,
             hex(name.as_str())
         );
@@ -252,8 +255,8 @@ impl TestStore for MySqlStore {
         }
         let sql = format!(
             "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
-             SELECT 'current', token, connection_id FROM `{t}` WHERE name = X'{n}'; COMMIT; \
-             SELECT 'committed', token, fence, acquired_at IS NOT NULL, connection_id FROM `{t}` WHERE name = X'{n}'"
+             SELECT 'current', token, connection_id FROM `{t}_holds` WHERE name = X'{n}'; COMMIT; \
+             SELECT 'committed', token, fence, acquired_at IS NOT NULL, connection_id FROM `{t}_holds` WHERE name = X'{n}'"
         );
         let mut conn = self
             .admin
@@ -297,8 +300,8 @@ impl TestStore for MySqlStore {
             )
         } else {
             format!(
-                "INSERT INTO `{t}` (name, token, fence, acquired_at) \
-                 VALUES (?, 'not-a-lock-mysql-token', 7, NOW(6))"
+                "INSERT INTO `{t}_holds` (name, token, fence, acquired_at, connection_id) \
+                 VALUES (?, 'not-a-lock-mysql-token', 7, NOW(6), 0)"
             )
         };
         sqlx::query(AssertSqlSafe(sql))

@@ -375,6 +375,8 @@ pub const FLEET_RUNS: [(usize, Duration); 3] = [
 /// `report` (see [`Report::fleet`](super::Report::fleet)). Runs on a multi-thread runtime
 /// (the benchmarks' [`crate::runtime`]), whose worker it blocks while the clients run.
 ///
+/// Returns the runs, in the order of [`FLEET_RUNS`], for ratios a store's benchmark adds.
+///
 /// # Errors
 /// The first error of a run, as text.
 pub async fn fleet_report<C, CF>(
@@ -382,12 +384,13 @@ pub async fn fleet_report<C, CF>(
     connect: C,
     round_trip: Duration,
     run_for: Duration,
-) -> Result<(), String>
+) -> Result<Vec<Fleet>, String>
 where
     C: Fn() -> CF + Clone + Send + Sync + 'static,
     CF: Future<Output = Result<LockClient, String>>,
 {
     let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let mut runs = Vec::with_capacity(FLEET_RUNS.len());
     for (clients, hold) in FLEET_RUNS {
         let fleet = tokio::task::block_in_place(|| {
             separate_clients(connect.clone(), clients, hold, run_for, &options)
@@ -397,8 +400,9 @@ where
             &fleet,
             round_trip,
         );
+        runs.push(fleet);
     }
-    Ok(())
+    Ok(runs)
 }
 
 #[cfg(test)]

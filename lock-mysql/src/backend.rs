@@ -210,7 +210,8 @@ impl LockBackend for MySqlBackend {
                 self.inner.fencing,
                 Expiry::Ttl,
                 Wakeup::Poll,
-                WaitOrder::None,
+                // Waiters queue in `<table>_queue` (see `lease_queue`).
+                WaitOrder::Fifo,
                 Clock::Server,
             )
             .with_portable_lease(true)

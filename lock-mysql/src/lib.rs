@@ -3,6 +3,7 @@
 mod backend;
 mod config;
 mod error;
+mod lease_queue;
 mod lease_strategy;
 mod local_queue;
 mod lock_row;

@@ -12,11 +12,13 @@ use crate::{Strategy, TableName, error::lock_error};
 /// The layout version this crate writes and understands.
 ///
 /// - 1: the first layout.
-/// - 2: the row-lock strategy records its holder in `<table>_holds` instead of in the row
+/// - 2: the lease strategy's waiters queue in `<table>_queue`, so none is passed over
+///   indefinitely; the row-lock strategy records its holder in `<table>_holds` instead of in the row
 ///   waiters queue on (an update that changes a row's size while waiters queue on it costs
 ///   InnoDB time for each waiter: 100 waiting clients fell from about 470 to 57 hand-offs a
 ///   second), and `<table>` keeps only `name`. A version-1 row-lock table still serves: only
-///   its `name` is used. Lease tables did not change.
+///   its `name` is used; version-1 lease tables did not change. The new tables must exist
+///   (`create_table` makes them).
 pub const SCHEMA_VERSION: u32 = 2;
 
 const COMMENT_PREFIX: &str = "lock-mysql schema ";
@@ -31,15 +33,18 @@ enum Part {
     Fences,
     /// `<table>_holds`: the row-lock holders' uncommitted records.
     Holds,
+    /// `<table>_queue`: the lease strategy's waiters.
+    Queue,
 }
 
 /// What a table holds, as written in its comment.
 fn kind(strategy: Strategy, part: Part) -> &'static str {
     match (strategy, part) {
+        (Strategy::Lease, Part::Queue) => "lease queue",
         (Strategy::Lease, _) => "lease",
         (Strategy::RowLock, Part::Locks) => "row-lock",
         (Strategy::RowLock, Part::Fences) => "row-lock fences",
-        (Strategy::RowLock, Part::Holds) => "row-lock holds",
+        (Strategy::RowLock, Part::Holds | Part::Queue) => "row-lock holds",
     }
 }
 
@@ -59,15 +64,16 @@ fn comment(strategy: Strategy, part: Part) -> String {
 /// use lock_mysql::{Strategy, TableName, create_table_sql};
 ///
 /// let ddl = create_table_sql(&TableName::new("app_locks")?, Strategy::Lease);
-/// assert_eq!(ddl.len(), 1);
+/// assert_eq!(ddl.len(), 2); // the lease rows and their waiters' queue
 /// assert!(ddl[0].contains("`app_locks`"));
 /// assert!(ddl[0].contains("VARBINARY(200)"));
 /// # Ok::<(), lock_core::LockError>(())
 /// ```
 pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
     match strategy {
-        Strategy::Lease => vec![format!(
-            "CREATE TABLE IF NOT EXISTS {} (\
+        Strategy::Lease => vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\
              name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
              token VARBINARY(64) NULL DEFAULT NULL COMMENT 'the holder''s owner token, 32 lowercase hex digits; NULL once released', \
              fence BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'the fence of the latest acquisition; never decreases', \
@@ -75,9 +81,24 @@ pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
              acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the latest acquisition was granted, by the server clock, in UTC', \
              PRIMARY KEY (name)\
              ) ENGINE=InnoDB COMMENT='{}'",
-            table.quoted(),
-            comment(strategy, Part::Locks)
-        )],
+                table.quoted(),
+                comment(strategy, Part::Locks)
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\
+             name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
+             token VARBINARY(64) NOT NULL COMMENT 'the waiting acquire call''s token', \
+             arrived_at DATETIME(6) NOT NULL COMMENT 'its first busy try, by the server clock, in UTC: the order of service', \
+             until_at DATETIME(6) NOT NULL COMMENT 'when the place lapses unless the waiter tries again, in UTC', \
+             turn_us BIGINT UNSIGNED NOT NULL COMMENT 'how long the waiter may take to come for a lease handed to it, in microseconds', \
+             connection_id BIGINT UNSIGNED NULL DEFAULT NULL COMMENT 'the connection its latest park ran on, to wake it', \
+             PRIMARY KEY (name, token), \
+             KEY by_arrival (name, arrived_at, token)\
+             ) ENGINE=InnoDB COMMENT='{}'",
+                table.queue().quoted(),
+                comment(strategy, Part::Queue)
+            ),
+        ],
         Strategy::RowLock => vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {} (\
@@ -115,7 +136,7 @@ pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
 /// The tables `strategy` uses, with which part each is.
 fn tables(table: &TableName, strategy: Strategy) -> Vec<(TableName, Part)> {
     match strategy {
-        Strategy::Lease => vec![(table.clone(), Part::Locks)],
+        Strategy::Lease => vec![(table.clone(), Part::Locks), (table.queue(), Part::Queue)],
         Strategy::RowLock => vec![
             (table.clone(), Part::Locks),
             (table.fences(), Part::Fences),
@@ -217,6 +238,8 @@ mod tests {
         assert!(lease[0].starts_with("CREATE TABLE IF NOT EXISTS `a` ("));
         assert!(lease[0].contains("COMMENT='lock-mysql schema 2: lease'"));
         assert!(lease[0].contains("expires_at DATETIME(6)"));
+        assert!(lease[1].contains("`a_queue`"));
+        assert!(lease[1].contains("COMMENT='lock-mysql schema 2: lease queue'"));
         let rows = create_table_sql(&t("b"), Strategy::RowLock);
         assert!(rows[0].contains("COMMENT='lock-mysql schema 2: row-lock'"));
         assert!(rows[1].contains("`b_fences`"));

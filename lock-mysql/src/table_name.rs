@@ -87,6 +87,11 @@ impl TableName {
         Self(format!("{}_fences", self.0))
     }
 
+    /// The lease strategy's waiters' queue: `<name>_queue`.
+    pub(crate) fn queue(&self) -> Self {
+        Self(format!("{}_queue", self.0))
+    }
+
     /// The row-lock strategy's table of holders' records: `<name>_holds`.
     pub(crate) fn holds(&self) -> Self {
         Self(format!("{}_holds", self.0))

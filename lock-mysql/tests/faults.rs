@@ -1086,7 +1086,10 @@ fn server_time(operand: &str, column: &str, ttls_us: &[u64]) -> bool {
             && server_time(args[1], column, ttls_us)
             && server_time(args[2], column, ttls_us);
     }
+    // A lease handed to the next waiter lasts that waiter's turn: a duration it stored in
+    // its place (`turn_us`), read into `@lm_turn` on the server.
     let with_ttl = operand.starts_with("NOW(6) + INTERVAL ? MICROSECOND")
+        || operand.starts_with("NOW(6) + INTERVAL @LM_TURN MICROSECOND")
         || ttls_us
             .iter()
             .any(|us| operand.starts_with(&format!("NOW(6) + INTERVAL {us} MICROSECOND")));

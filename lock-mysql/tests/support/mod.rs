@@ -106,7 +106,7 @@ pub async fn drop_run_tables() -> Result<(), String> {
     for strategy in [Strategy::Lease, Strategy::RowLock] {
         let table = run_table(strategy)?;
         let sql = format!(
-            "DROP TABLE IF EXISTS `{0}`, `{0}_fences`, `{0}_holds`",
+            "DROP TABLE IF EXISTS `{0}`, `{0}_fences`, `{0}_holds`, `{0}_queue`",
             table.as_str()
         );
         sqlx::raw_sql(AssertSqlSafe(sql))

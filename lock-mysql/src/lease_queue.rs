@@ -1,0 +1,246 @@
+//! The lease strategy's waiters' queue (`<table>_queue`), so that no client is passed over
+//! indefinitely by clients that release and re-acquire, and a released lease goes to the next
+//! waiter at once.
+//!
+//! - **A place**: a waiter's busy try inserts `(name, token, arrived_at, until_at, turn_us)`
+//!   (the token is the one its `acquire` call uses for every try; `arrived_at` is the
+//!   server's `NOW(6)` at its first busy try) and every later try pushes `until_at` on by
+//!   [`place_for`]: the longest a waiter sleeps between tries plus a second. `turn_us` is how
+//!   long the waiter may take to come for a lease handed to it ([`turn_for`]).
+//! - **Who may take a free lease**: while any live place exists, only the first (by
+//!   `arrived_at`, then token) may take it; anybody else, including the client that just
+//!   released, finds it busy and takes a place at the back. The condition ([`allowed`]) is
+//!   part of the one acquire statement, so a client nobody waits behind still acquires in
+//!   one round trip.
+//! - **Direct hand-off**: release gives the lease to the first live waiter in the same step
+//!   ([`release_batch`]): its token, a fence one higher, and an expiry of that waiter's turn;
+//!   then it wakes the waiter (below). The waiter's next try finds the lease held by its own
+//!   token and takes it for its TTL with a fence one higher again (the acquire statement's
+//!   "taken" rule covers its own token). A waiter that died or is paused lets the handed
+//!   lease expire after its turn (600 ms with the default back-off), and its place lapses
+//!   with it.
+//! - **Waking the waiter**: between tries a waiter parks a `SLEEP` on a pooled connection,
+//!   after writing that connection's id into its place, in one batch that sleeps only if the
+//!   lease has not been handed to it yet ([`park_batch`]). The release reads the id *after*
+//!   handing the lease over and sends `KILL QUERY` to it, only while that connection still
+//!   runs this waiter's park (its statement carries the waiter's token, checked in
+//!   `information_schema.PROCESSLIST`), which ends the sleep. A kill that lands before the
+//!   batch starts is lost, but then the batch sees the hand-off and does not sleep. A park
+//!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]. At most half the
+//!   pool's connections park at once (the others stay free for renewals); a waiter that finds
+//!   none polls instead (the first two every 1 to [`FIRST_POLL_MAX`] ms, the others with their
+//!   back-off). Killing another session's query needs the same database user (or the
+//!   privilege); without it the wake fails quietly and the waiter finds the lease at the end
+//!   of its park.
+//! - **A free lease nobody came for** (expired, or released before anyone queued): a busy try
+//!   that finds it free while someone else is first cuts that place to the first waiter's
+//!   own turn from then.
+//! - **Leaving**: a waiter that gives up (budget spent, error) deletes its place and frees a
+//!   lease handed to it meanwhile; one whose `acquire` future is dropped leaves both to lapse
+//!   (the place after at most [`place_for`], a handed lease after its turn).
+//!
+//! The queue only decides who may take a free lease; a lease handed over is an ordinary lease
+//! row. A lost or stale place can delay a waiter but never grant a lock twice.
+
+use std::time::Duration;
+
+use crate::{TableName, lock_row::LEASE_TAKEABLE, script::hex};
+
+/// The margin of a waiter's turn beyond its longest sleep.
+pub(crate) const HANDOFF: Duration = Duration::from_millis(100);
+
+/// The longest a first waiter that could not park sleeps between tries.
+pub(crate) const FIRST_POLL_MAX: Duration = Duration::from_millis(40);
+
+/// The longest one park lasts.
+pub(crate) const PARK_MAX: Duration = Duration::from_secs(1);
+
+/// How long a waiter has to come for a lease handed to it (or left free for it): the longest
+/// it may be asleep (`max_delay`, its back-off maximum, or a park) plus [`HANDOFF`].
+pub(crate) fn turn_for(max_delay: Duration) -> Duration {
+    max_delay.max(PARK_MAX) + HANDOFF
+}
+
+/// How long a place lasts after a try: the waiter's longest sleep between tries (`max_delay`,
+/// its back-off maximum) plus a second.
+pub(crate) fn place_for(max_delay: Duration) -> Duration {
+    max_delay + Duration::from_secs(1)
+}
+
+/// How long the first waiter sleeps after its `streak`-th try in a row as first: 1, 2, 4 ms
+/// ... up to [`FIRST_POLL_MAX`].
+pub(crate) fn first_delay(streak: u32) -> Duration {
+    Duration::from_millis(1u64 << streak.min(6)).min(FIRST_POLL_MAX)
+}
+
+/// The SQL condition "no live place of the queue `q` comes before the caller's": the caller
+/// (`token`) has no place and nobody queues, or its place is the first live one. Four
+/// placeholders: name, token, name, token.
+pub(crate) fn allowed(q: &TableName) -> String {
+    let q = q.quoted();
+    format!(
+        "NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = ? AND o.until_at > NOW(6) AND o.token <> ? \
+         AND NOT EXISTS (SELECT 1 FROM {q} m WHERE m.name = ? AND m.token = ? \
+         AND m.until_at > NOW(6) AND (m.arrived_at, m.token) < (o.arrived_at, o.token)))"
+    )
+}
+
+/// One busy try's queue work, in one round trip (each statement autocommitted): drop lapsed
+/// places, take or keep the caller's place for `place` with its `turn`, cut the first
+/// waiter's place to its own turn when the lease is free and the first is someone else, then
+/// read the lease row (`'row'`,
+/// [`LEASE_COLUMNS`](crate::lock_row::LEASE_COLUMNS)) and how many live places come before
+/// the caller's (`'ahead'`).
+pub(crate) fn busy_batch(
+    table: &TableName,
+    name: &[u8],
+    token: &[u8],
+    place: Duration,
+    turn: Duration,
+    columns: &str,
+) -> String {
+    let t = table.quoted();
+    let q = table.queue().quoted();
+    let (n, k) = (hex(name), hex(token));
+    let place = place.as_micros();
+    let turn = turn.as_micros();
+    format!(
+        "DELETE FROM {q} WHERE name = {n} AND until_at <= NOW(6); \
+         INSERT INTO {q} (name, token, arrived_at, until_at, turn_us) \
+         VALUES ({n}, {k}, NOW(6), NOW(6) + INTERVAL {place} MICROSECOND, {turn}) \
+         ON DUPLICATE KEY UPDATE until_at = NOW(6) + INTERVAL {place} MICROSECOND; \
+         UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL turn_us MICROSECOND) \
+         WHERE name = {n} AND token <> {k} \
+         AND (arrived_at, token) = (SELECT arrived_at, token FROM (SELECT arrived_at, token FROM {q} \
+         WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1) AS first) \
+         AND EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}); \
+         SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
+         SELECT 'ahead', COUNT(*) FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
+         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})"
+    )
+}
+
+/// The text a park's statement carries, followed by the waiter's token, so a release kills
+/// only a statement that is still that waiter's park.
+const PARK_MARK: &str = "lock-mysql park ";
+
+/// A token as the text it is (tokens of this library are 32 lowercase hex digits; anything
+/// else is written hex-escaped, and then no release matches it).
+fn token_text(token: &[u8]) -> String {
+    match std::str::from_utf8(token) {
+        Ok(text) if text.bytes().all(|b| b.is_ascii_hexdigit()) => text.to_owned(),
+        _ => hex(token).replace('\'', ""),
+    }
+}
+
+/// Deletes the caller's place.
+pub(crate) fn leave_place(table: &TableName, name: &[u8], token: &[u8]) -> String {
+    format!(
+        "DELETE FROM {} WHERE name = {} AND token = {}",
+        table.queue().quoted(),
+        hex(name),
+        hex(token)
+    )
+}
+
+/// Deletes the caller's place and frees a lease handed to it that it did not take.
+pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> String {
+    let (t, q) = (table.quoted(), table.queue().quoted());
+    let (n, k) = (hex(name), hex(token));
+    format!(
+        "DELETE FROM {q} WHERE name = {n} AND token = {k}; \
+         UPDATE {t} SET token = NULL, expires_at = NULL WHERE name = {n} AND token = {k}"
+    )
+}
+
+/// A waiter's park: record this connection in its place, then sleep up to `park` unless the
+/// lease has been handed to it meanwhile, or is free with this waiter first (a release that
+/// freed it without seeing the place, which came just after: nobody would wake it). Answers
+/// `'parked'` with 1 when the sleep was cut short or skipped, else 0 (a `KILL QUERY` may also
+/// end the batch with error 1317).
+pub(crate) fn park_batch(table: &TableName, name: &[u8], token: &[u8], park: Duration) -> String {
+    let (t, q) = (table.quoted(), table.queue().quoted());
+    let (n, k) = (hex(name), hex(token));
+    format!(
+        "UPDATE {q} SET connection_id = CONNECTION_ID() WHERE name = {n} AND token = {k}; \
+         SELECT 'parked', IF(EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
+         OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
+         AND NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
+         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}))), \
+         1, SLEEP({}.{:06})) AS woke, '{PARK_MARK}{}' AS mark",
+        park.as_secs(),
+        park.subsec_micros(),
+        token_text(token),
+    )
+}
+
+/// The release when nobody queues: one prepared statement that frees the lease only if it is
+/// current and no live place of another caller exists (placeholders: name, token, fence,
+/// name, token); else nothing changes and [`release_batch`] runs.
+pub(crate) fn release_alone(table: &TableName) -> String {
+    format!(
+        "UPDATE {} SET token = NULL, expires_at = NULL, fence = LAST_INSERT_ID(fence) \
+         WHERE name = ? AND {} AND NOT EXISTS (SELECT 1 FROM {} q \
+         WHERE q.name = ? AND q.until_at > NOW(6) AND q.token <> ?)",
+        table.quoted(),
+        crate::lock_row::lease_current("?", "?"),
+        table.queue().quoted()
+    )
+}
+
+/// Release with hand-off: if the lease of `token` with `fence` is current, give it to the
+/// first live waiter (its token, the fence plus one, its turn), or free it if nobody waits;
+/// cut that waiter's place to its turn; then wake it with `KILL QUERY` on the connection it
+/// parked on. Answers `'released'` with the number of rows released (0 or 1) and the fence
+/// released (`LAST_INSERT_ID(fence)`), before the wake-up, whose failure does not undo it.
+pub(crate) fn release_batch(table: &TableName, name: &[u8], token: &[u8], fence: u64) -> String {
+    let (t, q) = (table.quoted(), table.queue().quoted());
+    let (n, k) = (hex(name), hex(token));
+    let current = crate::lock_row::lease_current(&k, &fence.to_string());
+    // Handed over only below the fence maximum (as an acquire would take it). Every
+    // assignment reads `fence` before it changes (it is assigned last), so the row's update is
+    // the same whichever order the server evaluates assignments in.
+    let give = "(@lm_next IS NOT NULL AND fence < 18446744073709551615)";
+    format!(
+        "SET @lm_next = NULL, @lm_turn = NULL, @lm_conn = NULL, @lm_id = LAST_INSERT_ID(0); \
+         SELECT token, turn_us INTO @lm_next, @lm_turn FROM {q} \
+         WHERE name = {n} AND until_at > NOW(6) AND token <> {k} ORDER BY arrived_at, token LIMIT 1; \
+         UPDATE {t} SET token = IF({give}, @lm_next, NULL), \
+         expires_at = IF({give}, NOW(6) + INTERVAL @lm_turn MICROSECOND, NULL), \
+         acquired_at = IF({give}, NOW(6), acquired_at), \
+         fence = LAST_INSERT_ID(fence) + IF({give}, 1, 0) \
+         WHERE name = {n} AND {current}; \
+         SET @lm_done = ROW_COUNT(), @lm_fence = LAST_INSERT_ID(); \
+         SELECT 'released', @lm_done, @lm_fence; \
+         UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL @lm_turn MICROSECOND) \
+         WHERE name = {n} AND token = @lm_next AND @lm_done > 0; \
+         SELECT p.ID INTO @lm_conn FROM {q} JOIN information_schema.PROCESSLIST p \
+         ON p.ID = {q}.connection_id \
+         WHERE {q}.name = {n} AND {q}.token = @lm_next AND @lm_done > 0 \
+         AND p.INFO LIKE CONCAT('%{PARK_MARK}', CAST(@lm_next AS CHAR), '%'); \
+         SET @lm_kill = IF(@lm_conn IS NULL, 'DO 0', CONCAT('KILL QUERY ', @lm_conn)); \
+         PREPARE lm_kill FROM @lm_kill; EXECUTE lm_kill; DEALLOCATE PREPARE lm_kill"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_waiter_polls_fast_and_within_its_turn() {
+        assert_eq!(first_delay(0), Duration::from_millis(1));
+        assert_eq!(first_delay(3), Duration::from_millis(8));
+        assert_eq!(first_delay(40), FIRST_POLL_MAX);
+        assert!(FIRST_POLL_MAX < HANDOFF);
+        // A parked waiter, or one asleep in its back-off, wakes within its turn.
+        assert!(turn_for(Duration::from_millis(500)) > PARK_MAX);
+        assert!(turn_for(Duration::from_secs(5)) > Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_condition_has_four_placeholders() {
+        let q = TableName::new("t").unwrap().queue();
+        assert_eq!(allowed(&q).matches('?').count(), 4);
+    }
+}

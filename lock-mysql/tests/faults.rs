@@ -61,6 +61,9 @@ fn main() -> ExitCode {
         .case("lease/row_locked_by_long_transaction", || {
             Box::pin(lease_lock_wait_timeout())
         })
+        .case("lease/a_dead_waiter_stalls_the_lease_briefly", || {
+            Box::pin(lease_dead_waiter())
+        })
         .case("lease/renewal_batch_deadlock_is_retried", || {
             Box::pin(lease_deadlock_retried())
         })
@@ -197,6 +200,57 @@ async fn until_no_statement(name: &LockName) -> Outcome {
 
 /// Row lock: killing the holder's connection rolls its transaction back: the waiter queued in
 /// InnoDB gets the lock at once, with a larger fence, and the holder's `lost()` fires.
+/// A waiter that died while first in line (a place planted for a minute, with a turn of
+/// 300 ms) gets the lease handed to it at the release, and stalls the next waiter only for
+/// its turn: the next waiter is served after the turn, not before (the order held) and not
+/// much after (at most one park of the next waiter more).
+async fn lease_dead_waiter() -> Outcome {
+    const TURN: Duration = Duration::from_millis(300);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let name = name("dead-waiter")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    let queue = format!("`{}_queue`", store.config().table().as_str());
+    let plant = format!(
+        "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
+         VALUES (X'{}', '{}', NOW(6) - INTERVAL 1 SECOND, NOW(6) + INTERVAL 1 MINUTE, {})",
+        hex(name.as_str()),
+        "0123456789abcdef0123456789abcdef",
+        TURN.as_micros()
+    );
+    sqlx::raw_sql(AssertSqlSafe(plant))
+        .execute(store.admin())
+        .await
+        .map_err(|e| Failure(format!("planting a place: {e}")))?;
+    let waiter = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(10)));
+    until_waiting(&name).await?;
+    let released = Instant::now();
+    let before = held.fence();
+    held.release().await.map_err(err)?;
+    let next = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter behind the dead one failed: {e}")))?;
+    let waited = released.elapsed();
+    ensure!(
+        waited >= TURN.mul_f64(0.9),
+        "the waiter behind the dead one got the lease {waited:?} after the release, before the dead waiter's turn of {TURN:?} ran out"
+    );
+    let bound = TURN + Duration::from_secs(1) + Duration::from_millis(500);
+    ensure!(
+        waited <= bound,
+        "a dead waiter stalled the lease {waited:?} (bound {bound:?})"
+    );
+    ensure!(
+        next.fence().get() >= before.get() + 2,
+        "fence {} after {before}: the hand-off to the dead waiter took no fence",
+        next.fence(),
+    );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
 async fn row_lock_kill_holder() -> Outcome {
     let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);

@@ -72,65 +72,60 @@ fn comment(strategy: Strategy, part: Part) -> String {
 pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
     match strategy {
         Strategy::Lease => vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (\
-             name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
-             token VARBINARY(64) NULL DEFAULT NULL COMMENT 'the holder''s owner token, 32 lowercase hex digits; NULL once released', \
-             fence BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'the fence of the latest acquisition; never decreases', \
-             expires_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the lease ends, by the server clock, in UTC; NULL once released', \
-             acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the latest acquisition was granted, by the server clock, in UTC', \
-             PRIMARY KEY (name)\
-             ) ENGINE=InnoDB COMMENT='{}'",
+            ddl(
                 table.quoted(),
-                comment(strategy, Part::Locks)
+                "name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
+                 token VARBINARY(64) NULL DEFAULT NULL COMMENT 'the holder''s owner token, 32 lowercase hex digits; NULL once released', \
+                 fence BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'the fence of the latest acquisition; never decreases', \
+                 expires_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the lease ends, by the server clock, in UTC; NULL once released', \
+                 acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the latest acquisition was granted, by the server clock, in UTC', \
+                 PRIMARY KEY (name)",
+                comment(strategy, Part::Locks),
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (\
-             name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
-             token VARBINARY(64) NOT NULL COMMENT 'the waiting acquire call''s token', \
-             arrived_at DATETIME(6) NOT NULL COMMENT 'its first busy try, by the server clock, in UTC: the order of service', \
-             until_at DATETIME(6) NOT NULL COMMENT 'when the place lapses unless the waiter tries again, in UTC', \
-             turn_us BIGINT UNSIGNED NOT NULL COMMENT 'how long the waiter may take to come for a lease handed to it, in microseconds', \
-             connection_id BIGINT UNSIGNED NULL DEFAULT NULL COMMENT 'the connection its latest park ran on, to wake it', \
-             PRIMARY KEY (name, token), \
-             KEY by_arrival (name, arrived_at, token)\
-             ) ENGINE=InnoDB COMMENT='{}'",
+            ddl(
                 table.queue().quoted(),
-                comment(strategy, Part::Queue)
+                "name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
+                 token VARBINARY(64) NOT NULL COMMENT 'the waiting acquire call''s token', \
+                 arrived_at DATETIME(6) NOT NULL COMMENT 'its first busy try, by the server clock, in UTC: the order of service', \
+                 until_at DATETIME(6) NOT NULL COMMENT 'when the place lapses unless the waiter tries again, in UTC', \
+                 turn_us BIGINT UNSIGNED NOT NULL COMMENT 'how long the waiter may take to come for a lease handed to it, in microseconds', \
+                 connection_id BIGINT UNSIGNED NULL DEFAULT NULL COMMENT 'the connection its latest park ran on, to wake it', \
+                 PRIMARY KEY (name, token), \
+                 KEY by_arrival (name, arrived_at, token)",
+                comment(strategy, Part::Queue),
             ),
         ],
         Strategy::RowLock => vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (\
-                 name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes; the hold is a transaction holding this row, and waiters queue on it', \
-                 PRIMARY KEY (name)\
-                 ) ENGINE=InnoDB COMMENT='{}'",
+            ddl(
                 table.quoted(),
-                comment(strategy, Part::Locks)
+                "name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes; the hold is a transaction holding this row, and waiters queue on it', \
+                 PRIMARY KEY (name)",
+                comment(strategy, Part::Locks),
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (\
-                 name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
-                 fence BIGINT UNSIGNED NOT NULL COMMENT 'the last fence issued for the name; committed on its own so a rolled-back hold keeps it', \
-                 PRIMARY KEY (name)\
-                 ) ENGINE=InnoDB COMMENT='{}'",
+            ddl(
                 table.fences().quoted(),
-                comment(strategy, Part::Fences)
+                "name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes', \
+                 fence BIGINT UNSIGNED NOT NULL COMMENT 'the last fence issued for the name; committed on its own so a rolled-back hold keeps it', \
+                 PRIMARY KEY (name)",
+                comment(strategy, Part::Fences),
             ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (\
-                 name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes; a row exists only inside the holder''s transaction', \
+            ddl(
+                table.holds().quoted(),
+                "name VARBINARY(200) NOT NULL COMMENT 'the lock name: its UTF-8 bytes; a row exists only inside the holder''s transaction', \
                  token VARBINARY(64) NOT NULL COMMENT 'the holder''s owner token, written inside its transaction and never committed', \
                  fence BIGINT UNSIGNED NOT NULL COMMENT 'the holder''s fence, uncommitted like token; the counter is in the _fences table', \
                  acquired_at DATETIME(6) NOT NULL COMMENT 'when the hold began, in UTC (uncommitted)', \
                  connection_id BIGINT UNSIGNED NOT NULL COMMENT 'the connection holding the lock (uncommitted)', \
-                 PRIMARY KEY (name)\
-                 ) ENGINE=InnoDB COMMENT='{}'",
-                table.holds().quoted(),
-                comment(strategy, Part::Holds)
+                 PRIMARY KEY (name)",
+                comment(strategy, Part::Holds),
             ),
         ],
     }
+}
+
+/// `CREATE TABLE IF NOT EXISTS <table> (<columns>) ENGINE=InnoDB COMMENT='<comment>'`.
+fn ddl(table: String, columns: &str, comment: String) -> String {
+    format!("CREATE TABLE IF NOT EXISTS {table} ({columns}) ENGINE=InnoDB COMMENT='{comment}'")
 }
 
 /// The tables `strategy` uses, with which part each is.

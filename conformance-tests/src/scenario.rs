@@ -143,6 +143,11 @@ impl Ctx {
         self.store.ttl()
     }
 
+    /// How long the store keeps a dead holder's hold (see [`TestStore::abandoned_hold_lasts`]).
+    pub fn abandoned_hold_lasts(&self) -> Duration {
+        self.store.abandoned_hold_lasts()
+    }
+
     /// The store's time tolerance.
     pub fn margin(&self) -> Duration {
         self.store.margin()

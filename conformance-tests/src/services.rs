@@ -50,6 +50,16 @@ impl Services {
         Ok(())
     }
 
+    /// Starts every instance at once and waits until each answers: the nodes of an ensemble,
+    /// none of which serves before a quorum of them runs.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when a script fails.
+    pub async fn start_together(&self, instances: &[&str]) -> Result<(), LockError> {
+        futures::future::try_join_all(instances.iter().map(|i| self.run(i, "start"))).await?;
+        Ok(())
+    }
+
     async fn run(&self, instance: &str, script: &str) -> Result<(), LockError> {
         let path = self.root.join(instance).join(script);
         let status = tokio::process::Command::new(&path)

@@ -63,9 +63,15 @@ pub trait TestStore: Send + Sync + 'static {
         true
     }
 
-    /// The short TTL scenarios use (session stores: the session timeout).
+    /// The short TTL scenarios use (session stores: the TTL of their leases).
     fn ttl(&self) -> Duration {
         Duration::from_millis(500)
+    }
+
+    /// How long the store keeps the hold of a holder process that died: the TTL, or on a
+    /// session store the session timeout, which may be longer than its leases' TTL.
+    fn abandoned_hold_lasts(&self) -> Duration {
+        self.ttl()
     }
 
     /// The tolerance added to time bounds (scheduling, round trips, server timers).

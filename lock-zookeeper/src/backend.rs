@@ -161,7 +161,7 @@ impl LockBackend for ZkBackend {
 
     /// Queues a contender node and waits until it is the lowest (see the crate docs). The
     /// request's TTL is not used: the hold lasts as long as the session, and the lease's TTL is
-    /// the session timeout.
+    /// the session timeout less half a server tick ([`ZkConfig::lease_ttl`](crate::ZkConfig::lease_ttl)).
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let lock_path = self.lock_path(request.name());
         let granted = recipe::acquire(&self.inner.sessions, &lock_path, request).await?;
@@ -184,7 +184,7 @@ impl LockBackend for ZkBackend {
 
     /// Checks that the lease's node still exists and belongs to the backend's live session
     /// (`sync` then `exists`, pipelined: one round trip, confirmed by the leader's state).
-    /// `ttl` is not used: the lease's TTL stays the session timeout.
+    /// `ttl` is not used: the lease's TTL stays the session timeout less half a server tick.
     ///
     /// # Errors
     /// [`LockError::NotHeld`] when the node is gone or the lease is not this backend's;
@@ -221,7 +221,7 @@ impl LockBackend for ZkBackend {
                 if stat.ephemeral_owner == held.session.0
                     && recipe::fence(stat.czxid, &held.path).is_ok_and(|f| f == lease.fence()) =>
             {
-                let renewed = lease.clone().with_ttl(conn.timeout());
+                let renewed = lease.clone().with_ttl(conn.lease_ttl());
                 Ok(Grant::new(renewed, sent))
             }
             Ok(_) => {

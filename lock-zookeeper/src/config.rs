@@ -52,6 +52,14 @@ pub struct ZkConfig {
     /// What [`Capabilities::failover`](lock_core::Capabilities::failover) declares; `None`
     /// derives it from the connect string: one host is a single server, several are a quorum.
     pub failover: Option<Failover>,
+    /// The servers' `tickTime`, if you know it. In an ensemble the leader expires sessions
+    /// and learns of a session's requests to a follower only from that follower's next ping
+    /// answer, up to half a tick later; every lease leaves half a tick out of the session
+    /// timeout so the guard's local deadline never outlives the leader's view of the session.
+    /// `None` (the default) assumes the most it can be: half the negotiated session timeout
+    /// (the server never negotiates less than two ticks), so a quarter is left out.
+    #[serde(with = "humantime_serde")]
+    pub server_tick: Option<Duration>,
     /// Credentials sent with every session (`addauth`), if any.
     pub auth: Option<ZkAuth>,
 }
@@ -64,6 +72,7 @@ impl Default for ZkConfig {
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             failover: None,
+            server_tick: None,
             auth: None,
         }
     }
@@ -100,6 +109,32 @@ impl ZkConfig {
     pub fn failover(mut self, failover: Failover) -> Self {
         self.failover = Some(failover);
         self
+    }
+
+    /// Sets the servers' `tickTime` (see [`ZkConfig::server_tick`]).
+    pub fn server_tick(mut self, tick: Duration) -> Self {
+        self.server_tick = Some(tick);
+        self
+    }
+
+    /// The TTL of every lease on a session of `session_timeout` (negotiated): the timeout less
+    /// half a server tick (see [`ZkConfig::server_tick`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_zookeeper::ZkConfig;
+    ///
+    /// let session = Duration::from_secs(10);
+    /// assert_eq!(ZkConfig::default().lease_ttl(session), Duration::from_millis(7500));
+    /// let known = ZkConfig::default().server_tick(Duration::from_secs(2));
+    /// assert_eq!(known.lease_ttl(session), Duration::from_secs(9));
+    /// ```
+    pub fn lease_ttl(&self, session_timeout: Duration) -> Duration {
+        let half_tick = self
+            .server_tick
+            .map_or(session_timeout / 4, |tick| tick / 2)
+            .min(session_timeout / 4);
+        session_timeout.saturating_sub(half_tick)
     }
 
     /// Sets the credentials sent with every session.

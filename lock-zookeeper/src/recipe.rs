@@ -15,7 +15,7 @@ use std::{
 };
 
 use lock_core::{AcquireRequest, Fence, LeaseToken, LockError, LockInfo, LockName};
-use tokio::time::sleep;
+use tokio::time::{sleep, sleep_until};
 use uuid::Uuid;
 use zookeeper_client::{self as zk, CreateOptions, EventType, SessionId};
 
@@ -75,30 +75,75 @@ pub(crate) async fn acquire(
 ) -> Result<Granted, LockError> {
     let mut reconnects = 0;
     loop {
-        let conn = match sessions.live().await {
+        // A session is opened within the budget (a server that refuses connections fails at
+        // once), and a session whose connection is down now is not used: requests on it would
+        // wait for the connection to come back, past the budget.
+        let live = match tokio::time::timeout_at(request.deadline().into(), sessions.live()).await {
+            Ok(live) => live,
+            Err(_) => Err(LockError::Unavailable {
+                message: format!(
+                    "no ZooKeeper session could be established within the wait budget of {:?}",
+                    request.wait()
+                ),
+                source: None,
+            }),
+        };
+        let live = live.and_then(|conn| {
+            if conn.state() == zk::SessionState::Disconnected {
+                Err(LockError::Unavailable {
+                    message: format!(
+                        "disconnected from ZooKeeper at `{}`; the client is reconnecting",
+                        sessions.config().hosts
+                    ),
+                    source: None,
+                })
+            } else {
+                Ok(conn)
+            }
+        });
+        let conn = match live {
             Ok(conn) => conn,
-            // No session now; the budget allows waiting for the ensemble to come back.
+            // No usable session now; the budget allows waiting for the ensemble to come back.
             Err(error) => {
                 let pause = RECONNECT_PAUSE * (1 << reconnects.min(4));
-                if Instant::now() + pause >= request.deadline() {
+                if Instant::now() >= request.deadline() {
                     return Err(error);
                 }
                 tracing::debug!(lock = %request.name(), %error, "no ZooKeeper session; trying again");
                 reconnects += 1;
-                sleep(pause).await;
+                sleep_until((Instant::now() + pause).min(request.deadline()).into()).await;
+                if Instant::now() >= request.deadline() {
+                    return Err(error);
+                }
                 continue;
             }
         };
         // Beyond the budget, only a server that does not answer keeps an attempt going: give
-        // up a session timeout later (by then the session has moved or ended).
+        // up a session timeout later (by then the session has moved or ended), or at once when
+        // the connection is down (its requests wait for a reconnection). A dropped attempt
+        // deletes its node in the background.
         let grace = conn.timeout().max(Duration::from_secs(1));
         let attempt = attempt(&conn, &sessions.config().root, lock_path, request);
-        let stop = match tokio::time::timeout_at((request.deadline() + grace).into(), attempt).await
-        {
-            Ok(Ok(granted)) => return Ok(granted),
-            Ok(Err(Stop::Fail(error))) => return Err(error),
-            Ok(Err(stop)) => stop,
-            Err(_) => {
+        let outcome = tokio::select! {
+            outcome = attempt => Some(outcome),
+            () = down_past(request.deadline(), &conn) => {
+                return Err(LockError::Unavailable {
+                    message: format!(
+                        "the connection to ZooKeeper at `{}` went down and the wait budget of {:?} is over while acquiring `{}`",
+                        sessions.config().hosts,
+                        request.wait(),
+                        request.name()
+                    ),
+                    source: None,
+                });
+            }
+            () = sleep_until((request.deadline() + grace).into()) => None,
+        };
+        let stop = match outcome {
+            Some(Ok(granted)) => return Ok(granted),
+            Some(Err(Stop::Fail(error))) => return Err(error),
+            Some(Err(stop)) => stop,
+            None => {
                 return Err(LockError::Unavailable {
                     message: format!(
                         "ZooKeeper did not answer within the wait budget of {:?} plus {grace:?} while acquiring `{}`",
@@ -129,6 +174,17 @@ pub(crate) async fn acquire(
                 tracing::debug!(lock = %request.name(), "contender node vanished while waiting; queueing again")
             }
         }
+    }
+}
+
+/// Resolves once the wait budget is over while the session's connection is down: requests on
+/// it then wait for a reconnection that may come long after the budget.
+async fn down_past(deadline: Instant, conn: &Conn) {
+    sleep_until(deadline.into()).await;
+    let mut states = conn.client().state_watcher();
+    let mut state = states.state();
+    while state != zk::SessionState::Disconnected {
+        state = states.changed().await;
     }
 }
 
@@ -197,7 +253,7 @@ async fn attempt(
                 token: LeaseToken::from_store(format!("{}/{}", created.name, secret.as_str())),
                 fence,
                 session: conn.id(),
-                ttl: conn.timeout(),
+                ttl: conn.lease_ttl(),
                 // The listing proved the session alive when the server answered it, so the
                 // session lasts at least its timeout from when the request was sent.
                 valid_from: sent,

@@ -130,6 +130,8 @@ fn bump(counter: &AtomicU64) {
 pub(crate) struct Conn {
     client: Client,
     counters: Arc<Counters>,
+    /// The TTL of the session's leases ([`ZkConfig::lease_ttl`](crate::ZkConfig::lease_ttl)).
+    lease_ttl: Duration,
 }
 
 type ZkResult<T> = Result<T, zk::Error>;
@@ -145,6 +147,11 @@ impl Conn {
 
     pub(crate) fn timeout(&self) -> Duration {
         self.client.session_timeout()
+    }
+
+    /// The TTL of the leases this session holds: the session timeout less half a server tick.
+    pub(crate) fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
     }
 
     pub(crate) fn state(&self) -> SessionState {
@@ -284,6 +291,7 @@ async fn open(config: &ZkConfig, counters: &Arc<Counters>) -> Result<Conn, LockE
         Ok(Ok(client)) => {
             tracing::debug!(session = %client.session_id(), timeout = ?client.session_timeout(), "ZooKeeper session established");
             Ok(Conn {
+                lease_ttl: config.lease_ttl(client.session_timeout()),
                 client,
                 counters: counters.clone(),
             })

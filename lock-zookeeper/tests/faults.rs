@@ -55,6 +55,9 @@ fn main() -> ExitCode {
         .case("lost_create_reply", || Box::pin(lost_create_reply()))
         .case("missing_root", || Box::pin(missing_root()))
         .case("follower_cut_off", || Box::pin(follower_cut_off()))
+        .case("leader_touch_lag_left_out", || {
+            Box::pin(leader_touch_lag_left_out())
+        })
         .on_failure(|| {
             println!("        the last events before the failure:");
             for line in trace::last(400) {
@@ -116,6 +119,56 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// In an ensemble the leader expires sessions, and learns that a session touched a follower
+/// only from that follower's next ping answer, up to `tickTime`/2 later. A renewal answered by a
+/// follower therefore keeps the session alive on the leader for the session timeout minus up to
+/// half a tick from the renewal's send time: the lease's TTL, from which the guard's local
+/// deadline is counted, must leave that half tick out (with `ZkConfig::server_tick` unset, the
+/// most it can be: a quarter of the session timeout, since the server never negotiates less than
+/// two ticks).
+async fn leader_touch_lag_left_out() -> Outcome {
+    let servers = Server::ensemble()?;
+    let mut follower = None;
+    for server in &servers {
+        if server.mode().await.as_deref() == Some("follower") {
+            follower = Some(server);
+            break;
+        }
+    }
+    let follower = follower.ok_or_else(|| Failure("no follower in the ensemble".into()))?;
+    let conf = follower
+        .four_letters("conf")
+        .await
+        .ok_or_else(|| Failure("the follower did not answer `conf`".into()))?;
+    let tick = conf
+        .lines()
+        .find_map(|l| l.strip_prefix("tickTime="))
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .ok_or_else(|| Failure(format!("no tickTime in the follower's `conf`: {conf}")))?;
+    let config = ZkConfig::new(format!("127.0.0.1:{}", follower.port))
+        .session_timeout(Duration::from_secs(4));
+    let (client, backend) = client(&config).await?;
+    let session = backend.session_timeout();
+    let name = lock_name("leader-touch-lag")?;
+    let guard = client
+        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .await
+        .map_err(err)?;
+    let granted = guard.lease().ttl();
+    guard.extend(Duration::from_secs(4)).await.map_err(err)?;
+    let renewed = guard.lease().ttl();
+    guard.release().await.map_err(err)?;
+    for (what, ttl) in [("grant", granted), ("renewal", renewed)] {
+        ensure!(
+            ttl + tick / 2 <= session,
+            "a {what} on a follower gave a lease of {ttl:?} for a {session:?} session: the leader may expire the session {:?} after the renewal was sent (tickTime {tick:?})",
+            session - tick / 2
+        );
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

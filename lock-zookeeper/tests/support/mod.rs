@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use conformance_tests::TestStore;
+use conformance_tests::{Services, TestStore};
 use lock_core::{LockClient, LockError, LockName, async_trait};
 use lock_zookeeper::{ZkBackend, ZkConfig};
 use zookeeper_client::{Acls, Client, CreateMode};
@@ -49,7 +49,12 @@ fn raw_error(what: &str, path: &str, e: zookeeper_client::Error) -> LockError {
 /// an administrator's session of its own removes, lists and plants nodes.
 pub(crate) struct ZkStore {
     config: ZkConfig,
-    admin: Client,
+    /// The administrator's session; replaced by a new one when an outage ended it.
+    admin: tokio::sync::Mutex<Client>,
+    session_timeout: Duration,
+    services: Services,
+    /// The service instances an outage stops: the standalone server, or every ensemble node.
+    instances: &'static [&'static str],
 }
 
 impl ZkStore {
@@ -58,7 +63,29 @@ impl ZkStore {
         let hosts = hosts(var)?;
         let admin = raw_client(&hosts, session_timeout).await?;
         let config = ZkConfig::new(hosts).session_timeout(session_timeout);
-        Ok(Self { config, admin })
+        let instances: &'static [&'static str] = if var == ENSEMBLE_VAR {
+            &["zk-ensemble-1", "zk-ensemble-2", "zk-ensemble-3"]
+        } else {
+            &["zookeeper"]
+        };
+        Ok(Self {
+            config,
+            session_timeout: admin.session_timeout(),
+            admin: tokio::sync::Mutex::new(admin),
+            services: Services::from_env().map_err(|e| e.to_string())?,
+            instances,
+        })
+    }
+
+    /// The administrator's session: a new one if an outage ended the last.
+    async fn admin(&self) -> Result<Client, LockError> {
+        let mut admin = self.admin.lock().await;
+        if admin.state().is_terminated() {
+            *admin = raw_client(&self.config.hosts, self.session_timeout)
+                .await
+                .map_err(|e| LockError::unavailable("test store: admin session", e))?;
+        }
+        Ok(admin.clone())
     }
 
     /// A new backend with its own session.
@@ -69,11 +96,12 @@ impl ZkStore {
     /// The children of `name`'s lock node, as the leader has them.
     pub(crate) async fn children(&self, name: &LockName) -> Result<Vec<String>, LockError> {
         let path = self.config.lock_path(name);
-        match self.admin.sync(&path).await {
+        let admin = self.admin().await?;
+        match admin.sync(&path).await {
             Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
             Err(e) => return Err(raw_error("sync", &path, e)),
         }
-        match self.admin.list_children(&path).await {
+        match admin.list_children(&path).await {
             Ok(mut children) => {
                 children.sort();
                 Ok(children)
@@ -87,12 +115,13 @@ impl ZkStore {
     pub(crate) async fn ensure_lock_node(&self, name: &LockName) -> Result<String, LockError> {
         let path = self.config.lock_path(name);
         let root = CreateMode::Persistent.with_acls(Acls::anyone_all());
-        self.admin
+        let admin = self.admin().await?;
+        admin
             .mkdir(&self.config.root, &root)
             .await
             .map_err(|e| raw_error("create", &self.config.root, e))?;
         let container = CreateMode::Container.with_acls(Acls::anyone_all());
-        match self.admin.create(&path, &[], &container).await {
+        match admin.create(&path, &[], &container).await {
             Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(path),
             Err(e) => Err(raw_error("create", &path, e)),
         }
@@ -108,9 +137,10 @@ impl TestStore for ZkStore {
     /// Deletes every child of the lock node.
     async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
         let path = self.config.lock_path(name);
+        let admin = self.admin().await?;
         for child in self.children(name).await? {
             let child = format!("{path}/{child}");
-            match self.admin.delete(&child, None).await {
+            match admin.delete(&child, None).await {
                 Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
                 Err(e) => return Err(raw_error("delete", &child, e)),
             }
@@ -135,7 +165,12 @@ impl TestStore for ZkStore {
         let path = self.ensure_lock_node(name).await?;
         let child = format!("{path}/planted-by-the-conformance-suite");
         let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-        match self.admin.create(&child, b"not a lock", &persistent).await {
+        match self
+            .admin()
+            .await?
+            .create(&child, b"not a lock", &persistent)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) => Err(raw_error("create", &child, e)),
         }
@@ -145,18 +180,27 @@ impl TestStore for ZkStore {
         true
     }
 
-    /// A stopped ZooKeeper serves again 0.7 s (standalone) to 1.7 s (ensemble) after its
-    /// start, too close to the 2 s sessions of the suite: an outage would expire the sessions
-    /// of the store's own tools. `tests/faults.rs` takes servers away instead (`server_paused`,
-    /// `leader_killed`), with sessions sized for it.
-    fn can_fail(&self) -> Result<(), &'static str> {
-        Err(
-            "a ZooKeeper restart outlasts the suite's 2 s sessions; see lock-zookeeper's fault cases",
-        )
+    /// Stops the standalone server, or every node of the ensemble. Their data stays on disk;
+    /// sessions may expire while they are down (the store's own tools open new ones).
+    async fn begin_outage(&self) -> Result<(), LockError> {
+        self.services.stop(self.instances).await
     }
 
-    /// The negotiated session timeout (the TTL of every lease).
+    async fn end_outage(&self) -> Result<(), LockError> {
+        self.services.start_together(self.instances).await
+    }
+
+    fn can_fail(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+
+    /// The TTL of every lease: the negotiated session timeout less half a server tick.
     fn ttl(&self) -> Duration {
-        self.admin.session_timeout()
+        self.config.lease_ttl(self.session_timeout)
+    }
+
+    /// The session timeout: the server deletes a dead holder's node when its session expires.
+    fn abandoned_hold_lasts(&self) -> Duration {
+        self.session_timeout
     }
 }

@@ -45,6 +45,11 @@ use crate::{
 ///   server whose clock runs ahead made it). Use persistence (`appendonly yes`,
 ///   `appendfsync always`) and synchronized clocks where fencing must hold, or a backend whose
 ///   capabilities say `Strict`.
+/// - **Mutual exclusion across a restart** (`Failover::Quorum`) needs what the Redlock
+///   algorithm asks of operators: a server restarted without persistence has forgotten the
+///   locks it granted, so it must stay down for at least the longest TTL in use before it
+///   rejoins (a *delayed restart*). Otherwise a majority made of it and the servers that never
+///   granted can grant a lock that is still held elsewhere.
 /// - Waiting is by randomized retries (capabilities say `Poll`).
 #[derive(Debug, Clone)]
 pub struct RedlockBackend {

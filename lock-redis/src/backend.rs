@@ -18,7 +18,7 @@ use crate::{
     error::classify,
     keys::RedisKeys as Keys,
     ops::{self, Try},
-    scripts::Mark,
+    scripts::{self, Mark},
     waiters::{Waiters, WakeUp},
 };
 
@@ -187,6 +187,10 @@ struct Busy {
     queued: bool,
 }
 
+/// When a waiter named second in line by a release tries, if no release reached it before:
+/// once the first one's turn ([`scripts::HANDOFF_MS`]) is over.
+const SECOND_STEPS_IN: Duration = Duration::from_millis(scripts::HANDOFF_MS + 5);
+
 /// How long a waiter's place outlives its budget (a waiter that gives up takes it out at
 /// once; one that dies loses it this much later, or as soon as its turn comes and it does not).
 const PLACE_GRACE: Duration = Duration::from_secs(1);
@@ -276,7 +280,7 @@ impl LockBackend for RedisBackend {
             token: &token,
             served: false,
         };
-        let registration = self.inner.waiters.register(&keys.channel);
+        let registration = self.inner.waiters.register(&keys.channel, token.as_str());
         let mut fallback = request.backoff().delays();
         // Declared after the registration, so dropped before it.
         let mut woken: Option<WakeUp<'_>> = None;
@@ -339,9 +343,18 @@ impl LockBackend for RedisBackend {
             if !push {
                 until = until.min(now + step);
             }
-            tokio::select! {
-                () = notified => woken = Some(registration.took_wake_up()),
-                () = tokio::time::sleep_until(until.min(deadline).into()) => {}
+            // Woken when the turn is ours (or nobody queues); when a release names this
+            // waiter second in line, it steps in once the first one's turn is over.
+            loop {
+                let second = registration.second().notified();
+                tokio::select! {
+                    () = notified.as_mut() => {
+                        woken = Some(registration.took_wake_up());
+                        break;
+                    }
+                    () = tokio::time::sleep_until(until.min(deadline).into()) => break,
+                    () = second => until = until.min(Instant::now() + SECOND_STEPS_IN),
+                }
             }
             holder_left = None;
         }

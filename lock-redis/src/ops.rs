@@ -288,8 +288,11 @@ pub(crate) async fn release<C: ConnectionLike + Send>(
     let released: i64 = scripts::RELEASE
         .key(&keys.lock)
         .key(&keys.waiters)
+        .key(&keys.queue)
+        .key(&keys.places)
         .arg(token.as_str())
         .arg(&keys.channel)
+        .arg(scripts::HANDOFF_MS)
         .invoke_async(conn)
         .await
         .map_err(|e| classify("release", e))?;

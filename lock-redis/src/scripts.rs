@@ -165,12 +165,31 @@ pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 /// Release: delete only if the key holds our token; if the waiter mark (`KEYS[2]`) is there,
 /// delete it too and publish the release. Returns 1 or 0. Without waiters nothing is
 /// published: on a cluster a `PUBLISH` goes to every node.
+///
+/// When waiters queue (`KEYS[3]`, places in `KEYS[4]`), the message names the first two:
+/// `"<first> <second>"`. Only the client of the first wakes a waiter (the one whose turn it is:
+/// no herd of retries per release), and the first's turn starts now: it keeps its place for
+/// at most `ARGV[3]` ms more. The client of the second retries when that turn ends, unless
+/// another release reaches it first, so a first waiter that died or is paused stalls the lock
+/// for one turn. With nobody queued the message is `1`: every client wakes one waiter.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+redis.replicate_commands()
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if redis.call('DEL', KEYS[2]) == 1 then redis.call('PUBLISH', ARGV[2], '1') end
+if redis.call('DEL', KEYS[2]) == 1 then
+  local next = redis.call('ZRANGE', KEYS[3], 0, 1)
+  local message = '1'
+  if next[1] then
+    local t = redis.call('TIME')
+    local turn_end = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
+    local kept = redis.call('ZSCORE', KEYS[4], next[1])
+    if kept and tonumber(kept) > turn_end then redis.call('ZADD', KEYS[4], 'XX', turn_end, next[1]) end
+    message = table.concat(next, ' ')
+  end
+  redis.call('PUBLISH', ARGV[2], message)
+end
 return 1
 ",
     )

@@ -60,6 +60,12 @@ type Pending = Shared<BoxFuture<'static, Result<(), String>>>;
 
 struct Channel {
     notify: Arc<Notify>,
+    /// Woken when a release names one of this client's waiters second in line: it retries
+    /// when the first one's turn ends, unless woken before.
+    second: Arc<Notify>,
+    /// The owner tokens of this client's waiters on the channel (a release names the first
+    /// two waiters of the queue by token).
+    tokens: HashSet<String>,
     users: usize,
     /// The subscription under way for this channel, shared by its waiters, so a waiter that
     /// loops while the connection does not answer does not queue one more per turn.
@@ -90,25 +96,31 @@ impl Waiters {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers interest in `channel`; the registration subscribes on the shared connection.
-    pub(crate) fn register(self: &Arc<Self>, channel: &str) -> Registration {
-        let notify = {
+    /// Registers the waiter whose owner token is `token` on `channel`; the registration
+    /// subscribes on the shared connection.
+    pub(crate) fn register(self: &Arc<Self>, channel: &str, token: &str) -> Registration {
+        let (notify, second) = {
             let mut state = self.state();
             let entry = state
                 .channels
                 .entry(channel.to_owned())
                 .or_insert_with(|| Channel {
                     notify: Arc::new(Notify::new()),
+                    second: Arc::new(Notify::new()),
+                    tokens: HashSet::new(),
                     users: 0,
                     pending: None,
                 });
             entry.users += 1;
-            entry.notify.clone()
+            entry.tokens.insert(token.to_owned());
+            (entry.notify.clone(), entry.second.clone())
         };
         Registration {
             waiters: self.clone(),
             channel: channel.to_owned(),
+            token: token.to_owned(),
             notify,
+            second,
         }
     }
 
@@ -199,16 +211,20 @@ impl Waiters {
                 let Some(waiters) = waiters.upgrade() else {
                     return;
                 };
-                let notify = waiters
+                let payload: String = message.get_payload().unwrap_or_default();
+                let wake = waiters
                     .state()
                     .channels
                     .get(message.get_channel_name())
-                    .map(|c| c.notify.clone());
-                // One waiter per release: it tries, and if another client won it waits for
-                // the next release. (A woken waiter dropped before its retry answered passes
-                // the wake-up on: see `WakeUp`.)
-                if let Some(notify) = notify {
-                    notify.notify_one();
+                    .and_then(|c| wake_for(c, &payload));
+                // One waiter per release: the first in line if it is one of ours (a sibling
+                // that is not passes the wake-up on), or, with nobody queued, one of ours to
+                // try. (A woken waiter dropped before its retry answered passes the wake-up
+                // on: see `WakeUp`.) The second in line only learns when to step in.
+                match wake {
+                    Some(Wake::First(notify)) => notify.notify_one(),
+                    Some(Wake::Second(second)) => second.notify_waiters(),
+                    None => {}
                 }
             }
             tracing::debug!("redis pub/sub connection ended; waiters fall back to retries");
@@ -246,10 +262,11 @@ impl Waiters {
         }
     }
 
-    fn leave(self: &Arc<Self>, channel: &str) {
+    fn leave(self: &Arc<Self>, channel: &str, token: &str) {
         let last = {
             let mut state = self.state();
             let last = state.channels.get_mut(channel).is_some_and(|c| {
+                c.tokens.remove(token);
                 c.users -= 1;
                 c.users == 0
             });
@@ -285,12 +302,35 @@ impl Waiters {
     }
 }
 
+/// What one release message asks of this client.
+enum Wake {
+    /// Wake one waiter: the first in line is ours, or nobody queues.
+    First(Arc<Notify>),
+    /// Our waiter is second in line: it steps in if the first does not take its turn.
+    Second(Arc<Notify>),
+}
+
+/// What a release message `payload` (see `scripts::RELEASE`) asks of `channel`'s waiters.
+fn wake_for(channel: &Channel, payload: &str) -> Option<Wake> {
+    let mut named = payload.split(' ');
+    let first = named.next().unwrap_or_default();
+    if first == "1" || channel.tokens.contains(first) {
+        return Some(Wake::First(channel.notify.clone()));
+    }
+    named
+        .next()
+        .filter(|second| channel.tokens.contains(*second))
+        .map(|_| Wake::Second(channel.second.clone()))
+}
+
 /// A waiter's interest in one channel; dropping it unsubscribes when it was the last.
 #[derive(Debug)]
 pub(crate) struct Registration {
     waiters: Arc<Waiters>,
     channel: String,
+    token: String,
     notify: Arc<Notify>,
+    second: Arc<Notify>,
 }
 
 impl Registration {
@@ -334,15 +374,21 @@ impl Registration {
         }
     }
 
-    /// The notifier woken on every release message of the channel.
+    /// The notifier woken on a release message whose turn is one of this client's waiters.
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify
+    }
+
+    /// The notifier woken on a release message that names one of this client's waiters second
+    /// in line.
+    pub(crate) fn second(&self) -> &Notify {
+        &self.second
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.waiters.leave(&self.channel);
+        self.waiters.leave(&self.channel, &self.token);
     }
 }
 

@@ -611,12 +611,17 @@ async fn releases_publish_only_for_waiters() -> Outcome {
         }
     });
     until_marked(&mut conn, &keys, "the waiter").await?;
+    // The message names the waiters in line (here the one), so only its client wakes.
+    let queued: Vec<String> = conn
+        .zrange(&keys.queue, 0, -1)
+        .await
+        .map_err(fail("ZRANGE queue"))?;
     let released = Instant::now();
     guard.release().await.map_err(fail("release"))?;
     let published = next_message().await?;
     ensure!(
-        published == "1",
-        "the release with a waiter published {published:?}"
+        queued.len() == 1 && published == queued[0],
+        "the release with one waiter queued ({queued:?}) published {published:?}, not that waiter's token"
     );
     let next = waiter
         .await
@@ -796,6 +801,9 @@ fn main() -> ExitCode {
     conformance_tests::Cases::<Failure>::new("redis faults")
         .case("a_dead_waiter_stalls_the_lock_briefly", || {
             Box::pin(queue::a_dead_waiter_stalls_the_lock_briefly())
+        })
+        .case("a_release_to_a_dead_waiter_reaches_the_next", || {
+            Box::pin(queue::a_release_to_a_dead_waiter_reaches_the_next())
         })
         .case("lost_release_message_strands_no_waiter", || {
             Box::pin(lost_release_message_strands_no_waiter())

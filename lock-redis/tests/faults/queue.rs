@@ -7,7 +7,7 @@ use lock_core::{Holder, LockOptions};
 use lock_redis::RedisKeys;
 use redis::AsyncCommands;
 
-use super::{Outcome, fail, name, raw_conn, single_client, var};
+use super::{Outcome, fail, name, raw_conn, single_client, until_marked, var};
 
 /// A waiter that died at the head of the queue (planted: a place that would last a minute)
 /// holds a free lock back for at most the hand-off window (100 ms), not for its whole place:
@@ -58,6 +58,75 @@ pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
         "the dead waiter kept its place: {left:?}"
     );
     guard.release().await.map_err(fail("release"))?;
+    let _: () = raw
+        .del(&[&keys.queue, &keys.places, &keys.fence])
+        .await
+        .map_err(fail("clean-up"))?;
+    Ok(())
+}
+
+/// A release names the first two waiters in line and wakes only the first. When the first one
+/// is dead (planted ahead of a live waiter), the second steps in once the first one's turn is
+/// over, instead of sleeping until its own retry (the holder's TTL): the lock is taken soon
+/// after the release, and the dead place is gone.
+pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let name = name("dead-first")?;
+    let keys = RedisKeys::new("faults", &name);
+    let mut raw = raw_conn(&url).await?;
+    let holder = single_client(&url).await?;
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = holder
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(fail("first acquire"))?;
+    let dead = "0123456789abcdef0123456789abcdef";
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(fail("clock"))?
+        .as_millis();
+    let _: () = raw
+        .zadd(&keys.queue, dead, 1)
+        .await
+        .map_err(fail("ZADD queue"))?;
+    let _: () = raw
+        .zadd(
+            &keys.places,
+            dead,
+            u64::try_from(now_ms).unwrap_or(0) + 60_000,
+        )
+        .await
+        .map_err(fail("ZADD places"))?;
+    let waiter = single_client(&url).await?;
+    let waiting = tokio::spawn({
+        let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(10)));
+        async move {
+            let guard = waiter.acquire(&Holder::new(), &name, &options).await?;
+            let got = Instant::now();
+            guard.release().await?;
+            Ok::<_, lock_core::LockError>(got)
+        }
+    });
+    until_marked(&mut raw, &keys, "the waiter").await?;
+    let released = Instant::now();
+    held.release().await.map_err(fail("release"))?;
+    let got = waiting
+        .await
+        .map_err(fail("the waiter panicked"))?
+        .map_err(fail("the waiter"))?;
+    let took = got.saturating_duration_since(released);
+    ensure!(
+        took <= Duration::from_millis(600),
+        "the waiter behind a dead first waiter got the lock {took:?} after the release (the first one's turn lasts 100 ms)"
+    );
+    let left: Vec<String> = raw
+        .zrange(&keys.queue, 0, -1)
+        .await
+        .map_err(fail("ZRANGE queue"))?;
+    ensure!(
+        !left.iter().any(|id| id == dead),
+        "the dead waiter kept its place: {left:?}"
+    );
     let _: () = raw
         .del(&[&keys.queue, &keys.places, &keys.fence])
         .await

@@ -9,14 +9,12 @@ use redis::AsyncCommands;
 
 use super::{Outcome, fail, name, raw_conn, single_client, until_marked, var};
 
-/// A waiter that died at the head of the queue (planted: a place that would last a minute)
-/// holds a free lock back for at most the hand-off window (100 ms), not for its whole place:
-/// the next acquisition is granted soon after, and the dead place is gone.
-pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
-    let name = name("dead-waiter")?;
-    let keys = RedisKeys::new("faults", &name);
-    let mut raw = raw_conn(&url).await?;
+/// Plants a waiter that died at the head of `keys`' queue, with a place that would last a
+/// minute; returns its token.
+async fn plant_dead_waiter(
+    raw: &mut redis::aio::MultiplexedConnection,
+    keys: &RedisKeys,
+) -> Result<&'static str, conformance_tests::Failure> {
     let dead = "0123456789abcdef0123456789abcdef";
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -34,6 +32,18 @@ pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
         )
         .await
         .map_err(fail("ZADD places"))?;
+    Ok(dead)
+}
+
+/// A waiter that died at the head of the queue (planted: a place that would last a minute)
+/// holds a free lock back for at most the hand-off window (100 ms), not for its whole place:
+/// the next acquisition is granted soon after, and the dead place is gone.
+pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
+    let url = var("LOCK_TEST_REDIS_URL")?;
+    let name = name("dead-waiter")?;
+    let keys = RedisKeys::new("faults", &name);
+    let mut raw = raw_conn(&url).await?;
+    let dead = plant_dead_waiter(&mut raw, &keys).await?;
     let client = single_client(&url).await?;
     let start = Instant::now();
     let guard = client
@@ -80,23 +90,7 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
         .acquire(&Holder::new(), &name, &options)
         .await
         .map_err(fail("first acquire"))?;
-    let dead = "0123456789abcdef0123456789abcdef";
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(fail("clock"))?
-        .as_millis();
-    let _: () = raw
-        .zadd(&keys.queue, dead, 1)
-        .await
-        .map_err(fail("ZADD queue"))?;
-    let _: () = raw
-        .zadd(
-            &keys.places,
-            dead,
-            u64::try_from(now_ms).unwrap_or(0) + 60_000,
-        )
-        .await
-        .map_err(fail("ZADD places"))?;
+    let dead = plant_dead_waiter(&mut raw, &keys).await?;
     let waiter = single_client(&url).await?;
     let waiting = tokio::spawn({
         let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(10)));

@@ -175,20 +175,23 @@ pub(crate) fn park_batch(table: &TableName, name: &[u8], token: &[u8], park: Dur
 }
 
 /// The release when nobody queues: one prepared statement that frees the lease only if it is
-/// current and no live place of another caller exists (placeholders: name, token, fence,
-/// name, token); else nothing changes and [`release_batch`] runs.
+/// current and no live place exists (placeholders: name, token, fence, name); else nothing
+/// changes and [`release_batch`] runs. A place of the releasing holder counts too: it queued
+/// before its grant and takes its place out in the background, so the place may outlive the
+/// hold, and a newcomer would find it ahead of itself; [`release_batch`] takes it out.
 pub(crate) fn release_alone(table: &TableName) -> String {
     format!(
         "UPDATE {} SET token = NULL, expires_at = NULL, fence = LAST_INSERT_ID(fence) \
          WHERE name = ? AND {} AND NOT EXISTS (SELECT 1 FROM {} q \
-         WHERE q.name = ? AND q.until_at > NOW(6) AND q.token <> ?)",
+         WHERE q.name = ? AND q.until_at > NOW(6))",
         table.quoted(),
         crate::lock_row::lease_current("?", "?"),
         table.queue().quoted()
     )
 }
 
-/// Release with hand-off: if the lease of `token` with `fence` is current, give it to the
+/// Release with hand-off: take the releasing holder's own place out (see [`release_alone`]);
+/// if the lease of `token` with `fence` is current, give it to the
 /// first live waiter (its token, the fence plus one, its turn), or free it if nobody waits;
 /// cut that waiter's place to its turn; then wake it with `KILL QUERY` on the connection it
 /// parked on. Answers `'released'` with the number of rows released (0 or 1) and the fence
@@ -203,6 +206,7 @@ pub(crate) fn release_batch(table: &TableName, name: &[u8], token: &[u8], fence:
     let give = "(@lm_next IS NOT NULL AND fence < 18446744073709551615)";
     format!(
         "SET @lm_next = NULL, @lm_turn = NULL, @lm_conn = NULL, @lm_id = LAST_INSERT_ID(0); \
+         DELETE FROM {q} WHERE name = {n} AND token = {k}; \
          SELECT token, turn_us INTO @lm_next, @lm_turn FROM {q} \
          WHERE name = {n} AND until_at > NOW(6) AND token <> {k} ORDER BY arrived_at, token LIMIT 1; \
          UPDATE {t} SET token = IF({give}, @lm_next, NULL), \
@@ -242,5 +246,12 @@ mod tests {
     fn the_condition_has_four_placeholders() {
         let q = TableName::new("t").unwrap().queue();
         assert_eq!(allowed(&q).matches('?').count(), 4);
+    }
+
+    #[test]
+    fn the_lone_release_has_four_placeholders() {
+        // name, token, fence (the lease is current), name (no live place).
+        let t = TableName::new("t").unwrap();
+        assert_eq!(release_alone(&t).matches('?').count(), 4);
     }
 }

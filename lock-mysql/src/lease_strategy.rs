@@ -306,9 +306,10 @@ impl LeaseStrategy {
     }
 
     /// Takes the place of `token` out of the queue: in the background after a grant (the
-    /// grant need not wait for it; until it is gone the place only stands first in line for
-    /// nobody, while the lease is held), else before answering. A place that cannot be
-    /// deleted lapses.
+    /// grant need not wait for it: while the lease is held the place stands in nobody's way,
+    /// and a release that comes first takes it out itself, see
+    /// [`lease_queue::release_alone`]), else before answering. A place that cannot be deleted
+    /// lapses.
     async fn leave(&self, name: &LockName, token: &LeaseToken, granted: bool) {
         let pool = self.pool.clone();
         let sql = if granted {
@@ -719,8 +720,7 @@ impl LeaseStrategy {
                     .bind(name.as_str().as_bytes())
                     .bind(lease.token().as_str().as_bytes())
                     .bind(lease.fence().get())
-                    .bind(name.as_str().as_bytes())
-                    .bind(lease.token().as_str().as_bytes());
+                    .bind(name.as_str().as_bytes());
                 execute_within(&self.pool, until, query)
             })
         };

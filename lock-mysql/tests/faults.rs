@@ -64,6 +64,9 @@ fn main() -> ExitCode {
         .case("lease/a_dead_waiter_stalls_the_lease_briefly", || {
             Box::pin(lease_dead_waiter())
         })
+        .case("lease/own_place_blocks_nobody_after_release", || {
+            Box::pin(lease_own_place_after_release())
+        })
         .case("lease/renewal_batch_deadlock_is_retried", || {
             Box::pin(lease_deadlock_retried())
         })
@@ -198,8 +201,6 @@ async fn until_no_statement(name: &LockName) -> Outcome {
     .await
 }
 
-/// Row lock: killing the holder's connection rolls its transaction back: the waiter queued in
-/// InnoDB gets the lock at once, with a larger fence, and the holder's `lost()` fires.
 /// A waiter that died while first in line (a place planted for a minute, with a turn of
 /// 300 ms) gets the lease handed to it at the release, and stalls the next waiter only for
 /// its turn: the next waiter is served after the turn, not before (the order held) and not
@@ -211,18 +212,7 @@ async fn lease_dead_waiter() -> Outcome {
     let name = name("dead-waiter")?;
     let long = LockOptions::new().ttl(Duration::from_secs(30));
     let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
-    let queue = format!("`{}_queue`", store.config().table().as_str());
-    let plant = format!(
-        "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
-         VALUES (X'{}', '{}', NOW(6) - INTERVAL 1 SECOND, NOW(6) + INTERVAL 1 MINUTE, {})",
-        hex(name.as_str()),
-        "0123456789abcdef0123456789abcdef",
-        TURN.as_micros()
-    );
-    sqlx::raw_sql(AssertSqlSafe(plant))
-        .execute(store.admin())
-        .await
-        .map_err(|e| Failure(format!("planting a place: {e}")))?;
+    plant_place(&store, &name, "0123456789abcdef0123456789abcdef", TURN).await?;
     let waiter = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(10)));
     until_waiting(&name).await?;
     let released = Instant::now();
@@ -251,6 +241,54 @@ async fn lease_dead_waiter() -> Outcome {
     Ok(())
 }
 
+/// Plants a place in `name`'s waiters' queue for `token`, arrived a second ago and kept for a
+/// minute, with a turn of `turn`.
+async fn plant_place(store: &MySqlStore, name: &LockName, token: &str, turn: Duration) -> Outcome {
+    let queue = format!("`{}_queue`", store.config().table().as_str());
+    let plant = format!(
+        "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
+         VALUES (X'{}', '{token}', NOW(6) - INTERVAL 1 SECOND, NOW(6) + INTERVAL 1 MINUTE, {})",
+        hex(name.as_str()),
+        turn.as_micros()
+    );
+    sqlx::raw_sql(AssertSqlSafe(plant))
+        .execute(store.admin())
+        .await
+        .map_err(|e| Failure(format!("planting a place: {e}")))?;
+    Ok(())
+}
+
+/// A holder that queued before its grant takes its place out in the background; its release
+/// may land first. The place must then stop no one: after the release a newcomer's single
+/// try gets the lease (the holder's own place is planted, as if its removal were late).
+async fn lease_own_place_after_release() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let name = name("own-place")?;
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = a
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(err)?;
+    let token = held.lease().token().as_str().to_owned();
+    plant_place(&store, &name, &token, Duration::from_millis(300)).await?;
+    held.release().await.map_err(err)?;
+    let next = b
+        .try_acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(err)?;
+    ensure!(
+        next.is_some(),
+        "after its holder released it, a single try found the lease busy: the released holder's own place in the queue stood in the way"
+    );
+    if let Some(next) = next {
+        next.release().await.map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Row lock: killing the holder's connection rolls its transaction back: the waiter queued in
+/// InnoDB gets the lock at once, with a larger fence, and the holder's `lost()` fires.
 async fn row_lock_kill_holder() -> Outcome {
     let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);

@@ -63,10 +63,9 @@ struct Channel {
     /// Woken when a release names one of this client's waiters second in line: it retries
     /// when the first one's turn ends, unless woken before.
     second: Arc<Notify>,
-    /// The owner tokens of this client's waiters on the channel (a release names the first
-    /// two waiters of the queue by token).
+    /// The owner tokens of this client's waiters on the channel, one per waiter (a release
+    /// names the first two waiters of the queue by token).
     tokens: HashSet<String>,
-    users: usize,
     /// The subscription under way for this channel, shared by its waiters, so a waiter that
     /// loops while the connection does not answer does not queue one more per turn.
     pending: Option<Pending>,
@@ -108,10 +107,8 @@ impl Waiters {
                     notify: Arc::new(Notify::new()),
                     second: Arc::new(Notify::new()),
                     tokens: HashSet::new(),
-                    users: 0,
                     pending: None,
                 });
-            entry.users += 1;
             entry.tokens.insert(token.to_owned());
             (entry.notify.clone(), entry.second.clone())
         };
@@ -267,8 +264,7 @@ impl Waiters {
             let mut state = self.state();
             let last = state.channels.get_mut(channel).is_some_and(|c| {
                 c.tokens.remove(token);
-                c.users -= 1;
-                c.users == 0
+                c.tokens.is_empty()
             });
             if last {
                 state.channels.remove(channel);
@@ -362,7 +358,7 @@ impl Registration {
             .state()
             .channels
             .get(&self.channel)
-            .is_some_and(|c| c.users > 1)
+            .is_some_and(|c| c.tokens.len() > 1)
     }
 
     /// Holds a wake-up this waiter took from [`notify`](Self::notify) until its retry has

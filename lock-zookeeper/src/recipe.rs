@@ -75,46 +75,17 @@ pub(crate) async fn acquire(
 ) -> Result<Granted, LockError> {
     let mut reconnects = 0;
     loop {
-        // A session is opened within the budget (a server that refuses connections fails at
-        // once), and a session whose connection is down now is not used: requests on it would
-        // wait for the connection to come back, past the budget.
-        let live = match tokio::time::timeout_at(request.deadline().into(), sessions.live()).await {
-            Ok(live) => live,
-            Err(_) => Err(LockError::Unavailable {
-                message: format!(
-                    "no ZooKeeper session could be established within the wait budget of {:?}",
-                    request.wait()
-                ),
-                source: None,
-            }),
-        };
-        let live = live.and_then(|conn| {
-            if conn.state() == zk::SessionState::Disconnected {
-                Err(LockError::Unavailable {
-                    message: format!(
-                        "disconnected from ZooKeeper at `{}`; the client is reconnecting",
-                        sessions.config().hosts
-                    ),
-                    source: None,
-                })
-            } else {
-                Ok(conn)
-            }
-        });
-        let conn = match live {
+        let conn = match usable_session(sessions, request).await {
             Ok(conn) => conn,
             // No usable session now; the budget allows waiting for the ensemble to come back.
             Err(error) => {
                 let pause = RECONNECT_PAUSE * (1 << reconnects.min(4));
-                if Instant::now() >= request.deadline() {
-                    return Err(error);
-                }
-                tracing::debug!(lock = %request.name(), %error, "no ZooKeeper session; trying again");
                 reconnects += 1;
                 sleep_until((Instant::now() + pause).min(request.deadline()).into()).await;
                 if Instant::now() >= request.deadline() {
                     return Err(error);
                 }
+                tracing::debug!(lock = %request.name(), %error, "no ZooKeeper session; trying again");
                 continue;
             }
         };
@@ -175,6 +146,34 @@ pub(crate) async fn acquire(
             }
         }
     }
+}
+
+/// The live session, opened within the wait budget (a server that refuses connections fails
+/// at once), unless its connection is down now: requests on it would wait for the connection
+/// to come back, past the budget.
+async fn usable_session(
+    sessions: &Sessions,
+    request: &AcquireRequest,
+) -> Result<Arc<Conn>, LockError> {
+    let unavailable = |message: String| LockError::Unavailable {
+        message,
+        source: None,
+    };
+    let conn = tokio::time::timeout_at(request.deadline().into(), sessions.live())
+        .await
+        .map_err(|_| {
+            unavailable(format!(
+                "no ZooKeeper session could be established within the wait budget of {:?}",
+                request.wait()
+            ))
+        })??;
+    if conn.state() == zk::SessionState::Disconnected {
+        return Err(unavailable(format!(
+            "disconnected from ZooKeeper at `{}`; the client is reconnecting",
+            sessions.config().hosts
+        )));
+    }
+    Ok(conn)
 }
 
 /// Resolves once the wait budget is over while the session's connection is down: requests on

@@ -130,14 +130,7 @@ where
 /// two ticks).
 async fn leader_touch_lag_left_out() -> Outcome {
     let servers = Server::ensemble()?;
-    let mut follower = None;
-    for server in &servers {
-        if server.mode().await.as_deref() == Some("follower") {
-            follower = Some(server);
-            break;
-        }
-    }
-    let follower = follower.ok_or_else(|| Failure("no follower in the ensemble".into()))?;
+    let follower = &servers[follower_of(&servers).await?];
     let conf = follower
         .four_letters("conf")
         .await
@@ -173,6 +166,16 @@ async fn leader_touch_lag_left_out() -> Outcome {
 
 // ---------------------------------------------------------------------------------------------
 // Servers: where they are, their mode, stopping and pausing them (undone on drop).
+
+/// The index of a server of `servers` that is a follower now.
+async fn follower_of(servers: &[Server]) -> Result<usize, Failure> {
+    for (i, server) in servers.iter().enumerate() {
+        if server.mode().await.as_deref() == Some("follower") {
+            return Ok(i);
+        }
+    }
+    Err(Failure("no follower in the ensemble".into()))
+}
 
 /// One server of `cargo xtask services`: its directory and client port.
 #[derive(Debug, Clone)]
@@ -1077,14 +1080,7 @@ async fn missing_root() -> Outcome {
 /// leader may expire the session; so no renewal may succeed then.
 async fn follower_cut_off() -> Outcome {
     let servers = Server::ensemble()?;
-    let mut follower = None;
-    for (i, server) in servers.iter().enumerate() {
-        if server.mode().await.as_deref() == Some("follower") {
-            follower = Some(i);
-            break;
-        }
-    }
-    let follower = follower.ok_or_else(|| Failure("no follower in the ensemble".into()))?;
+    let follower = follower_of(&servers).await?;
     let config = ZkConfig::new(format!("127.0.0.1:{}", servers[follower].port))
         .session_timeout(Duration::from_secs(6));
     let (client, _backend) = client(&config).await?;

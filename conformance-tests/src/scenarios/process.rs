@@ -58,11 +58,15 @@ pub(crate) async fn killed_holder_process_loses_lock(ctx: Ctx) -> Outcome {
         .await
         .map_err(|e| Failure(format!("cannot SIGKILL the holder process: {e}")))?;
     let killed = Instant::now();
+    let lasts = ctx.abandoned_hold_lasts();
     let guard = client
-        .acquire(&Holder::new(), &name, &ctx.options(ttl * 3 + ctx.margin()))
+        .acquire(
+            &Holder::new(),
+            &name,
+            &ctx.options(lasts * 3 + ctx.margin()),
+        )
         .await?;
     let took = killed.elapsed();
-    let lasts = ctx.abandoned_hold_lasts();
     ensure!(
         took <= lasts + ctx.margin(),
         "the lock was free only {took:?} after its holder was killed (the store keeps a dead holder's hold {lasts:?})"

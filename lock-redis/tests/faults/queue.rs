@@ -35,6 +35,28 @@ async fn plant_dead_waiter(
     Ok(dead)
 }
 
+/// Checks that the planted `dead` waiter lost its place, then removes the name's queue and
+/// fence keys.
+async fn dead_place_gone(
+    raw: &mut redis::aio::MultiplexedConnection,
+    keys: &RedisKeys,
+    dead: &str,
+) -> Outcome {
+    let left: Vec<String> = raw
+        .zrange(&keys.queue, 0, -1)
+        .await
+        .map_err(fail("ZRANGE queue"))?;
+    ensure!(
+        !left.iter().any(|id| id == dead),
+        "the dead waiter kept its place: {left:?}"
+    );
+    let _: () = raw
+        .del(&[&keys.queue, &keys.places, &keys.fence])
+        .await
+        .map_err(fail("clean-up"))?;
+    Ok(())
+}
+
 /// A waiter that died at the head of the queue (planted: a place that would last a minute)
 /// holds a free lock back for at most the hand-off window (100 ms), not for its whole place:
 /// the next acquisition is granted soon after, and the dead place is gone.
@@ -59,20 +81,8 @@ pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
         took <= Duration::from_millis(600),
         "a dead waiter held a free lock back for {took:?} (its turn lasts 100 ms)"
     );
-    let left: Vec<String> = raw
-        .zrange(&keys.queue, 0, -1)
-        .await
-        .map_err(fail("ZRANGE queue"))?;
-    ensure!(
-        !left.iter().any(|id| id == dead),
-        "the dead waiter kept its place: {left:?}"
-    );
     guard.release().await.map_err(fail("release"))?;
-    let _: () = raw
-        .del(&[&keys.queue, &keys.places, &keys.fence])
-        .await
-        .map_err(fail("clean-up"))?;
-    Ok(())
+    dead_place_gone(&mut raw, &keys, dead).await
 }
 
 /// A release names the first two waiters in line and wakes only the first. When the first one
@@ -113,17 +123,5 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
         took <= Duration::from_millis(600),
         "the waiter behind a dead first waiter got the lock {took:?} after the release (the first one's turn lasts 100 ms)"
     );
-    let left: Vec<String> = raw
-        .zrange(&keys.queue, 0, -1)
-        .await
-        .map_err(fail("ZRANGE queue"))?;
-    ensure!(
-        !left.iter().any(|id| id == dead),
-        "the dead waiter kept its place: {left:?}"
-    );
-    let _: () = raw
-        .del(&[&keys.queue, &keys.places, &keys.fence])
-        .await
-        .map_err(fail("clean-up"))?;
-    Ok(())
+    dead_place_gone(&mut raw, &keys, dead).await
 }

@@ -230,6 +230,15 @@ pub(crate) fn outages(ctx: &Ctx) -> Applies {
     }
 }
 
+/// Applies to stores that declare that no waiter starves ([`lock_core::WaitOrder::Fifo`] or
+/// [`lock_core::WaitOrder::Fair`]).
+pub(crate) fn starvation_free(ctx: &Ctx) -> Applies {
+    match ctx.caps.order {
+        lock_core::WaitOrder::None => Applies::No("no wait order declared"),
+        _ => Applies::Yes,
+    }
+}
+
 /// Applies to stores that declare FIFO wait order.
 pub(crate) fn fifo(ctx: &Ctx) -> Applies {
     if ctx.caps.order == lock_core::WaitOrder::Fifo {

@@ -119,7 +119,13 @@ pub enum Wakeup {
 pub enum WaitOrder {
     /// First come, first served.
     Fifo,
-    /// Any waiter may win.
+    /// No waiter is passed over indefinitely: a client that releases and takes the lock again
+    /// goes behind the clients already waiting, but the order among waiters is not exactly
+    /// the order they came in (for example it follows the waiters' own clocks, or the store's
+    /// lock scheduler).
+    Fair,
+    /// Any waiter may win: a waiter can be passed over for as long as others keep taking the
+    /// lock.
     None,
 }
 

@@ -220,7 +220,12 @@ impl LockBackend for MySqlBackend {
                 self.inner.fencing,
                 Expiry::Session,
                 Wakeup::Push,
-                WaitOrder::None,
+                // InnoDB's lock queue: waiters for the row are granted it in the order they
+                // asked (MariaDB schedules first come, first served); a client that commits
+                // and asks again goes behind them. Not declared FIFO: the order is the
+                // server's scheduler's, which MySQL 8 weighs (CATS) and this suite cannot
+                // check here.
+                WaitOrder::Fair,
                 Clock::Server,
             )
             .with_portable_lease(false)

@@ -17,7 +17,7 @@ use crate::{
     connection::{self, Conn},
     error::classify,
     keys::RedisKeys as Keys,
-    ops::{self, Try},
+    ops::{self, Queueing, Try},
     scripts::{self, Mark},
     waiters::{Waiters, WakeUp},
 };
@@ -141,8 +141,7 @@ impl RedisBackend {
             keys,
             token,
             request.ttl(),
-            mark,
-            place,
+            Queueing::single(mark, place),
         )
         .await?;
         match tried {
@@ -168,11 +167,11 @@ impl RedisBackend {
                 }
                 Ok(Ok(Grant::new(lease, sent)))
             }
-            Try::Busy { pttl } => Ok(Err(Busy {
+            Try::Busy { pttl, .. } => Ok(Err(Busy {
                 left: pttl,
                 queued: false,
             })),
-            Try::Queued { turn } => Ok(Err(Busy {
+            Try::Queued { turn, .. } => Ok(Err(Busy {
                 left: Some(turn),
                 queued: true,
             })),

@@ -17,10 +17,57 @@ use crate::{
 pub(crate) enum Try {
     /// Granted with this fence, at this server time (ms since the epoch).
     Granted { fence: u64, server_ms: u64 },
-    /// Held by someone else for this long (when the server said).
-    Busy { pttl: Option<Duration> },
+    /// Held by someone else for this long (when the server said); `rank` is the caller's
+    /// place in the waiters' queue (0 first), if it queues.
+    Busy {
+        pttl: Option<Duration>,
+        rank: Option<u64>,
+    },
     /// Free, but a waiter queued earlier has its turn for this long.
-    Queued { turn: Duration },
+    Queued { turn: Duration, rank: Option<u64> },
+}
+
+/// How a try takes part in the waiters' queue (see [`scripts::ACQUIRE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Queueing {
+    /// When the try marks the lock as waited for.
+    pub(crate) mark: Mark,
+    /// How long a busy try keeps (or takes) the caller's place without another try (zero:
+    /// it does not queue).
+    pub(crate) place: Duration,
+    /// How long the first waiter's turn lasts once the lock is free.
+    pub(crate) turn: Duration,
+    /// The caller's place in line, the same on every server (Redlock); 0: the server's
+    /// clock when it joins.
+    pub(crate) ticket: u64,
+}
+
+impl Queueing {
+    /// A try that does not queue.
+    pub(crate) const NONE: Self = Self {
+        mark: Mark::No,
+        place: Duration::ZERO,
+        turn: Duration::from_millis(scripts::HANDOFF_MS),
+        ticket: 0,
+    };
+
+    /// A single server's waiter: `mark` and `place` as in the fields, the server's turn and
+    /// ticket.
+    pub(crate) fn single(mark: Mark, place: Duration) -> Self {
+        Self {
+            mark,
+            place,
+            ..Self::NONE
+        }
+    }
+}
+
+/// The caller's rank in a reply (`-1`: not queued).
+fn rank_at(reply: &[Value], at: usize) -> Option<u64> {
+    reply
+        .get(at)
+        .and_then(int)
+        .and_then(|r| u64::try_from(r).ok())
 }
 
 pub(crate) fn millis(d: Duration) -> u64 {
@@ -119,17 +166,14 @@ fn check_ours(name: &LockName, keys: &Keys, value: &str, pttl: i64) -> Result<()
     Ok(())
 }
 
-/// One acquisition try; `mark` says when it marks the lock as waited for, and `place` how long
-/// a busy try keeps (or takes) the caller's place in the waiters' queue (zero: it does not
-/// queue; see [`scripts::ACQUIRE`]).
+/// One acquisition try, taking part in the waiters' queue as `queueing` says.
 pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
     conn: &mut C,
     name: &LockName,
     keys: &Keys,
     token: &LeaseToken,
     ttl: Duration,
-    mark: Mark,
-    place: Duration,
+    queueing: Queueing,
 ) -> Result<Try, LockError> {
     let reply: Vec<Value> = scripts::ACQUIRE
         .key(&keys.lock)
@@ -139,10 +183,11 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         .key(&keys.places)
         .arg(token.as_str())
         .arg(millis(ttl))
-        .arg(mark as u8)
+        .arg(queueing.mark as u8)
         .arg(scripts::MARK_MARGIN_MS)
-        .arg(millis(place))
-        .arg(scripts::HANDOFF_MS)
+        .arg(millis(queueing.place))
+        .arg(millis(queueing.turn))
+        .arg(queueing.ticket)
         .invoke_async(conn)
         .await
         .map_err(|e| classify("acquire", e))?;
@@ -166,7 +211,10 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
             let value = reply.get(2).and_then(text).unwrap_or_default();
             check_ours(name, keys, &value, pttl)?;
             let pttl = u64::try_from(pttl).ok().map(Duration::from_millis);
-            Ok(Try::Busy { pttl })
+            Ok(Try::Busy {
+                pttl,
+                rank: rank_at(&reply, 3),
+            })
         }
         Some(2) => Err(reported(name, keys, &reply)),
         Some(3) => {
@@ -177,6 +225,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
                 .ok_or_else(|| unexpected("acquire", &reply))?;
             Ok(Try::Queued {
                 turn: Duration::from_millis(turn),
+                rank: rank_at(&reply, 2),
             })
         }
         _ => Err(unexpected("acquire", &reply)),

@@ -3,14 +3,13 @@
 use std::{
     future::Future,
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use futures::future::join_all;
 use lock_core::{
-    AcquireRequest, Attempt, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease,
-    LeaseToken, LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
-    poll_until_acquired,
+    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
+    LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
 };
 use redis::Value;
 
@@ -19,8 +18,7 @@ use crate::{
     connection::Conn,
     error::timed_out,
     keys::RedisKeys as Keys,
-    ops::{self, Try},
-    scripts::Mark,
+    ops::{self, Queueing, Try},
 };
 
 /// Redlock: a lock is held when a majority (N/2 + 1) of N independent servers granted it
@@ -50,7 +48,16 @@ use crate::{
 ///   locks it granted, so it must stay down for at least the longest TTL in use before it
 ///   rejoins (a *delayed restart*). Otherwise a majority made of it and the servers that never
 ///   granted can grant a lock that is still held elsewhere.
-/// - Waiting is by randomized retries (capabilities say `Poll`).
+/// - **Waiting is in line, by polling** (capabilities say `Poll` and [`WaitOrder::Fair`]). A
+///   waiter whose first vote is refused queues on every server under one ticket, its clock
+///   in µs at that moment, so every server orders the same waiters alike; a lock that is free
+///   is granted only to the first in line on that server, so a majority goes to the oldest
+///   waiter, and a client that releases and votes again goes behind the others. The first
+///   and second in line vote every `backoff.min` (jittered), the ones further back more
+///   slowly, at most every 100 ms. A place lasts 400 ms without another vote, and the first
+///   in line has 400 ms to come once the lock is free: a waiter that died or is paused holds
+///   the lock back for at most that long. The order is the waiters' clocks' order, so
+///   clients whose clocks disagree by `d` can pass each other within `d` (fair, not FIFO).
 #[derive(Debug, Clone)]
 pub struct RedlockBackend {
     inner: Arc<Inner>,
@@ -64,6 +71,98 @@ struct Inner {
 
 /// The answer of one server to one request.
 type Vote<T> = Result<T, LockError>;
+
+/// How long a waiter's place lasts on a server without another try from it, and how long the
+/// first waiter's turn lasts once the lock is free: a waiter that died or is paused holds the
+/// line up for at most this long.
+const PLACE: Duration = Duration::from_millis(400);
+
+/// The longest a queued waiter sleeps between votes: well inside [`PLACE`], so a live waiter
+/// never loses its place or its turn.
+const QUEUED_POLL_MAX: Duration = Duration::from_millis(100);
+
+/// This waiter's place in line: the client's clock in µs when it starts to queue, the same on
+/// every server (see [`crate::scripts::ACQUIRE`]).
+fn ticket() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| {
+        u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+    })
+}
+
+/// What a vote that was not granted heard: how long the holder (or the first waiter's turn)
+/// lasts at least, and this waiter's best place in line.
+#[derive(Debug, Default)]
+struct Wait {
+    holder_left: Option<Duration>,
+    rank: Option<u64>,
+}
+
+impl Wait {
+    fn heard(&mut self, left: Option<Duration>, rank: Option<u64>) {
+        self.holder_left = match (self.holder_left, left) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.rank = match (self.rank, rank) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// How long to wait before the next vote. A queued waiter polls at `base` when first or
+    /// second in line, and `rank` times slower further back (up to [`QUEUED_POLL_MAX`]), so
+    /// the one whose turn comes next notices the release soon while a long queue costs the
+    /// servers little; with jitter, so waiters do not vote in step. A waiter that did not
+    /// queue (no server took its place) backs off by `step`, up to the holder's expiry.
+    fn delay(&self, step: Duration, base: Duration) -> Duration {
+        match self.rank {
+            Some(rank) => {
+                let slower = u32::try_from(rank.max(1)).unwrap_or(u32::MAX);
+                let poll = base.saturating_mul(slower).min(QUEUED_POLL_MAX);
+                poll.mul_f64(rand::random_range(0.75..1.25))
+            }
+            None => self
+                .holder_left
+                .map_or(step, |left| step.min(left + Duration::from_millis(1))),
+        }
+    }
+}
+
+/// A waiter's place in the queues: taken out on every server in the background when the
+/// acquisition ends without the lock (timed out, failed, or dropped); a grant takes it out
+/// on the servers that granted, and the others' copies expire within [`PLACE`].
+struct Queued<'a> {
+    backend: RedlockBackend,
+    keys: &'a Keys,
+    token: &'a LeaseToken,
+    served: bool,
+}
+
+impl Queued<'_> {
+    fn served(mut self) {
+        self.served = true;
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.served {
+            return;
+        }
+        let (backend, keys, token) = (self.backend.clone(), self.keys.clone(), self.token.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let keys = &keys;
+                let token = &token;
+                backend
+                    .everywhere("leave the queue", |mut conn| async move {
+                        ops::leave(&mut conn, keys, token).await
+                    })
+                    .await;
+            });
+        }
+    }
+}
 
 impl RedlockBackend {
     /// Sets up connections to every server (made on first use, so a minority may be down).
@@ -143,32 +242,24 @@ impl RedlockBackend {
         request: &AcquireRequest,
         keys: &Keys,
         token: &LeaseToken,
-    ) -> Result<Attempt, LockError> {
+        queueing: Queueing,
+    ) -> Result<Result<Grant, Wait>, LockError> {
         let (name, ttl) = (request.name(), request.ttl());
         let start = Instant::now();
         let votes = self
             .everywhere("acquire", |mut conn| async move {
-                // Redlock does not queue: its votes are separate servers' answers.
-                ops::try_acquire(&mut conn, name, keys, token, ttl, Mark::No, Duration::ZERO).await
+                ops::try_acquire(&mut conn, name, keys, token, ttl, queueing).await
             })
             .await;
         let mut granted = Vec::new();
-        let mut holder_left: Option<Duration> = None;
+        let mut wait = Wait::default();
         let mut foreign = None;
         let mut failed = 0;
         for (node, vote) in self.inner.nodes.iter().zip(votes) {
             match vote {
                 Ok(Try::Granted { fence, server_ms }) => granted.push((node, fence, server_ms)),
-                // Only a waiter of a single-server backend on the same keys could have queued.
-                Ok(Try::Queued { turn }) => {
-                    holder_left = Some(holder_left.map_or(turn, |left| left.min(turn)));
-                }
-                Ok(Try::Busy { pttl }) => {
-                    holder_left = match (holder_left, pttl) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
+                Ok(Try::Queued { turn, rank }) => wait.heard(Some(turn), rank),
+                Ok(Try::Busy { pttl, rank }) => wait.heard(pttl, rank),
                 Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
                 Err(_) => failed += 1,
             }
@@ -199,7 +290,7 @@ impl RedlockBackend {
             // Checked again after the write-back: a grant past its local deadline is no grant.
             if foreign.is_none() && written >= self.quorum() && Self::validity(ttl, start).is_some()
             {
-                return Ok(Attempt::Acquired(Grant::new(
+                return Ok(Ok(Grant::new(
                     ops::lease(name, token, fence, ttl, server_ms),
                     start,
                 )));
@@ -221,9 +312,7 @@ impl RedlockBackend {
                 source: None,
             });
         }
-        Ok(Attempt::Busy {
-            expires_in: holder_left,
-        })
+        Ok(Err(wait))
     }
 
     /// Judges a renewal vote: granted by a majority in time, else not held or unavailable.
@@ -266,7 +355,7 @@ impl LockBackend for RedlockBackend {
             Fencing::BestEffort,
             Expiry::Ttl,
             Wakeup::Poll,
-            WaitOrder::None,
+            WaitOrder::Fair,
             Clock::Client,
         )
         .with_portable_lease(true)
@@ -276,7 +365,46 @@ impl LockBackend for RedlockBackend {
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let keys = self.keys(request.name());
         let token = LeaseToken::random();
-        poll_until_acquired(request, || self.vote(request, &keys, &token)).await
+        // The uncontended path: one vote that does not queue (but on a free lock with waiters,
+        // it starts the first one's turn and is refused).
+        let queueing = Queueing {
+            turn: PLACE,
+            ..Queueing::NONE
+        };
+        let mut wait = match self.vote(request, &keys, &token, queueing).await? {
+            Ok(grant) => return Ok(grant),
+            Err(wait) => wait,
+        };
+        // From here on every vote keeps this waiter's place, under one ticket on every server.
+        let queueing = Queueing {
+            place: PLACE,
+            ticket: ticket(),
+            ..queueing
+        };
+        let queue = Queued {
+            backend: self.clone(),
+            keys: &keys,
+            token: &token,
+            served: false,
+        };
+        let mut delays = request.backoff().delays();
+        loop {
+            let now = Instant::now();
+            let deadline = request.deadline();
+            if now >= deadline {
+                return Err(request.timeout_error());
+            }
+            let step = delays.next().unwrap_or(request.backoff().max);
+            let delay = wait.delay(step, request.backoff().min);
+            tokio::time::sleep_until((now + delay).min(deadline).into()).await;
+            match self.vote(request, &keys, &token, queueing).await? {
+                Ok(grant) => {
+                    queue.served();
+                    return Ok(grant);
+                }
+                Err(next) => wait = next,
+            }
+        }
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {

@@ -10,8 +10,17 @@ use redis::Script;
 pub(crate) const MAX_FENCE: u64 = 1 << 53;
 
 /// Acquire, in one atomic step. Returns `{1, fence, server_ms}` when granted (the fence as a
-/// decimal string); `{0, pttl, value}` when held; `{2, which, what}` when a key holds
-/// something this library did not write, with nothing written.
+/// decimal string); `{0, pttl, value, rank}` when held; `{3, turn, rank}` when free but the
+/// turn of the first waiter in the queue; `{2, which, what}` when a key holds something this
+/// library did not write, with nothing written. `rank` is the caller's place in the queue
+/// (0 first, -1 not queued).
+///
+/// A waiter queues (`KEYS[4]`, ordered by ticket) when `ARGV[5]` (how long its place lasts
+/// without another try, in ms) is above zero. Its ticket is `ARGV[7]`, or the server time in
+/// µs when that is 0: Redlock passes one ticket, fixed for the whole wait, to every server, so
+/// that every server orders the same waiters alike and a waiter that rejoins (after its place
+/// was taken by a grant it had to give back, or lost with a restart) gets its place back.
+/// `ARGV[6]` is how long the first waiter's turn lasts once the lock is free.
 ///
 /// When the lock is free, the fence counter is checked *before* anything is written: it must
 /// be absent or a decimal `0 <= n < 2^53` with no sign or leading zeros (anything else, of any
@@ -45,11 +54,16 @@ for _, id in ipairs(gone) do
   redis.call('ZREM', KEYS[5], id)
 end
 local place = tonumber(ARGV[5])
+local ticket = tonumber(ARGV[7])
+if ticket == 0 then ticket = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
 local function join()
   if place > 0 then
-    redis.call('ZADD', KEYS[4], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[1])
+    redis.call('ZADD', KEYS[4], 'NX', ticket, ARGV[1])
     redis.call('ZADD', KEYS[5], now + place, ARGV[1])
   end
+end
+local function rank()
+  return redis.call('ZRANK', KEYS[4], ARGV[1]) or -1
 end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then return {{2, 'lock', redis.call('TYPE', KEYS[1]).ok}} end
@@ -57,21 +71,21 @@ if cur then
   local pttl = redis.call('PTTL', KEYS[1])
   join()
   if ARGV[3] ~= '0' and pttl > 0 then mark(pttl + tonumber(ARGV[4])) end
-  return {{0, pttl, cur}}
+  return {{0, pttl, cur, rank()}}
 end
 local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 local kept = first and redis.call('ZSCORE', KEYS[5], first)
 if first and not kept then
   redis.call('ZREM', KEYS[4], first)
   join()
-  return {{3, 0}}
+  return {{3, 0, rank()}}
 end
 if first and first ~= ARGV[1] then
   local turn_end = math.min(tonumber(kept), now + tonumber(ARGV[6]))
   redis.call('ZADD', KEYS[5], 'XX', turn_end, first)
   join()
   if ARGV[3] ~= '0' then mark(turn_end - now + tonumber(ARGV[4])) end
-  return {{3, turn_end - now}}
+  return {{3, turn_end - now, rank()}}
 end
 {counter}
 local fence = string.format('%.0f', math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))

@@ -805,6 +805,9 @@ fn main() -> ExitCode {
         .case("a_release_to_a_dead_waiter_reaches_the_next", || {
             Box::pin(queue::a_release_to_a_dead_waiter_reaches_the_next())
         })
+        .case("redlock_dead_waiter_stalls_the_lock_briefly", || {
+            Box::pin(queue::redlock_dead_waiter_stalls_the_lock_briefly())
+        })
         .case("lost_release_message_strands_no_waiter", || {
             Box::pin(lost_release_message_strands_no_waiter())
         })

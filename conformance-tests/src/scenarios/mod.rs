@@ -18,7 +18,7 @@ mod waiting;
 mod watchdog;
 
 use crate::scenario::{
-    Scenario, always, cross_process, fifo, foreign, outages, portable, ttl_expiry,
+    Scenario, always, cross_process, fifo, foreign, outages, portable, starvation_free, ttl_expiry,
 };
 
 macro_rules! scenario {
@@ -133,8 +133,8 @@ pub fn all() -> Vec<Scenario> {
         ),
         scenario!(
             "waiting/no_client_starves",
-            "5 waiting, WaitOrder",
-            fifo,
+            "5 waiting, WaitOrder::Fifo or Fair",
+            starvation_free,
             waiting::no_client_starves
         ),
         scenario!(

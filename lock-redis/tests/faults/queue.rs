@@ -7,7 +7,9 @@ use lock_core::{Holder, LockOptions};
 use lock_redis::RedisKeys;
 use redis::AsyncCommands;
 
-use super::{Outcome, fail, name, raw_conn, single_client, until_marked, var};
+use super::{
+    Outcome, fail, name, raw_conn, redlock_client, redlock_urls, single_client, until_marked, var,
+};
 
 /// Plants a waiter that died at the head of `keys`' queue, with a place that would last a
 /// minute; returns its token.
@@ -124,4 +126,65 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
         "the waiter behind a dead first waiter got the lock {took:?} after the release (the first one's turn lasts 100 ms)"
     );
     dead_place_gone(&mut raw, &keys, dead).await
+}
+
+/// Redlock queues its waiters on every server under one ticket. A waiter that died at the head
+/// of every server's queue (planted: a place that would last a minute) holds the lock back for
+/// at most one turn after the release (400 ms), and its places are gone afterwards.
+pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
+    let name = name("redlock-dead-waiter")?;
+    let keys = RedisKeys::new("faults", &name);
+    let mut raws = Vec::new();
+    for url in redlock_urls()? {
+        raws.push(raw_conn(&url).await?);
+    }
+    let holder = redlock_client().await?;
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = holder
+        .acquire(&Holder::new(), &name, &options)
+        .await
+        .map_err(fail("first acquire"))?;
+    let mut dead = "";
+    for raw in &mut raws {
+        dead = plant_dead_waiter(raw, &keys).await?;
+    }
+    let waiter = redlock_client().await?;
+    let waiting = tokio::spawn({
+        let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(10)));
+        async move {
+            let guard = waiter.acquire(&Holder::new(), &name, &options).await;
+            (guard, Instant::now())
+        }
+    });
+    // The waiter has queued behind the dead one once it is on the queue of every server.
+    let queued_by = Instant::now() + Duration::from_secs(5);
+    'queued: loop {
+        let mut everywhere = true;
+        for raw in &mut raws {
+            let queued: usize = raw.zcard(&keys.queue).await.map_err(fail("ZCARD queue"))?;
+            everywhere &= queued == 2;
+        }
+        if everywhere {
+            break 'queued;
+        }
+        ensure!(
+            Instant::now() < queued_by,
+            "the waiter did not queue on every server within 5s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let released = Instant::now();
+    held.release().await.map_err(fail("release"))?;
+    let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
+    let guard = guard.map_err(fail("acquire behind a dead waiter"))?;
+    let took = acquired.saturating_duration_since(released);
+    ensure!(
+        took <= Duration::from_millis(1_000),
+        "a dead waiter held a released Redlock lock back for {took:?} (its turn lasts 400 ms)"
+    );
+    guard.release().await.map_err(fail("release"))?;
+    for raw in &mut raws {
+        dead_place_gone(raw, &keys, dead).await?;
+    }
+    Ok(())
 }

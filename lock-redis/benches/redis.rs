@@ -129,9 +129,57 @@ impl bench::Contender for Rslock {
 }
 
 /// rslock's fleet on the single server, 16 clients holding 1 ms, beside ours.
-async fn rslock_fleet(report: &mut Report, url: &str, rtt: Duration) -> Result<(), String> {
+/// The servers' own counts: commands processed (`total_commands_processed`; a script is one
+/// command) and clients connected, summed over the servers.
+struct Counters {
+    servers: Vec<ConnectionManager>,
+}
+
+impl Counters {
+    async fn new(urls: &[String]) -> Result<Self, String> {
+        let mut servers = Vec::with_capacity(urls.len());
+        for url in urls {
+            servers.push(raw_connection(url).await?);
+        }
+        Ok(Self { servers })
+    }
+
+    async fn sum(&self, section: &str, key: &str) -> Result<u64, String> {
+        let mut sum = 0;
+        for server in &self.servers {
+            let info: String = redis::cmd("INFO")
+                .arg(section)
+                .query_async(&mut server.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            sum += bench::stat_line(&info, key).ok_or_else(|| format!("INFO has no {key}"))?;
+        }
+        Ok(sum)
+    }
+}
+
+impl bench::ServerCounters for Counters {
+    fn operations_are(&self) -> &'static str {
+        "commands"
+    }
+
+    async fn operations(&self) -> Result<u64, String> {
+        self.sum("stats", "total_commands_processed").await
+    }
+
+    async fn sessions(&self) -> Result<u64, String> {
+        self.sum("clients", "connected_clients").await
+    }
+}
+
+async fn rslock_fleet(
+    report: &mut Report,
+    url: &str,
+    rtt: Duration,
+    counters: &Counters,
+) -> Result<(), String> {
     let url = url.to_owned();
-    let fleet = tokio::task::block_in_place(|| {
+    let fleet = bench::counted(counters, 16, move || {
         bench::fleet(
             move |name| {
                 let url = url.clone();
@@ -146,8 +194,15 @@ async fn rslock_fleet(report: &mut Report, url: &str, rtt: Duration) -> Result<(
             Duration::from_millis(1),
             FLEET_TIME,
         )
-    })?;
+    })
+    .await?;
     report.fleet("rslock 0.10, 16 clients, hold 1ms", &fleet, rtt);
+    if let Some(commands) = fleet.operations_per_acquisition {
+        report.number(
+            "rslock 0.10, 16 clients, hold 1ms: server commands per acquisition",
+            commands,
+        );
+    }
     Ok(())
 }
 
@@ -254,6 +309,7 @@ async fn batching(report: &mut Report, backend: &RedisBackend) -> Result<(), Str
 async fn run() -> Result<(), String> {
     let url = var("LOCK_TEST_REDIS_URL")?;
     let raw = Raw::new(raw_connection(&url).await?);
+    let counters = Counters::new(std::slice::from_ref(&url)).await?;
     let mut report = Report::new("redis");
     let backend = RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("bench"))
         .await
@@ -269,9 +325,10 @@ async fn run() -> Result<(), String> {
         ),
         rtt,
         FLEET_TIME,
+        &counters,
     )
     .await?;
-    rslock_fleet(&mut report, &url, rtt).await?;
+    rslock_fleet(&mut report, &url, rtt, &counters).await?;
     report.finish().map_err(|e| e.to_string())?;
 
     let cluster_urls: Vec<String> = var("LOCK_TEST_REDIS_CLUSTER_URLS")?
@@ -294,11 +351,12 @@ async fn run() -> Result<(), String> {
     bench::fleet_report(
         &mut report,
         bench::each_own(
-            RedisConfig::cluster(cluster_urls).with_key_prefix("bench"),
+            RedisConfig::cluster(cluster_urls.clone()).with_key_prefix("bench"),
             RedisBackend::connect,
         ),
         rtt,
         FLEET_TIME,
+        &Counters::new(&cluster_urls).await?,
     )
     .await?;
     report.finish().map_err(|e| e.to_string())?;
@@ -318,11 +376,12 @@ async fn run() -> Result<(), String> {
     bench::fleet_report(
         &mut report,
         bench::each_own(
-            RedlockConfig::new(redlock_urls).with_key_prefix("bench"),
+            RedlockConfig::new(redlock_urls.clone()).with_key_prefix("bench"),
             RedlockBackend::connect,
         ),
         rtt,
         FLEET_TIME,
+        &Counters::new(&redlock_urls).await?,
     )
     .await?;
     report.finish().map_err(|e| e.to_string())

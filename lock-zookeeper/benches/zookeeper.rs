@@ -121,9 +121,44 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         bench::each_own(config, ZkBackend::connect),
         create.p50,
         FLEET_TIME,
+        &Counters(support::hosts(var)?),
     )
     .await?;
     report.finish().map_err(text)
+}
+
+/// The servers' own counts, from the `mntr` command: packets received (every request, and
+/// each session's pings) and live connections, summed over the servers of `hosts`.
+struct Counters(String);
+
+impl Counters {
+    async fn sum(&self, key: &str) -> Result<u64, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut sum = 0;
+        for host in self.0.split(',') {
+            let mut stream = tokio::net::TcpStream::connect(host).await.map_err(text)?;
+            stream.write_all(b"mntr").await.map_err(text)?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.map_err(text)?;
+            sum += bench::stat_line(&answer, key)
+                .ok_or_else(|| format!("{host}: mntr has no {key}"))?;
+        }
+        Ok(sum)
+    }
+}
+
+impl bench::ServerCounters for Counters {
+    fn operations_are(&self) -> &'static str {
+        "packets (requests and pings)"
+    }
+
+    async fn operations(&self) -> Result<u64, String> {
+        self.sum("zk_packets_received").await
+    }
+
+    async fn sessions(&self) -> Result<u64, String> {
+        self.sum("zk_num_alive_connections").await
+    }
 }
 
 fn per_second(stats: &Stats) -> f64 {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::{Stats, histogram, record, stats};
 
 /// What one run of [`separate_clients`] measured.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Fleet {
     /// How many clients contended.
     pub clients: usize,
@@ -37,6 +37,14 @@ pub struct Fleet {
     /// Turns that failed with an error (the store did not answer in time, ...); the client
     /// went on trying.
     pub failures: usize,
+    /// The first failed turn's error, if any turn failed.
+    pub first_failure: Option<String>,
+    /// Operations the store's servers counted during the run, per acquisition (see
+    /// [`counted`](super::counted)), when counted.
+    pub operations_per_acquisition: Option<f64>,
+    /// The most sessions (connections) open on the store's servers during the run, above
+    /// those open before it, per client, when counted.
+    pub sessions_per_client: Option<f64>,
 }
 
 /// One acquisition: by which client, when `acquire` returned, when the release began.
@@ -167,7 +175,7 @@ where
         .map_err(|e| e.to_string())?;
     let connect = Arc::new(connect);
     let turns = Arc::new(Mutex::new(Vec::new()));
-    let failures = Arc::new(Mutex::new(0usize));
+    let failures = Arc::new(Mutex::new((0usize, None::<String>)));
     // Every client connects first; the clock starts when all are ready.
     let ready = Arc::new(Barrier::new(clients + 1));
     let start = Arc::new(Mutex::new(None::<Instant>));
@@ -224,8 +232,11 @@ where
     let elapsed = began.elapsed();
     let mut turns = std::mem::take(&mut *turns.lock().unwrap_or_else(PoisonError::into_inner));
     turns.sort_by_key(|turn| turn.acquired);
-    let failures = *failures.lock().unwrap_or_else(PoisonError::into_inner);
-    summarize(clients, &turns, elapsed, failures)
+    let (failures, first_failure) =
+        std::mem::take(&mut *failures.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut fleet = summarize(clients, &turns, elapsed, failures)?;
+    fleet.first_failure = first_failure;
+    Ok(fleet)
 }
 
 /// How many failed turns one client tolerates before the run fails.
@@ -238,10 +249,11 @@ async fn take_turns<T: Contender>(
     hold: Duration,
     end: Instant,
     turns: &Mutex<Vec<Turn>>,
-    failures: &Mutex<usize>,
+    failures: &Mutex<(usize, Option<String>)>,
 ) -> Result<(), String> {
     let mut mine = Vec::new();
     let mut failed = 0;
+    let mut first = None;
     loop {
         match contender.turn(end, hold).await {
             Ok(Some((acquired, released))) => mine.push(Turn {
@@ -252,6 +264,7 @@ async fn take_turns<T: Contender>(
             Ok(None) => break,
             Err(error) => {
                 failed += 1;
+                first.get_or_insert_with(|| error.clone());
                 if failed > MAX_FAILURES {
                     return Err(format!(
                         "client {id}: {failed} failed turns, the last: {error}"
@@ -264,7 +277,11 @@ async fn take_turns<T: Contender>(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .extend(mine);
-    *failures.lock().unwrap_or_else(PoisonError::into_inner) += failed;
+    let mut all = failures.lock().unwrap_or_else(PoisonError::into_inner);
+    all.0 += failed;
+    if all.1.is_none() {
+        all.1 = first;
+    }
     Ok(())
 }
 
@@ -301,6 +318,9 @@ fn summarize(
         max: counts.iter().copied().max().unwrap_or(0),
         jain: jain(&counts),
         failures,
+        first_failure: None,
+        operations_per_acquisition: None,
+        sessions_per_client: None,
     })
 }
 
@@ -333,6 +353,22 @@ impl super::Report {
             None,
             None,
         );
+        if let Some(failure) = &fleet.first_failure {
+            self.push(
+                &format!("{label}: first failed turn"),
+                failure.clone(),
+                None,
+                None,
+            );
+        }
+        if let Some(sessions) = fleet.sessions_per_client {
+            self.push(
+                &format!("{label}: sessions per client (most open during the run)"),
+                format!("{sessions:.2}"),
+                None,
+                None,
+            );
+        }
     }
 }
 
@@ -364,42 +400,59 @@ where
 }
 
 /// The fleet runs every store's benchmark makes: 16 clients holding 1 ms and holding 0, and
-/// 100 clients holding 1 ms, `run_for` each.
-pub const FLEET_RUNS: [(usize, Duration); 3] = [
+/// 100 and 1,000 clients holding 1 ms, `run_for` each. In a run of a few seconds most of the
+/// 1,000 clients get the lock once or never: that run is for the rate and the operations per
+/// acquisition, not for fairness.
+pub const FLEET_RUNS: [(usize, Duration); 4] = [
     (16, Duration::from_millis(1)),
     (16, Duration::ZERO),
     (100, Duration::from_millis(1)),
+    (1_000, Duration::from_millis(1)),
 ];
 
-/// Runs [`FLEET_RUNS`] against the store `connect` reaches, `run_for` each, and adds each to
+/// Runs [`FLEET_RUNS`] against the store `connect` reaches, `run_for` each, counting what the
+/// store's servers did with `counters` (see [`counted`](super::counted)), and adds each run to
 /// `report` (see [`Report::fleet`](super::Report::fleet)). Runs on a multi-thread runtime
-/// (the benchmarks' [`crate::runtime`]), whose worker it blocks while the clients run.
+/// (the benchmarks' [`crate::runtime`]).
 ///
 /// Returns the runs, in the order of [`FLEET_RUNS`], for ratios a store's benchmark adds.
 ///
 /// # Errors
 /// The first error of a run, as text.
-pub async fn fleet_report<C, CF>(
+pub async fn fleet_report<C, CF, S>(
     report: &mut super::Report,
     connect: C,
     round_trip: Duration,
     run_for: Duration,
+    counters: &S,
 ) -> Result<Vec<Fleet>, String>
 where
     C: Fn() -> CF + Clone + Send + Sync + 'static,
     CF: Future<Output = Result<LockClient, String>>,
+    S: super::ServerCounters,
 {
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     let mut runs = Vec::with_capacity(FLEET_RUNS.len());
     for (clients, hold) in FLEET_RUNS {
-        let fleet = tokio::task::block_in_place(|| {
-            separate_clients(connect.clone(), clients, hold, run_for, &options)
-        })?;
+        let (connect, options) = (connect.clone(), options.clone());
+        let fleet = super::counted(counters, clients, move || {
+            separate_clients(connect, clients, hold, run_for, &options)
+        })
+        .await?;
         report.fleet(
             &format!("{clients} clients, hold {hold:?}"),
             &fleet,
             round_trip,
         );
+        if let Some(operations) = fleet.operations_per_acquisition {
+            report.number(
+                &format!(
+                    "{clients} clients, hold {hold:?}: server {} per acquisition",
+                    counters.operations_are()
+                ),
+                operations,
+            );
+        }
         runs.push(fleet);
     }
     Ok(runs)

@@ -15,10 +15,12 @@ use std::{
 };
 
 mod clients;
+mod counters;
 
 pub use clients::{
     Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, separate_clients,
 };
+pub use counters::{ServerCounters, counted, stat_line};
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};
@@ -358,6 +360,11 @@ impl Report {
             ratios.median, ratios.min, ratios.max, ratios.value, ratios.floor
         );
         self.push(metric, text, Some(ratios.median), target);
+    }
+
+    /// Adds a plain number (a count per something), with one decimal.
+    pub fn number(&mut self, metric: &str, value: f64) {
+        self.push(metric, format!("{value:.1}"), None, None);
     }
 
     /// Adds a rate.

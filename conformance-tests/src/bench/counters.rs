@@ -1,0 +1,89 @@
+//! What the store's own servers count around a fleet run: the operations they served, so a run
+//! reports what each acquisition cost the store, and the sessions (connections) open, so it
+//! reports how many each client kept.
+
+use std::{future::Future, time::Duration};
+
+use super::Fleet;
+
+/// A store's server-side counters, summed over its servers. Each benchmark implements it with
+/// the store's own statistics (Redis `INFO`, MySQL `SHOW GLOBAL STATUS`, ZooKeeper `mntr`).
+pub trait ServerCounters: Send + Sync {
+    /// What one operation is for this store, for the report ("commands", "statements").
+    fn operations_are(&self) -> &'static str;
+
+    /// Operations served so far.
+    fn operations(&self) -> impl Future<Output = Result<u64, String>> + Send;
+
+    /// Client sessions (connections) open now.
+    fn sessions(&self) -> impl Future<Output = Result<u64, String>> + Send;
+}
+
+/// How often sessions are sampled during a run (the largest sample counts). The samples are
+/// a few operations per second, left in the count.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// Runs `run` (a blocking fleet run of `clients` clients) on a blocking thread and fills in
+/// the fleet's [`Fleet::operations_per_acquisition`] (the operations the servers counted
+/// during the run, per acquisition) and [`Fleet::sessions_per_client`] (the most sessions open
+/// during the run, above those open before it, per client).
+///
+/// # Errors
+/// The run's error, or a counter that could not be read.
+pub async fn counted<S, R>(counters: &S, clients: usize, run: R) -> Result<Fleet, String>
+where
+    S: ServerCounters,
+    R: FnOnce() -> Result<Fleet, String> + Send + 'static,
+{
+    let sessions_before = counters.sessions().await?;
+    let operations_before = counters.operations().await?;
+    let mut most = sessions_before;
+    let mut running = tokio::task::spawn_blocking(run);
+    let fleet = loop {
+        tokio::select! {
+            joined = &mut running => {
+                break joined.map_err(|e| format!("a fleet run panicked: {e}"))?;
+            }
+            () = tokio::time::sleep(SAMPLE_EVERY) => {
+                if let Ok(now) = counters.sessions().await {
+                    most = most.max(now);
+                }
+            }
+        }
+    };
+    let mut fleet = fleet?;
+    let operations = counters
+        .operations()
+        .await?
+        .saturating_sub(operations_before);
+    fleet.operations_per_acquisition = Some(operations as f64 / fleet.acquisitions.max(1) as f64);
+    fleet.sessions_per_client =
+        Some(most.saturating_sub(sessions_before) as f64 / clients.max(1) as f64);
+    Ok(fleet)
+}
+
+/// The integer after `key` and one separator (`:` in Redis `INFO`, a tab in ZooKeeper `mntr`)
+/// on a line of `text`.
+pub fn stat_line(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(key)?;
+        let value = rest.strip_prefix(':').or_else(|| rest.strip_prefix('\t'))?;
+        value.trim().parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_are_found_by_their_whole_key() {
+        let info = "total_commands_processed:42\r\nconnected_clients:7\r\n";
+        assert_eq!(stat_line(info, "connected_clients"), Some(7));
+        assert_eq!(stat_line(info, "total_commands_processed"), Some(42));
+        assert_eq!(stat_line(info, "total_commands"), None);
+        let mntr = "zk_packets_received\t26\nzk_num_alive_connections\t1\n";
+        assert_eq!(stat_line(mntr, "zk_packets_received"), Some(26));
+        assert_eq!(stat_line(mntr, "zk_num_alive"), None);
+    }
+}

@@ -6,7 +6,14 @@
 //!   (the token is the one its `acquire` call uses for every try; `arrived_at` is the
 //!   server's `NOW(6)` at its first busy try) and every later try pushes `until_at` on by
 //!   [`place_for`]: the longest a waiter sleeps between tries plus a second. `turn_us` is how
-//!   long the waiter may take to come for a lease handed to it ([`turn_for`]).
+//!   long the waiter may take to come for a lease handed to it ([`turn_for`]). A place that
+//!   lapsed counts for nothing; busy tries delete lapsed places once they are at the head of
+//!   the queue, so a waiter that was paused past its place and comes back before then keeps
+//!   its old rank.
+//! - **Locks**: a try locks only the places it needs (the head of the queue, its own place,
+//!   and the first waiter's when it cuts that to its turn), never the lease and then a place,
+//!   so tries of many waiters do not wait on each other's refreshes or deadlock (fault case
+//!   `lease/a_locked_place_behind_stalls_no_waiter`).
 //! - **Who may take a free lease**: while any live place exists, only the first (by
 //!   `arrived_at`, then token) may take it; anybody else, including the client that just
 //!   released, finds it busy and takes a place at the back. The condition ([`allowed`]) is
@@ -74,20 +81,33 @@ pub(crate) fn first_delay(streak: u32) -> Duration {
 }
 
 /// The SQL condition "no live place of the queue `q` comes before the caller's": the caller
-/// (`token`) has no place and nobody queues, or its place is the first live one. Four
-/// placeholders: name, token, name, token.
+/// (`token`) has no place and nobody queues, or its place is the first live one. Three
+/// placeholders: name, token, token.
+///
+/// It reads the queue from its head (index `by_arrival`) to the first live place, no further:
+/// in the acquire statement it is a locking read, and a condition that read every place (as
+/// it did before) locked every waiter's row on every try, so with a thousand waiters tries
+/// waited on each other's place refreshes and InnoDB rolled them back as deadlocks.
 pub(crate) fn allowed(q: &TableName) -> String {
     let q = q.quoted();
     format!(
-        "NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = ? AND o.until_at > NOW(6) AND o.token <> ? \
-         AND NOT EXISTS (SELECT 1 FROM {q} m WHERE m.name = ? AND m.token = ? \
-         AND m.until_at > NOW(6) AND (m.arrived_at, m.token) < (o.arrived_at, o.token)))"
+        "COALESCE((SELECT o.token FROM {q} o WHERE o.name = ? AND o.until_at > NOW(6) \
+         ORDER BY o.arrived_at, o.token LIMIT 1), ?) = ?"
     )
 }
 
-/// One busy try's queue work, in one round trip (each statement autocommitted): drop lapsed
-/// places, take or keep the caller's place for `place` with its `turn`, cut the first
-/// waiter's place to its own turn when the lease is free and the first is someone else, then
+/// How many lapsed places (of waiters that died) one busy try deletes.
+const LAPSED_PER_TRY: usize = 100;
+
+/// One busy try's queue work, in one round trip (each statement autocommitted): delete lapsed
+/// places at the head of the queue (the ones before the first live place: lapsed places
+/// further back are ignored by every rule, which reads live places only, and are deleted once
+/// they reach the head; deleting them anywhere locked every place of the name on every try
+/// and stalled a queue of a thousand waiters), take or keep
+/// the caller's place for `place` with its `turn`, cut the first waiter's place to its own
+/// turn when the lease is free and the first is someone else (one row, found by its key; the
+/// lease is read apart, without a lock, so no statement locks a place and then the lease
+/// while an acquire locks them the other way round), then
 /// read the lease row (`'row'`,
 /// [`LEASE_COLUMNS`](crate::lock_row::LEASE_COLUMNS)) and how many live places come before
 /// the caller's (`'ahead'`).
@@ -105,15 +125,18 @@ pub(crate) fn busy_batch(
     let place = place.as_micros();
     let turn = turn.as_micros();
     format!(
-        "DELETE FROM {q} WHERE name = {n} AND until_at <= NOW(6); \
+        "DELETE FROM {q} WHERE name = {n} AND until_at <= NOW(6) AND arrived_at < COALESCE(\
+         (SELECT arrived_at FROM (SELECT arrived_at FROM {q} WHERE name = {n} AND until_at > NOW(6) \
+         ORDER BY arrived_at, token LIMIT 1) AS live), arrived_at + INTERVAL 1 SECOND) \
+         ORDER BY arrived_at, token LIMIT {LAPSED_PER_TRY}; \
          INSERT INTO {q} (name, token, arrived_at, until_at, turn_us) \
          VALUES ({n}, {k}, NOW(6), NOW(6) + INTERVAL {place} MICROSECOND, {turn}) \
          ON DUPLICATE KEY UPDATE until_at = NOW(6) + INTERVAL {place} MICROSECOND; \
+         SET @lm_free = EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}); \
          UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL turn_us MICROSECOND) \
-         WHERE name = {n} AND token <> {k} \
-         AND (arrived_at, token) = (SELECT arrived_at, token FROM (SELECT arrived_at, token FROM {q} \
-         WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1) AS first) \
-         AND EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}); \
+         WHERE name = {n} AND @lm_free AND token <> {k} \
+         AND token = (SELECT token FROM (SELECT token FROM {q} \
+         WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1) AS first); \
          SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
          SELECT 'ahead', COUNT(*) FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
          AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})"
@@ -243,9 +266,9 @@ mod tests {
     }
 
     #[test]
-    fn the_condition_has_four_placeholders() {
+    fn the_condition_has_three_placeholders() {
         let q = TableName::new("t").unwrap().queue();
-        assert_eq!(allowed(&q).matches('?').count(), 4);
+        assert_eq!(allowed(&q).matches('?').count(), 3);
     }
 
     #[test]

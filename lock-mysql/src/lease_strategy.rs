@@ -154,12 +154,12 @@ impl Statements {
     fn new(table: &TableName) -> Self {
         let t = table.quoted();
         // Free, and nobody queues ahead of the caller (see `lease_queue`; its condition's
-        // placeholders are name, token, name, token).
+        // placeholders are name, token, token).
         let takeable = format!(
             "({LEASE_TAKEABLE}) AND {}",
             lease_queue::allowed(&table.queue())
         );
-        let takeable_args = [Arg::Name, Arg::Token, Arg::Name, Arg::Token];
+        let takeable_args = [Arg::Name, Arg::Token, Arg::Token];
         // The first assignment decides on the row as it was; the others follow it whichever
         // order the server evaluates assignments in (MariaDB's SIMULTANEOUS_ASSIGNMENT mode
         // included): `token = ?` is true afterwards only if the row was taken.

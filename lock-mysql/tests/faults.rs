@@ -67,6 +67,9 @@ fn main() -> ExitCode {
         .case("lease/own_place_blocks_nobody_after_release", || {
             Box::pin(lease_own_place_after_release())
         })
+        .case("lease/a_locked_place_behind_stalls_no_waiter", || {
+            Box::pin(lease_locked_place_behind())
+        })
         .case("lease/renewal_batch_deadlock_is_retried", || {
             Box::pin(lease_deadlock_retried())
         })
@@ -242,19 +245,85 @@ async fn lease_dead_waiter() -> Outcome {
 }
 
 /// Plants a place in `name`'s waiters' queue for `token`, arrived a second ago and kept for a
-/// minute, with a turn of `turn`.
+/// minute, with a turn of `turn` (over a place `token` may still have: a holder that queued
+/// before its grant takes its place out in the background).
 async fn plant_place(store: &MySqlStore, name: &LockName, token: &str, turn: Duration) -> Outcome {
     let queue = format!("`{}_queue`", store.config().table().as_str());
     let plant = format!(
         "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
-         VALUES (X'{}', '{token}', NOW(6) - INTERVAL 1 SECOND, NOW(6) + INTERVAL 1 MINUTE, {})",
+         VALUES (X'{}', '{token}', NOW(6) - INTERVAL 1 SECOND, NOW(6) + INTERVAL 1 MINUTE, {turn}) \
+         ON DUPLICATE KEY UPDATE arrived_at = VALUES(arrived_at), until_at = VALUES(until_at), \
+         turn_us = VALUES(turn_us)",
         hex(name.as_str()),
-        turn.as_micros()
+        turn = turn.as_micros()
     );
     sqlx::raw_sql(AssertSqlSafe(plant))
         .execute(store.admin())
         .await
         .map_err(|e| Failure(format!("planting a place: {e}")))?;
+    Ok(())
+}
+
+/// A thousand waiters refresh their places all the time; a try must not lock places it does
+/// not need. Here a foreign transaction keeps the place of a waiter *behind* the first one
+/// locked (as a refresh in flight would, for longer) when the lease expires (a holder that
+/// died: a lease row planted for 500 ms): the first waiter's try reads the queue only up to
+/// its own place, so it takes the lease soon after. (Before, the acquire statement's queue
+/// condition read, and locked, every place of the name, and waited for that lock past the
+/// waiter's budget.)
+async fn lease_locked_place_behind() -> Outcome {
+    const LEFT: Duration = Duration::from_millis(500);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let b = client(store.config()).await?;
+    let name = name("locked-place")?;
+    let table = format!("`{}`", store.config().table().as_str());
+    let queue = format!("`{}_queue`", store.config().table().as_str());
+    let n = hex(name.as_str());
+    let planted = Instant::now();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {table} (name, token, fence, expires_at, acquired_at) \
+         VALUES (X'{n}', 'abcdefabcdefabcdefabcdefabcdefab', 1, NOW(6) + INTERVAL {} MICROSECOND, NOW(6))",
+        LEFT.as_micros()
+    )))
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("planting a lease: {e}")))?;
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let waiter = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(4)));
+    until_waiting(&name).await?;
+    let behind = "fedcba9876543210fedcba9876543210";
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
+         VALUES (X'{n}', '{behind}', NOW(6) + INTERVAL 1 MINUTE, NOW(6) + INTERVAL 2 MINUTE, 300000)"
+    )))
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("planting a place behind: {e}")))?;
+    let mut foreign = store.admin().acquire().await.map_err(err)?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "START TRANSACTION; SELECT token FROM {queue} WHERE name = X'{n}' AND token = '{behind}' FOR UPDATE"
+    )))
+    .execute(&mut *foreign)
+    .await
+    .map_err(|e| Failure(format!("locking the place behind: {e}")))?;
+    let next = waiter.await.map_err(err)?;
+    let waited = planted.elapsed();
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *foreign)
+        .await
+        .map_err(err)?;
+    drop(foreign);
+    let next = next.map_err(|e| {
+        Failure(format!(
+            "the first waiter did not get the expired lease while a place behind it was locked: {e}"
+        ))
+    })?;
+    let bound = LEFT + Duration::from_secs(1);
+    ensure!(
+        waited <= bound,
+        "the first waiter got the lease {waited:?} after it was planted for {LEFT:?} (bound {bound:?}): it waited for a lock on a place behind it"
+    );
+    next.release().await.map_err(err)?;
     Ok(())
 }
 

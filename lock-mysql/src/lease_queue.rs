@@ -110,7 +110,8 @@ const LAPSED_PER_TRY: usize = 100;
 /// while an acquire locks them the other way round), then
 /// read the lease row (`'row'`,
 /// [`LEASE_COLUMNS`](crate::lock_row::LEASE_COLUMNS)) and how many live places come before
-/// the caller's (`'ahead'`).
+/// the caller's (`'ahead'`: 0, 1, or 2 for two or more; counted from the head of the queue,
+/// so a try reads a few places whatever the length of the queue).
 pub(crate) fn busy_batch(
     table: &TableName,
     name: &[u8],
@@ -138,8 +139,9 @@ pub(crate) fn busy_batch(
          AND token = (SELECT token FROM (SELECT token FROM {q} \
          WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1) AS first); \
          SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
-         SELECT 'ahead', COUNT(*) FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
-         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})"
+         SELECT 'ahead', COUNT(*) FROM (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
+         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}) \
+         ORDER BY o.arrived_at, o.token LIMIT 2) AS ahead"
     )
 }
 

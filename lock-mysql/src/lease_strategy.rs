@@ -510,7 +510,7 @@ impl LeaseStrategy {
 
     /// A busy try's queue work in one round trip (see [`lease_queue::busy_batch`]): the judged
     /// lease row of `name` (`None` when there is none) and how many waiters are ahead of
-    /// `token`.
+    /// `token` (0, 1, or 2 for two or more).
     async fn queue_up(
         &self,
         name: &LockName,

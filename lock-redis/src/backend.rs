@@ -141,7 +141,7 @@ impl RedisBackend {
             keys,
             token,
             request.ttl(),
-            Queueing::single(mark, place),
+            Queueing::single(mark, place, self.inner.waiters.id()),
         )
         .await?;
         match tried {
@@ -279,7 +279,8 @@ impl LockBackend for RedisBackend {
             token: &token,
             served: false,
         };
-        let registration = self.inner.waiters.register(&keys.channel, token.as_str());
+        let waiters = &self.inner.waiters;
+        let registration = waiters.register(&waiters.channel(&keys.channel), token.as_str());
         let mut fallback = request.backoff().delays();
         // Declared after the registration, so dropped before it.
         let mut woken: Option<WakeUp<'_>> = None;

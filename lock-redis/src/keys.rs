@@ -27,13 +27,17 @@ pub struct RedisKeys {
     /// Present while some client waits for the lock; a release that finds it deletes it and
     /// publishes on [`channel`](Self::channel).
     pub waiters: String,
-    /// Receives a message on every release that found the waiter mark.
+    /// The stem of the release channels: a release that found the waiter mark sends a message
+    /// to the client of each waiter it names, on `<channel>:<client id>`.
     pub channel: String,
     /// The waiters' queue: a sorted set of their owner tokens by arrival (server µs).
     pub queue: String,
     /// Until when each queued waiter keeps its place: a sorted set of the same tokens by
     /// expiry (server ms); a place not renewed in time is dropped.
     pub places: String,
+    /// Which client each queued waiter belongs to (a hash from owner token to client id), so
+    /// a release knows whose channel to publish on.
+    pub clients: String,
 }
 
 impl RedisKeys {
@@ -47,6 +51,7 @@ impl RedisKeys {
             channel: format!("{prefix}:{{{tag}}}:released"),
             queue: format!("{prefix}:{{{tag}}}:queue"),
             places: format!("{prefix}:{{{tag}}}:places"),
+            clients: format!("{prefix}:{{{tag}}}:clients"),
         }
     }
 }

@@ -40,6 +40,9 @@ pub(crate) struct Queueing {
     /// The caller's place in line, the same on every server (Redlock); 0: the server's
     /// clock when it joins.
     pub(crate) ticket: u64,
+    /// The caller's client, whose release channel a release naming the caller publishes on;
+    /// 0: none (the caller is not woken by push).
+    pub(crate) client: u64,
 }
 
 impl Queueing {
@@ -49,14 +52,16 @@ impl Queueing {
         place: Duration::ZERO,
         turn: Duration::from_millis(scripts::HANDOFF_MS),
         ticket: 0,
+        client: 0,
     };
 
-    /// A single server's waiter: `mark` and `place` as in the fields, the server's turn and
-    /// ticket.
-    pub(crate) fn single(mark: Mark, place: Duration) -> Self {
+    /// A single server's waiter of `client`: `mark` and `place` as in the fields, the
+    /// server's turn and ticket.
+    pub(crate) fn single(mark: Mark, place: Duration, client: u64) -> Self {
         Self {
             mark,
             place,
+            client,
             ..Self::NONE
         }
     }
@@ -181,6 +186,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         .key(&keys.waiters)
         .key(&keys.queue)
         .key(&keys.places)
+        .key(&keys.clients)
         .arg(token.as_str())
         .arg(millis(ttl))
         .arg(queueing.mark as u8)
@@ -188,6 +194,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         .arg(millis(queueing.place))
         .arg(millis(queueing.turn))
         .arg(queueing.ticket)
+        .arg(queueing.client)
         .invoke_async(conn)
         .await
         .map_err(|e| classify("acquire", e))?;
@@ -241,6 +248,7 @@ pub(crate) async fn leave<C: ConnectionLike + Send>(
     let _: i64 = scripts::LEAVE
         .key(&keys.queue)
         .key(&keys.places)
+        .key(&keys.clients)
         .arg(token.as_str())
         .invoke_async(conn)
         .await
@@ -339,6 +347,7 @@ pub(crate) async fn release<C: ConnectionLike + Send>(
         .key(&keys.waiters)
         .key(&keys.queue)
         .key(&keys.places)
+        .key(&keys.clients)
         .arg(token.as_str())
         .arg(&keys.channel)
         .arg(scripts::HANDOFF_MS)

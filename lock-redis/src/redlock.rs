@@ -129,26 +129,16 @@ impl Wait {
 }
 
 /// A waiter's place in the queues: taken out on every server in the background when the
-/// acquisition ends without the lock (timed out, failed, or dropped); a grant takes it out
-/// on the servers that granted, and the others' copies expire within [`PLACE`].
+/// acquisition ends, whether it got the lock (the granting servers took it out already; the
+/// others still have it) or not (timed out, failed, or dropped).
 struct Queued<'a> {
     backend: RedlockBackend,
     keys: &'a Keys,
     token: &'a LeaseToken,
-    served: bool,
-}
-
-impl Queued<'_> {
-    fn served(mut self) {
-        self.served = true;
-    }
 }
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        if self.served {
-            return;
-        }
         let (backend, keys, token) = (self.backend.clone(), self.keys.clone(), self.token.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
@@ -381,11 +371,10 @@ impl LockBackend for RedlockBackend {
             ticket: ticket(),
             ..queueing
         };
-        let queue = Queued {
+        let _queue = Queued {
             backend: self.clone(),
             keys: &keys,
             token: &token,
-            served: false,
         };
         let mut delays = request.backoff().delays();
         loop {
@@ -398,10 +387,8 @@ impl LockBackend for RedlockBackend {
             let delay = wait.delay(step, request.backoff().min);
             tokio::time::sleep_until((now + delay).min(deadline).into()).await;
             match self.vote(request, &keys, &token, queueing).await? {
-                Ok(grant) => {
-                    queue.served();
-                    return Ok(grant);
-                }
+                // The places on the servers that did not grant go with `_queue`.
+                Ok(grant) => return Ok(grant),
                 Err(next) => wait = next,
             }
         }

@@ -20,7 +20,10 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// µs when that is 0: Redlock passes one ticket, fixed for the whole wait, to every server, so
 /// that every server orders the same waiters alike and a waiter that rejoins (after its place
 /// was taken by a grant it had to give back, or lost with a restart) gets its place back.
-/// `ARGV[6]` is how long the first waiter's turn lasts once the lock is free.
+/// `ARGV[6]` is how long the first waiter's turn lasts once the lock is free. `ARGV[8]` names
+/// the waiter's client (`0`: none, it is not woken by push): a queued waiter's client is kept
+/// in the hash `KEYS[6]`, so that a release publishes only to the clients it names (see
+/// [`RELEASE`]).
 ///
 /// When the lock is free, the fence counter is checked *before* anything is written: it must
 /// be absent or a decimal `0 <= n < 2^53` with no sign or leading zeros (anything else, of any
@@ -52,6 +55,7 @@ local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
 for _, id in ipairs(gone) do
   redis.call('ZREM', KEYS[4], id)
   redis.call('ZREM', KEYS[5], id)
+  redis.call('HDEL', KEYS[6], id)
 end
 local place = tonumber(ARGV[5])
 local ticket = tonumber(ARGV[7])
@@ -60,6 +64,7 @@ local function join()
   if place > 0 then
     redis.call('ZADD', KEYS[4], 'NX', ticket, ARGV[1])
     redis.call('ZADD', KEYS[5], now + place, ARGV[1])
+    if ARGV[8] ~= '0' then redis.call('HSET', KEYS[6], ARGV[1], ARGV[8]) end
   end
 end
 local function rank()
@@ -77,6 +82,7 @@ local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 local kept = first and redis.call('ZSCORE', KEYS[5], first)
 if first and not kept then
   redis.call('ZREM', KEYS[4], first)
+  redis.call('HDEL', KEYS[6], first)
   join()
   return {{3, 0, rank()}}
 end
@@ -94,6 +100,7 @@ redis.call('SET', KEYS[2], fence)
 if first then
   redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('ZREM', KEYS[5], ARGV[1])
+  redis.call('HDEL', KEYS[6], ARGV[1])
 end
 if ARGV[3] == '2' or redis.call('EXISTS', KEYS[4]) == 1 then mark(tonumber(ARGV[2]) + tonumber(ARGV[4])) end
 return {{1, fence, now}}
@@ -102,11 +109,12 @@ return {{1, fence, now}}
 });
 
 /// Leave: a waiter that gives up takes its place out of the queue (`KEYS[1]` the queue,
-/// `KEYS[2]` the places, `ARGV[1]` its token). Returns how many places it removed.
+/// `KEYS[2]` the places, `KEYS[3]` the waiters' clients, `ARGV[1]` its token). Returns how many places it removed.
 pub(crate) static LEAVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
 return redis.call('ZREM', KEYS[1], ARGV[1])
 ",
     )
@@ -177,15 +185,17 @@ pub(crate) enum Mark {
 pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 
 /// Release: delete only if the key holds our token; if the waiter mark (`KEYS[2]`) is there,
-/// delete it too and publish the release. Returns 1 or 0. Without waiters nothing is
-/// published: on a cluster a `PUBLISH` goes to every node.
+/// delete it too and tell the first two waiters in line. Returns 1 or 0. Without waiters
+/// nothing is published: on a cluster a `PUBLISH` goes to every node.
 ///
-/// When waiters queue (`KEYS[3]`, places in `KEYS[4]`), the message names the first two:
-/// `"<first> <second>"`. Only the client of the first wakes a waiter (the one whose turn it is:
-/// no herd of retries per release), and the first's turn starts now: it keeps its place for
+/// The message names the first two queued waiters (`KEYS[3]`, places in `KEYS[4]`):
+/// `"<first> <second>"`, and goes only to their clients, each on its own channel
+/// `ARGV[2]:<client>` (the client of each token is in the hash `KEYS[5]`), so a release costs
+/// the same with ten or a thousand waiting clients. Only the client of the first wakes a
+/// waiter (the one whose turn it is), and the first's turn starts now: it keeps its place for
 /// at most `ARGV[3]` ms more. The client of the second retries when that turn ends, unless
 /// another release reaches it first, so a first waiter that died or is paused stalls the lock
-/// for one turn. With nobody queued the message is `1`: every client wakes one waiter.
+/// for one turn. Waiters with no client named (Redlock's, which poll) get no message.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -194,15 +204,21 @@ if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 if redis.call('DEL', KEYS[2]) == 1 then
   local next = redis.call('ZRANGE', KEYS[3], 0, 1)
-  local message = '1'
   if next[1] then
     local t = redis.call('TIME')
     local turn_end = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
     local kept = redis.call('ZSCORE', KEYS[4], next[1])
     if kept and tonumber(kept) > turn_end then redis.call('ZADD', KEYS[4], 'XX', turn_end, next[1]) end
-    message = table.concat(next, ' ')
+    local message = table.concat(next, ' ')
+    local told = {}
+    for _, token in ipairs(next) do
+      local client = redis.call('HGET', KEYS[5], token)
+      if client and not told[client] then
+        told[client] = true
+        redis.call('PUBLISH', ARGV[2] .. ':' .. client, message)
+      end
+    end
   end
-  redis.call('PUBLISH', ARGV[2], message)
 end
 return 1
 ",

@@ -1,7 +1,9 @@
 //! Push wake-ups: one pub/sub connection per client, shared by every waiting lock.
 //!
-//! A waiter registers for its lock's release channel (subscribing on the shared connection if
-//! no other waiter of this client already did), then retries when a release message arrives.
+//! A waiter registers for its lock's release channel *of this client* (`<stem>:<client id>`,
+//! subscribing on the shared connection if no other waiter of this client already did), then
+//! retries when a release message arrives. A release publishes only to the clients of the
+//! waiters it names, so its cost does not grow with the number of waiting clients.
 //! Each message wakes one waiter of this client, not all of them: only one can win, and the
 //! others would only queue their scripts in front of the winner's.
 //! Subscribes and unsubscribes go through one queue so that a late unsubscribe can never undo
@@ -28,6 +30,8 @@ use tokio::{sync::Notify, task::AbortHandle};
 
 #[derive(Debug)]
 pub(crate) struct Waiters {
+    /// This client's id: its waiters' release messages come on `<channel>:<id>`.
+    id: u64,
     client: redis::Client,
     /// The bound of each network step on the pub/sub connection.
     timeout: Duration,
@@ -84,11 +88,24 @@ impl Waiters {
     /// by `timeout`.
     pub(crate) fn new(client: redis::Client, timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
+            id: rand::random::<u64>().max(1),
             client,
             timeout,
             state: Mutex::new(State::default()),
             ops: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// This client's id (never 0), which its waiters give the queue (see
+    /// [`crate::scripts::ACQUIRE`]).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The channel on which releases of the lock whose release channels stem from `stem`
+    /// (see [`crate::RedisKeys::channel`]) tell this client's waiters.
+    pub(crate) fn channel(&self, stem: &str) -> String {
+        format!("{stem}:{}", self.id)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -215,8 +232,7 @@ impl Waiters {
                     .get(message.get_channel_name())
                     .and_then(|c| wake_for(c, &payload));
                 // One waiter per release: the first in line if it is one of ours (a sibling
-                // that is not passes the wake-up on), or, with nobody queued, one of ours to
-                // try. (A woken waiter dropped before its retry answered passes the wake-up
+                // that is not passes the wake-up on). (A woken waiter dropped before its retry answered passes the wake-up
                 // on: see `WakeUp`.) The second in line only learns when to step in.
                 match wake {
                     Some(Wake::First(notify)) => notify.notify_one(),
@@ -300,7 +316,7 @@ impl Waiters {
 
 /// What one release message asks of this client.
 enum Wake {
-    /// Wake one waiter: the first in line is ours, or nobody queues.
+    /// Wake one waiter: the first in line is ours.
     First(Arc<Notify>),
     /// Our waiter is second in line: it steps in if the first does not take its turn.
     Second(Arc<Notify>),
@@ -310,7 +326,7 @@ enum Wake {
 fn wake_for(channel: &Channel, payload: &str) -> Option<Wake> {
     let mut named = payload.split(' ');
     let first = named.next().unwrap_or_default();
-    if first == "1" || channel.tokens.contains(first) {
+    if channel.tokens.contains(first) {
         return Some(Wake::First(channel.notify.clone()));
     }
     named

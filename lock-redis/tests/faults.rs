@@ -568,10 +568,11 @@ async fn releases_publish_only_for_waiters() -> Outcome {
     let mut conn = raw_conn(&url).await?;
     let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
     let mut listener = raw.get_async_pubsub().await.map_err(fail("pubsub"))?;
+    // The channel stem, where nothing is published, and every client's channel under it.
     listener
-        .subscribe(&keys.channel)
+        .psubscribe(format!("{}*", keys.channel))
         .await
-        .map_err(fail("SUBSCRIBE"))?;
+        .map_err(fail("PSUBSCRIBE"))?;
     let mut messages = listener.into_on_message();
     let mut next_message = async || -> Result<String, Failure> {
         let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
@@ -734,18 +735,17 @@ async fn waiters_share_one_pubsub_connection() -> Outcome {
     // Wait until every waiter is subscribed (condition with a deadline, not a fixed sleep).
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channels)
-            .query_async(&mut conn)
-            .await
-            .map_err(fail("PUBSUB NUMSUB"))?;
-        let subscribed = counts
-            .iter()
-            .skip(1)
-            .step_by(2)
-            .filter(|v| **v == redis::Value::Int(1))
-            .count();
+        // Each waiter listens on its client's channel under the lock's channel stem.
+        let mut subscribed = 0;
+        for stem in &channels {
+            let active: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(format!("{stem}:*"))
+                .query_async(&mut conn)
+                .await
+                .map_err(fail("PUBSUB CHANNELS"))?;
+            subscribed += usize::from(active.len() == 1);
+        }
         if subscribed == LOCKS {
             break;
         }
@@ -804,6 +804,9 @@ fn main() -> ExitCode {
         })
         .case("a_release_to_a_dead_waiter_reaches_the_next", || {
             Box::pin(queue::a_release_to_a_dead_waiter_reaches_the_next())
+        })
+        .case("a_release_tells_only_the_clients_it_names", || {
+            Box::pin(queue::a_release_tells_only_the_clients_it_names())
         })
         .case("redlock_dead_waiter_stalls_the_lock_briefly", || {
             Box::pin(queue::redlock_dead_waiter_stalls_the_lock_briefly())

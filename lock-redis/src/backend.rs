@@ -80,7 +80,7 @@ impl RedisBackend {
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
-                waiters: Waiters::new(pubsub, config.response_timeout),
+                waiters: Waiters::new(pubsub, config.response_timeout, !config.cluster),
                 config,
             }),
         })
@@ -102,7 +102,7 @@ impl RedisBackend {
         if matches!(acked, Ok(n) if n >= i64::from(config.replica_acks)) {
             return Ok(());
         }
-        let _ = ops::release(conn, &self.keys(lease.name()), lease.token()).await;
+        let _ = ops::release(conn, &self.keys(lease.name()), lease.token(), self.tell()).await;
         Err(match acked {
             Ok(acked) => LockError::Unavailable {
                 message: format!(
@@ -121,6 +121,16 @@ impl RedisBackend {
                 error,
             ),
         })
+    }
+
+    /// How releases tell waiters: each named waiter's client on its own channel, but on a
+    /// cluster once on the lock's channel (see [`scripts::RELEASE`]).
+    fn tell(&self) -> ops::Tell {
+        if self.inner.config.cluster {
+            ops::Tell::Everyone
+        } else {
+            ops::Tell::Clients
+        }
     }
 
     /// One try; `place` as in [`ops::try_acquire`]. `Err(Busy)` when someone else has the
@@ -153,7 +163,7 @@ impl RedisBackend {
                 // A grant that comes back after its local deadline would be a guard already
                 // lost while the store still holds the lock: undo it and say so.
                 if !ops::within_deadline(sent, request.ttl()) {
-                    let _ = ops::release(conn, keys, token).await;
+                    let _ = ops::release(conn, keys, token, self.tell()).await;
                     return Err(LockError::Unavailable {
                         message: format!(
                             "lock `{}` was granted {:?} after the request, past its {:?} TTL less \
@@ -410,7 +420,14 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let mut conn = self.inner.conn.clone();
-        if ops::release(&mut conn, &self.keys(lease.name()), lease.token()).await? {
+        if ops::release(
+            &mut conn,
+            &self.keys(lease.name()),
+            lease.token(),
+            self.tell(),
+        )
+        .await?
+        {
             Ok(())
         } else {
             Err(LockError::not_held(lease.name()))

@@ -336,11 +336,22 @@ pub(crate) async fn renew_batch<C: ConnectionLike + Send>(
     }
 }
 
-/// Releases if the key holds `token`; true when it did.
+/// How a release tells the waiters it names (see [`scripts::RELEASE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tell {
+    /// On each named waiter's client's own channel.
+    Clients,
+    /// Once, on the lock's channel (a cluster).
+    Everyone,
+}
+
+/// Releases if the key holds `token`; true when it did. Waiters named by the release are told
+/// as `tell` says.
 pub(crate) async fn release<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     token: &LeaseToken,
+    tell: Tell,
 ) -> Result<bool, LockError> {
     let released: i64 = scripts::RELEASE
         .key(&keys.lock)
@@ -351,6 +362,7 @@ pub(crate) async fn release<C: ConnectionLike + Send>(
         .arg(token.as_str())
         .arg(&keys.channel)
         .arg(scripts::HANDOFF_MS)
+        .arg(u8::from(tell == Tell::Clients))
         .invoke_async(conn)
         .await
         .map_err(|e| classify("release", e))?;

@@ -213,7 +213,8 @@ impl RedlockBackend {
 
     async fn release_everywhere(&self, keys: &Keys, token: &LeaseToken) -> Vec<Vote<bool>> {
         self.everywhere("release", |mut conn| async move {
-            ops::release(&mut conn, keys, token).await
+            // Redlock's waiters poll: no client is named, nothing is published.
+            ops::release(&mut conn, keys, token, ops::Tell::Clients).await
         })
         .await
     }

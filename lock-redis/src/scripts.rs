@@ -196,6 +196,12 @@ pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 /// at most `ARGV[3]` ms more. The client of the second retries when that turn ends, unless
 /// another release reaches it first, so a first waiter that died or is paused stalls the lock
 /// for one turn. Waiters with no client named (Redlock's, which poll) get no message.
+///
+/// With `ARGV[4]` other than `1` (a cluster), the message goes once to the lock's channel
+/// `ARGV[2]`, which every waiting client listens on: on a cluster every `PUBLISH` crosses the
+/// cluster bus to every node, and two of them per release stalled hand-offs there (measured
+/// with 16 separate clients holding 1 ms: 95 acquisitions/s and a hand-off p99 of 44 ms,
+/// against 333/s with one message).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -210,13 +216,17 @@ if redis.call('DEL', KEYS[2]) == 1 then
     local kept = redis.call('ZSCORE', KEYS[4], next[1])
     if kept and tonumber(kept) > turn_end then redis.call('ZADD', KEYS[4], 'XX', turn_end, next[1]) end
     local message = table.concat(next, ' ')
-    local told = {}
-    for _, token in ipairs(next) do
-      local client = redis.call('HGET', KEYS[5], token)
-      if client and not told[client] then
-        told[client] = true
-        redis.call('PUBLISH', ARGV[2] .. ':' .. client, message)
+    if ARGV[4] == '1' then
+      local told = {}
+      for _, token in ipairs(next) do
+        local client = redis.call('HGET', KEYS[5], token)
+        if client and not told[client] then
+          told[client] = true
+          redis.call('PUBLISH', ARGV[2] .. ':' .. client, message)
+        end
       end
+    else
+      redis.call('PUBLISH', ARGV[2], message)
     end
   end
 end

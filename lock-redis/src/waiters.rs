@@ -32,6 +32,8 @@ use tokio::{sync::Notify, task::AbortHandle};
 pub(crate) struct Waiters {
     /// This client's id: its waiters' release messages come on `<channel>:<id>`.
     id: u64,
+    /// Whether releases tell each client on its own channel (else on the lock's channel).
+    per_client: bool,
     client: redis::Client,
     /// The bound of each network step on the pub/sub connection.
     timeout: Duration,
@@ -85,10 +87,12 @@ fn timed_out(what: &str) -> RedisError {
 
 impl Waiters {
     /// Waiters whose pub/sub connection comes from `client`, each of its network steps bounded
-    /// by `timeout`.
-    pub(crate) fn new(client: redis::Client, timeout: Duration) -> Arc<Self> {
+    /// by `timeout`; `per_client`: releases tell this client on a channel of its own (see
+    /// [`Self::channel`]).
+    pub(crate) fn new(client: redis::Client, timeout: Duration, per_client: bool) -> Arc<Self> {
         Arc::new(Self {
             id: rand::random::<u64>().max(1),
+            per_client,
             client,
             timeout,
             state: Mutex::new(State::default()),
@@ -103,9 +107,14 @@ impl Waiters {
     }
 
     /// The channel on which releases of the lock whose release channels stem from `stem`
-    /// (see [`crate::RedisKeys::channel`]) tell this client's waiters.
+    /// (see [`crate::RedisKeys::channel`]) tell this client's waiters: its own, or the lock's
+    /// (`stem` itself) when releases tell everyone.
     pub(crate) fn channel(&self, stem: &str) -> String {
-        format!("{stem}:{}", self.id)
+        if self.per_client {
+            format!("{stem}:{}", self.id)
+        } else {
+            stem.to_owned()
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

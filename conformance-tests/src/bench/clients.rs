@@ -45,6 +45,11 @@ pub struct Fleet {
     /// The most sessions (connections) open on the store's servers during the run, above
     /// those open before it, per client, when counted.
     pub sessions_per_client: Option<f64>,
+    /// The middle of the run and how many acquisitions came after it: the steady half of the
+    /// run, which [`counted`](super::counted) counts operations over (the first half has every
+    /// client's first tries and subscriptions).
+    #[serde(skip)]
+    pub second_half: Option<(Instant, usize)>,
 }
 
 /// One acquisition: by which client, when `acquire` returned, when the release began.
@@ -232,10 +237,13 @@ where
     let elapsed = began.elapsed();
     let mut turns = std::mem::take(&mut *turns.lock().unwrap_or_else(PoisonError::into_inner));
     turns.sort_by_key(|turn| turn.acquired);
+    let middle = began + run_for / 2;
+    let late = turns.iter().filter(|turn| turn.acquired >= middle).count();
     let (failures, first_failure) =
         std::mem::take(&mut *failures.lock().unwrap_or_else(PoisonError::into_inner));
     let mut fleet = summarize(clients, &turns, elapsed, failures)?;
     fleet.first_failure = first_failure;
+    fleet.second_half = Some((middle, late));
     Ok(fleet)
 }
 
@@ -321,6 +329,7 @@ fn summarize(
         first_failure: None,
         operations_per_acquisition: None,
         sessions_per_client: None,
+        second_half: None,
     })
 }
 
@@ -447,7 +456,7 @@ where
         if let Some(operations) = fleet.operations_per_acquisition {
             report.number(
                 &format!(
-                    "{clients} clients, hold {hold:?}: server {} per acquisition",
+                    "{clients} clients, hold {hold:?}: server {} per acquisition (second half of the run)",
                     counters.operations_are()
                 ),
                 operations,

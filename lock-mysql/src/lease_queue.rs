@@ -13,12 +13,7 @@
 //! - **Locks**: a busy try's statements lock only places found by their key (the head of the
 //!   queue, its own place, and the first waiter's when it cuts that to its turn), never the
 //!   lease and then a place, so tries of many waiters do not wait on each other's refreshes
-//!   or deadlock (fault case `lease/a_locked_place_behind_stalls_no_waiter`). **Known gap:**
-//!   the acquire statement's queue condition ([`allowed`]) is a locking read, and it can
-//!   still wait for a place behind the caller's that another transaction keeps locked: a
-//!   variant of the fault case with a second locked place behind, whose token is all zeros,
-//!   timed out (why that read reaches it is not found yet). A refresh holds its row only for
-//!   one statement, so in use this costs a wait, not a deadlock.
+//!   or deadlock (fault case `lease/a_locked_place_behind_stalls_no_waiter`).
 //! - **Who may take a free lease**: while any live place exists, only the first (by
 //!   `arrived_at`, then token) may take it; anybody else, including the client that just
 //!   released, finds it busy and takes a place at the back. The condition ([`allowed`]) is

@@ -265,8 +265,8 @@ async fn plant_place(store: &MySqlStore, name: &LockName, token: &str, turn: Dur
 }
 
 /// A thousand waiters refresh their places all the time; a try must not lock places it does
-/// not need. Here a foreign transaction keeps the place of a waiter *behind* the first one
-/// locked (as a refresh in flight would, for longer) when the lease expires (a holder that
+/// not need. Here a foreign transaction keeps the places of two waiters *behind* the first
+/// one locked (as a refresh in flight would, for longer) when the lease expires (a holder that
 /// died: a lease row planted for 500 ms): the first waiter's try reads the queue only up to
 /// its own place, so it takes the lease soon after. (Before, the acquire statement's queue
 /// condition read, and locked, every place of the name, and waited for that lock past the
@@ -291,9 +291,12 @@ async fn lease_locked_place_behind() -> Outcome {
     let long = LockOptions::new().ttl(Duration::from_secs(30));
     let waiter = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(4)));
     until_waiting(&name).await?;
-    // A place behind, with a token above any random one. (With a second place whose token is
-    // the lowest, the acquire statement still waits for it: see the lease module's docs.)
-    let behind = ["fedcba9876543210fedcba9876543210"];
+    // Two places behind, with the lowest and the highest token, so a scan of the queue in key
+    // order meets one of them before or after the waiter's own.
+    let behind = [
+        "00000000000000000000000000000000",
+        "fedcba9876543210fedcba9876543210",
+    ];
     for token in behind {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
@@ -303,14 +306,21 @@ async fn lease_locked_place_behind() -> Outcome {
         .await
         .map_err(|e| Failure(format!("planting a place behind: {e}")))?;
     }
+    // Each place locked by its key: one `FOR UPDATE` over both would read the queue along
+    // `by_arrival` and lock the waiter's own place too.
     let mut foreign = store.admin().acquire().await.map_err(err)?;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "START TRANSACTION; SELECT token FROM {queue} WHERE name = X'{n}' AND token = '{}' FOR UPDATE",
-        behind[0]
-    )))
-    .execute(&mut *foreign)
-    .await
-    .map_err(|e| Failure(format!("locking the place behind: {e}")))?;
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut *foreign)
+        .await
+        .map_err(err)?;
+    for token in behind {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT token FROM {queue} WHERE name = X'{n}' AND token = '{token}' FOR UPDATE"
+        )))
+        .execute(&mut *foreign)
+        .await
+        .map_err(|e| Failure(format!("locking a place behind: {e}")))?;
+    }
     let next = waiter.await.map_err(err)?;
     let waited = planted.elapsed();
     sqlx::raw_sql("ROLLBACK")

@@ -181,13 +181,17 @@ where
     let connect = Arc::new(connect);
     let turns = Arc::new(Mutex::new(Vec::new()));
     let failures = Arc::new(Mutex::new((0usize, None::<String>)));
-    // Every client connects first; the clock starts when all are ready.
+    // Every client connects first; the clock starts when all are ready (the start is set
+    // between the two barriers: set before the first, it would run while slow clients still
+    // connect, and a run of a thousand clients would be cut short).
     let ready = Arc::new(Barrier::new(clients + 1));
+    let go = Arc::new(Barrier::new(clients + 1));
     let start = Arc::new(Mutex::new(None::<Instant>));
     let mut threads = Vec::with_capacity(clients);
     for id in 0..clients {
         let (connect, turns, ready, start) =
             (connect.clone(), turns.clone(), ready.clone(), start.clone());
+        let go = go.clone();
         let (name, failures) = (name.clone(), failures.clone());
         let thread = std::thread::Builder::new()
             .name(format!("fleet-{id}"))
@@ -201,6 +205,7 @@ where
                     .map_err(Clone::clone)
                     .and_then(|rt| rt.block_on(connect(name)));
                 ready.wait();
+                go.wait();
                 let (runtime, contender) = (runtime?, contender?);
                 let began = start
                     .lock()
@@ -218,9 +223,10 @@ where
             .map_err(|e| e.to_string())?;
         threads.push(thread);
     }
-    *start.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     ready.wait();
     let began = Instant::now();
+    *start.lock().unwrap_or_else(PoisonError::into_inner) = Some(began);
+    go.wait();
     let mut first_error = None;
     for thread in threads {
         let outcome = thread

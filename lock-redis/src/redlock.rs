@@ -54,7 +54,7 @@ use crate::{
 ///   is granted only to the first in line on that server, so a majority goes to the oldest
 ///   waiter, and a client that releases and votes again goes behind the others. The first
 ///   and second in line vote every `backoff.min` (jittered), the ones further back more
-///   slowly, at most every 100 ms. A place lasts 400 ms without another vote, and the first
+///   slowly, at most every 250 ms. A place lasts 3 s without another vote, and the first
 ///   in line has 400 ms to come once the lock is free: a waiter that died or is paused holds
 ///   the lock back for at most that long. The order is the waiters' clocks' order, so
 ///   clients whose clocks disagree by `d` can pass each other within `d` (fair, not FIFO).
@@ -72,14 +72,19 @@ struct Inner {
 /// The answer of one server to one request.
 type Vote<T> = Result<T, LockError>;
 
-/// How long a waiter's place lasts on a server without another try from it, and how long the
-/// first waiter's turn lasts once the lock is free: a waiter that died or is paused holds the
-/// line up for at most this long.
-const PLACE: Duration = Duration::from_millis(400);
+/// How long the first waiter's turn lasts once the lock is free: a waiter that died or is
+/// paused holds the line up for at most this long.
+const TURN: Duration = Duration::from_millis(400);
 
-/// The longest a queued waiter sleeps between votes: well inside [`PLACE`], so a live waiter
-/// never loses its place or its turn.
-const QUEUED_POLL_MAX: Duration = Duration::from_millis(100);
+/// How long a waiter's place lasts on a server without another vote from it (a dead
+/// waiter's place far back in the line goes after this; at the head its turn cuts it to
+/// [`TURN`]).
+const PLACE: Duration = Duration::from_secs(3);
+
+/// The longest a queued waiter sleeps between votes, far back in the line: inside [`TURN`],
+/// so a waiter that became first while asleep still comes within its turn (and well inside
+/// [`PLACE`]). Close to the head it votes much more often (see [`Wait::delay`]).
+const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
 
 /// This waiter's place in line: the client's clock in µs when it starts to queue, the same on
 /// every server (see [`crate::scripts::ACQUIRE`]).
@@ -359,7 +364,7 @@ impl LockBackend for RedlockBackend {
         // The uncontended path: one vote that does not queue (but on a free lock with waiters,
         // it starts the first one's turn and is refused).
         let queueing = Queueing {
-            turn: PLACE,
+            turn: TURN,
             ..Queueing::NONE
         };
         let mut wait = match self.vote(request, &keys, &token, queueing).await? {

@@ -35,7 +35,7 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 ///   thousand clients outweigh the hand-offs of a short run;
 /// - sessions: the most open during the run, above those open before it, per client.
 ///
-/// Both counters are read every [`SAMPLE_EVERY`]; the reads are a few operations per second,
+/// Both counters are read every 100 ms; the reads are a few operations per second,
 /// left in the count.
 ///
 /// # Errors

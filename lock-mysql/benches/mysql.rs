@@ -81,13 +81,9 @@ async fn run() -> Result<(), String> {
             .wait(Duration::from_secs(30));
         let mut report = Report::new(label);
 
-        let cycle = bench::round_ratios(ROUNDS, || async {
-            let (cycle, floor) =
-                bench::uncontended_against(&client, &options, PER_ROUND, || raw.insert_delete())
-                    .await?;
-            Ok((cycle.mean, floor.mean))
-        })
-        .await?;
+        let cycle =
+            bench::uncontended_rounds(&client, &options, ROUNDS, PER_ROUND, || raw.insert_delete())
+                .await?;
         report.round_ratio(
             "uncontended acquire+release / raw INSERT+DELETE on the pool (means)",
             &cycle,
@@ -95,12 +91,8 @@ async fn run() -> Result<(), String> {
         );
         // Against one raw connection of its own: what a hand-written client pays. Targets:
         // the lease at least 0.85x of that rate, the row lock 0.8x.
-        let single = bench::round_ratios(ROUNDS, || async {
-            let (cycle, floor) = bench::uncontended_against(&client, &options, PER_ROUND, || {
-                raw.insert_delete_single()
-            })
-            .await?;
-            Ok((cycle.mean, floor.mean))
+        let single = bench::uncontended_rounds(&client, &options, ROUNDS, PER_ROUND, || {
+            raw.insert_delete_single()
         })
         .await?;
         report.round_ratio(

@@ -220,12 +220,8 @@ async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(30));
-    let cycle = bench::round_ratios(ROUNDS, || async {
-        let (cycle, floor) =
-            bench::uncontended_against(client, &options, PER_ROUND, || raw.cycle()).await?;
-        Ok((cycle.mean, floor.mean))
-    })
-    .await?;
+    let cycle =
+        bench::uncontended_rounds(client, &options, ROUNDS, PER_ROUND, || raw.cycle()).await?;
     report.round_ratio(
         "uncontended acquire+release / raw floor (means)",
         &cycle,

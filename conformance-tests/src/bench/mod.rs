@@ -280,6 +280,29 @@ pub struct RoundRatios {
     pub floor: Duration,
 }
 
+/// `rounds` rounds of [`uncontended_against`] with `per_round` pairs each: per round, the
+/// lock's mean cycle against the mean of `floor`, the two timed alternately.
+///
+/// # Errors
+/// The first error of a cycle or of the floor, as text.
+pub async fn uncontended_rounds<F, FF>(
+    client: &LockClient,
+    options: &LockOptions,
+    rounds: usize,
+    per_round: usize,
+    floor: F,
+) -> Result<RoundRatios, String>
+where
+    F: Fn() -> FF,
+    FF: Future<Output = Result<(), String>>,
+{
+    round_ratios(rounds, || async {
+        let (cycle, floor) = uncontended_against(client, options, per_round, &floor).await?;
+        Ok((cycle.mean, floor.mean))
+    })
+    .await
+}
+
 /// Runs `round` `rounds` times; each run returns `(value, floor)` measured back to back.
 ///
 /// # Errors

@@ -554,33 +554,43 @@ async fn lost_release_message_strands_no_waiter() -> Outcome {
     guard.release().await.map_err(fail("release"))
 }
 
+/// Release messages, as a stream.
+type Messages = std::pin::Pin<Box<dyn futures::Stream<Item = redis::Msg> + Send>>;
+
+/// A listener on every release channel of `keys`: the stem, where nothing is published but
+/// the tests' markers, and every client's channel under it.
+async fn release_listener(url: &str, keys: &RedisKeys) -> Result<Messages, Failure> {
+    let raw = redis::Client::open(url).map_err(fail("client"))?;
+    let mut listener = raw.get_async_pubsub().await.map_err(fail("pubsub"))?;
+    listener
+        .psubscribe(format!("{}*", keys.channel))
+        .await
+        .map_err(fail("PSUBSCRIBE"))?;
+    Ok(Box::pin(listener.into_on_message()))
+}
+
+/// The next message of `messages` within 5 s: its channel and its payload.
+async fn next_message(messages: &mut Messages) -> Result<(String, String), Failure> {
+    use futures::StreamExt;
+    let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
+        .await
+        .map_err(|_| Failure("no message on the release channels within 5 s".into()))?
+        .ok_or_else(|| Failure("the release listener closed".into()))?;
+    let payload = message.get_payload().map_err(fail("payload"))?;
+    Ok((message.get_channel_name().to_owned(), payload))
+}
+
 /// A release publishes only when someone waits: without a waiter nothing goes out (on a cluster
 /// a `PUBLISH` reaches every node); with one, the release publishes, wakes it, and removes the
 /// waiter mark.
 async fn releases_publish_only_for_waiters() -> Outcome {
-    use futures::StreamExt;
-
     let url = var("LOCK_TEST_REDIS_URL")?;
     let a = single_client(&url).await?;
     let b = single_client(&url).await?;
     let lock = name("publish-for-waiters")?;
     let keys = RedisKeys::new("faults", &lock);
     let mut conn = raw_conn(&url).await?;
-    let raw = redis::Client::open(url.as_str()).map_err(fail("client"))?;
-    let mut listener = raw.get_async_pubsub().await.map_err(fail("pubsub"))?;
-    // The channel stem, where nothing is published, and every client's channel under it.
-    listener
-        .psubscribe(format!("{}*", keys.channel))
-        .await
-        .map_err(fail("PSUBSCRIBE"))?;
-    let mut messages = listener.into_on_message();
-    let mut next_message = async || -> Result<String, Failure> {
-        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
-            .await
-            .map_err(|_| Failure("no message on the release channel within 5 s".into()))?
-            .ok_or_else(|| Failure("the release channel closed".into()))?;
-        message.get_payload().map_err(fail("payload"))
-    };
+    let mut messages = release_listener(&url, &keys).await?;
 
     // Nobody waits: the release publishes nothing. Our own marker, published after it, is the
     // first message on the channel (one connection delivers in the server's order).
@@ -593,7 +603,7 @@ async fn releases_publish_only_for_waiters() -> Outcome {
         .publish(&keys.channel, "marker")
         .await
         .map_err(fail("PUBLISH"))?;
-    let first = next_message().await?;
+    let (_, first) = next_message(&mut messages).await?;
     ensure!(
         first == "marker",
         "a release without waiters published {first:?}"
@@ -619,7 +629,7 @@ async fn releases_publish_only_for_waiters() -> Outcome {
         .map_err(fail("ZRANGE queue"))?;
     let released = Instant::now();
     guard.release().await.map_err(fail("release"))?;
-    let published = next_message().await?;
+    let (_, published) = next_message(&mut messages).await?;
     ensure!(
         queued.len() == 1 && published == queued[0],
         "the release with one waiter queued ({queued:?}) published {published:?}, not that waiter's token"

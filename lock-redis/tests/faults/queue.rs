@@ -8,7 +8,8 @@ use lock_redis::RedisKeys;
 use redis::AsyncCommands;
 
 use super::{
-    Outcome, fail, name, raw_conn, redlock_client, redlock_urls, single_client, until_marked, var,
+    Outcome, fail, name, next_message, raw_conn, redlock_client, redlock_urls, release_listener,
+    single_client, until_marked, var,
 };
 
 /// Plants a waiter that died at the head of `keys`' queue, with a place that would last a
@@ -219,8 +220,6 @@ pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
 /// with three waiting clients, the third hears nothing, so a release costs the same however
 /// many clients wait (before, one message on the lock's channel reached every waiting client).
 pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
-    use futures::StreamExt;
-
     let url = var("LOCK_TEST_REDIS_URL")?;
     let name = name("named-clients")?;
     let keys = RedisKeys::new("faults", &name);
@@ -266,13 +265,7 @@ pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
         let client = client.unwrap_or_else(|| "<no client recorded>".into());
         channel_of.push(format!("{}:{client}", keys.channel));
     }
-    let listener = redis::Client::open(url.as_str()).map_err(fail("client"))?;
-    let mut listener = listener.get_async_pubsub().await.map_err(fail("pubsub"))?;
-    listener
-        .psubscribe(format!("{}*", keys.channel))
-        .await
-        .map_err(fail("PSUBSCRIBE"))?;
-    let mut messages = listener.into_on_message();
+    let mut messages = release_listener(&url, &keys).await?;
     held.release().await.map_err(fail("release"))?;
     // Published after the release returned: it comes after every message of the release.
     let _: i64 = raw
@@ -281,15 +274,11 @@ pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
         .map_err(fail("PUBLISH"))?;
     let mut heard = Vec::new();
     loop {
-        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
-            .await
-            .map_err(|_| conformance_tests::Failure("no marker within 5 s".into()))?
-            .ok_or_else(|| conformance_tests::Failure("the listener closed".into()))?;
-        let payload: String = message.get_payload().map_err(fail("payload"))?;
+        let (channel, payload) = next_message(&mut messages).await?;
         if payload == "marker" {
             break;
         }
-        heard.push(message.get_channel_name().to_owned());
+        heard.push(channel);
     }
     heard.sort();
     let mut named = channel_of[..2].to_vec();

@@ -9,7 +9,8 @@ use std::{
 
 use async_trait::async_trait;
 use lock_core::{
-    AcquireRequest, Capabilities, Grant, Lease, LockBackend, LockError, LockInfo, LockName,
+    Capabilities, Lease, LockBackend, LockError, LockInfo, LockName,
+    backend::{AcquireRequest, Grant},
 };
 use tokio::sync::Notify;
 
@@ -84,6 +85,7 @@ impl DelayingBackend {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl LockBackend for DelayingBackend {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()

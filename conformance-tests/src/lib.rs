@@ -14,7 +14,6 @@
 
 pub mod bench;
 mod cases;
-mod counting;
 mod delaying;
 mod memory_store;
 mod report;
@@ -25,14 +24,15 @@ mod services;
 mod store;
 
 pub use cases::{CaseFuture, Cases};
-pub use counting::{CountingBackend, Counts};
 pub use delaying::DelayingBackend;
 pub use memory_store::{MemoryStore, Unreachable};
 pub use report::{ScenarioResult, SuiteReport, Verdict};
 pub use runner::{
     HOLDER_NAME_VAR, HOLDER_STORE_VAR, HOLDER_TTL_VAR, REPORT_DIR_VAR, Runner, run_suite,
 };
-pub use scenario::{Applies, Ctx, Failure, HolderProcess, Outcome, Scenario, ScenarioFuture};
+pub use scenario::{
+    Applies, CountingBackend, Ctx, Failure, HolderProcess, Outcome, Scenario, ScenarioFuture,
+};
 pub use scenarios::all as all_scenarios;
 pub use services::{SERVICES_DIR_VAR, Services};
 pub use store::TestStore;

@@ -11,8 +11,8 @@ use std::{
 
 use async_trait::async_trait;
 use lock_core::{
-    AcquireRequest, Capabilities, Grant, Lease, LockBackend, LockClient, LockError, LockInfo,
-    LockName, MemoryBackend,
+    Capabilities, Lease, LockBackend, LockClient, LockError, LockInfo, LockName, MemoryBackend,
+    backend::{AcquireRequest, Grant},
 };
 
 use crate::TestStore;
@@ -74,6 +74,7 @@ impl Switched {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl LockBackend for Switched {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()

@@ -11,7 +11,10 @@ use std::{
 
 use lock_core::{Capabilities, Holder, LockClient, LockError, LockGuard, LockName, LockOptions};
 
-use crate::{CountingBackend, DelayingBackend, TestStore};
+use crate::{DelayingBackend, TestStore};
+
+/// The layer [`Ctx::counting_client`] wraps a client's backend in.
+pub type CountingBackend = lock_core::layer::Counting<Arc<dyn lock_core::LockBackend>>;
 
 /// A boxed scenario future.
 pub type ScenarioFuture = Pin<Box<dyn Future<Output = Outcome> + Send + 'static>>;
@@ -128,14 +131,14 @@ impl Ctx {
     pub async fn counting_client(&self) -> Result<(LockClient, Arc<CountingBackend>), Failure> {
         let plain = self.client().await?;
         let counting = Arc::new(CountingBackend::new(plain.backend().clone()));
-        Ok((LockClient::from_arc(counting.clone()), counting))
+        Ok((LockClient::new(counting.clone()), counting))
     }
 
     /// A new client whose backend can hold chosen requests back.
     pub async fn delaying_client(&self) -> Result<(LockClient, Arc<DelayingBackend>), Failure> {
         let plain = self.client().await?;
         let delaying = Arc::new(DelayingBackend::new(plain.backend().clone()));
-        Ok((LockClient::from_arc(delaying.clone()), delaying))
+        Ok((LockClient::new(delaying.clone()), delaying))
     }
 
     /// The store's short TTL.

@@ -1,13 +1,23 @@
-//! [`LockBackend`]: the small trait every store implements, and [`AcquireRequest`].
+//! The face for backend authors: the [`LockBackend`] trait every store implements, the
+//! [`AcquireRequest`] it is handed, what it answers with ([`Grant`], [`LeaseToken`],
+//! [`EndSignal`]), and the helpers stores without push wake-ups wait with
+//! ([`poll_until_acquired`], [`Attempt`]).
+//!
+//! Users of a lock never need this module: they import from the crate root.
 
-use std::{
-    fmt,
-    time::{Duration, Instant},
+use std::{fmt, sync::Arc, time::Duration};
+
+pub use async_trait::async_trait;
+
+use crate::{Capabilities, Lease, LockError, LockInfo, LockName};
+pub use crate::{
+    end_signal::{EndNotifier, EndSignal, end_signal},
+    error::BoxError,
+    lease::{Grant, LeaseToken, local_deadline},
+    options::validate_ttl,
+    request::AcquireRequest,
+    waiting::{Attempt, poll_until_acquired},
 };
-
-use async_trait::async_trait;
-
-use crate::{Backoff, Capabilities, Grant, Lease, LockError, LockInfo, LockName, LockOptions};
 
 /// One store's implementation of the lock contract.
 ///
@@ -17,6 +27,10 @@ use crate::{Backoff, Capabilities, Grant, Lease, LockError, LockInfo, LockName, 
 ///
 /// Implementations must follow the contract in the crate docs (mutual exclusion, owner-only
 /// release and renew, fences, expiry, waiting through the store's own wake-up, no leftovers).
+///
+/// `Arc<T>` and `Box<T>` of a backend (`T` may be `dyn LockBackend`) are backends too. A
+/// wrapper (see [`layer`](crate::layer)) forwards every method, `renew_many` included, and
+/// says so with `#[deny(clippy::missing_trait_methods)]` on its impl.
 #[async_trait]
 pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// What this backend guarantees.
@@ -40,12 +54,19 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     /// [`LockError::NotHeld`] (nothing changed) when the lease is not current.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have renewed the lease; lock-core then counts on no
+    /// more than the shorter of the old TTL and `ttl`.
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError>;
 
     /// Renews each lease for its own [`Lease::ttl`]; one result per lease, in order.
     ///
     /// The default renews one by one; stores that can batch (pipelines, scripts) override it
     /// so the watchdog spends one round trip on many locks.
+    ///
+    /// # Cancel safety
+    /// As [`LockBackend::renew`], for each lease.
     async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
@@ -58,77 +79,49 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Errors
     /// [`LockError::NotHeld`] (nothing changed) when the lease is not current.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have released the lease; it ends at its TTL (or with
+    /// its session) either way.
     async fn release(&self, lease: &Lease) -> Result<(), LockError>;
 
     /// Who holds `name` now, when it expires and its fence; `None` when it is free.
     ///
     /// # Errors
     /// [`LockError::Foreign`] when the store holds a value this library did not write.
+    ///
+    /// # Cancel safety
+    /// A read: dropping the future changes nothing.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError>;
 }
 
-/// A validated request to acquire one lock.
-#[derive(Debug, Clone)]
-pub struct AcquireRequest {
-    name: LockName,
-    ttl: Duration,
-    wait: Duration,
-    backoff: Backoff,
-    started: Instant,
-}
-
-impl AcquireRequest {
-    /// A request for `name` with the TTL, wait budget and back-off of `options`; the wait
-    /// budget starts now.
-    ///
-    /// # Errors
-    /// [`LockError::InvalidOptions`] when `options` fail [`LockOptions::validate`].
-    pub fn new(name: LockName, options: &LockOptions) -> Result<Self, LockError> {
-        options.validate()?;
-        Ok(Self {
-            name,
-            ttl: options.ttl,
-            wait: options.wait,
-            backoff: options.backoff.clone(),
-            started: Instant::now(),
-        })
-    }
-
-    /// The lock to acquire.
-    pub fn name(&self) -> &LockName {
-        &self.name
-    }
-
-    /// The lease TTL.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// The wait budget (zero: one try).
-    pub fn wait(&self) -> Duration {
-        self.wait
-    }
-
-    /// The back-off for stores without push wake-ups.
-    pub fn backoff(&self) -> &Backoff {
-        &self.backoff
-    }
-
-    /// When the request was made.
-    pub fn started(&self) -> Instant {
-        self.started
-    }
-
-    /// When the wait budget runs out.
-    pub fn deadline(&self) -> Instant {
-        self.started + self.wait
-    }
-
-    /// The [`LockError::Timeout`] for this request.
-    pub fn timeout_error(&self) -> LockError {
-        LockError::Timeout {
-            name: self.name.to_string(),
-            waited: self.started.elapsed(),
+/// Forwards every method to the backend behind a smart pointer.
+macro_rules! forward_backend {
+    ($pointer:ident) => {
+        #[async_trait]
+        #[deny(clippy::missing_trait_methods)]
+        impl<T: LockBackend + ?Sized> LockBackend for $pointer<T> {
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+                (**self).acquire(request).await
+            }
+            async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+                (**self).renew(lease, ttl).await
+            }
+            async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+                (**self).renew_many(leases).await
+            }
+            async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+                (**self).release(lease).await
+            }
+            async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+                (**self).inspect(name).await
+            }
         }
-    }
+    };
 }
+
+forward_backend!(Arc);
+forward_backend!(Box);

@@ -2,81 +2,146 @@
 
 use std::{
     fmt,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use tracing::Instrument;
 
 use crate::{
-    AcquireRequest, Capabilities, Grant, Holder, Lease, LockBackend, LockError, LockGuard,
-    LockInfo, LockName, LockOptions, hold::Hold, holder::SlotUse, watchdog::Watchdog,
+    Capabilities, Holder, IntoLockName, Lease, LockError, LockGuard, LockInfo, LockOptions,
+    backend::{AcquireRequest, Grant, LockBackend, validate_ttl},
+    hold::Hold,
+    reentry::Reentry,
+    watchdog::Watchdog,
 };
 
-static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A lock client over one backend: acquires guards for holders, counts reentrancy, runs the
-/// watchdog, and signals loss. Cheap to clone (clones share everything).
+/// A lock client over one backend: acquires guards, counts reentrancy, runs the watchdog, and
+/// signals loss. Cheap to clone (clones share the backend, the watchdog and the reentry
+/// table; each clone has its own default options).
 ///
 /// Needs a Tokio runtime with timers enabled (the watchdog and the lost signal use them).
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_core::{Holder, LockClient, LockName, LockOptions, MemoryBackend};
+/// use lock_core::{LockClient, LockOptions, MemoryBackend};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_core::LockError> {
-/// let client = LockClient::new(MemoryBackend::new());
-/// let name = LockName::new("reports/daily")?;
-/// let options = LockOptions::new().ttl(Duration::from_secs(10));
+/// let client = LockClient::new(MemoryBackend::new())
+///     .with_options(LockOptions::new().ttl(Duration::from_secs(10)));
 ///
-/// let job = Holder::new();
-/// let guard = client.acquire(&job, &name, &options).await?;
-/// // Another holder is excluded until the guard is released.
-/// assert!(client.try_acquire(&Holder::new(), &name, &options).await?.is_none());
+/// let guard = client.lock("reports/daily").await?;
+/// // Anyone else is excluded until the guard is released.
+/// assert!(client.try_lock("reports/daily").await?.is_none());
 /// guard.release().await?;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// Reentrancy needs a [`Holder`]: the same holder acquiring a name it holds through the same
+/// client joins its hold ([`LockClient::acquire`]).
 #[derive(Clone)]
 pub struct LockClient {
-    shared: Arc<ClientShared>,
-}
-
-pub(crate) struct ClientShared {
-    pub(crate) id: u64,
-    pub(crate) backend: Arc<dyn LockBackend>,
-    pub(crate) watchdog: Watchdog,
+    backend: Arc<dyn LockBackend>,
+    watchdog: Arc<Watchdog>,
+    reentry: Arc<Reentry>,
+    options: LockOptions,
 }
 
 impl LockClient {
-    /// A client over `backend`.
+    /// A client over `backend`, with [`LockOptions::default`] for [`lock`](Self::lock) and
+    /// [`try_lock`](Self::try_lock). A shared backend (`Arc<dyn LockBackend>`, a store chosen
+    /// at run time) is a backend too.
     pub fn new(backend: impl LockBackend) -> Self {
-        Self::from_arc(Arc::new(backend))
+        let backend: Arc<dyn LockBackend> = Arc::new(backend);
+        Self {
+            watchdog: Watchdog::new(backend.clone()),
+            backend,
+            reentry: Arc::default(),
+            options: LockOptions::default(),
+        }
     }
 
-    /// A client over a shared backend (a store chosen at run time).
-    pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
-        Self {
-            shared: Arc::new(ClientShared {
-                id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
-                backend,
-                watchdog: Watchdog::default(),
-            }),
-        }
+    /// This client with `options` as the defaults of [`lock`](Self::lock) and
+    /// [`try_lock`](Self::try_lock) (they are checked when a lock is asked for).
+    #[must_use]
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The default options of [`lock`](Self::lock) and [`try_lock`](Self::try_lock).
+    pub fn options(&self) -> &LockOptions {
+        &self.options
     }
 
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn LockBackend> {
-        &self.shared.backend
+        &self.backend
     }
 
     /// What the backend guarantees.
     pub fn capabilities(&self) -> Capabilities {
-        self.shared.backend.capabilities()
+        self.backend.capabilities()
+    }
+
+    /// Acquires `name` with the client's options, waiting up to their wait budget.
+    ///
+    /// Each call is its own holder: a second `lock` of a name waits for the first guard like
+    /// any other process would. For reentrancy use [`acquire`](Self::acquire).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidName`] and [`LockError::InvalidOptions`] (nothing sent to the
+    /// store), [`LockError::Timeout`] when the budget ran out, and the backend's errors
+    /// ([`LockError::Unavailable`], [`LockError::Foreign`], ...).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing held beyond the TTL; session stores clean up in the
+    /// background.
+    pub async fn lock(&self, name: impl IntoLockName) -> Result<LockGuard, LockError> {
+        self.acquire(&Holder::new(), name, &self.options).await
+    }
+
+    /// One try with the client's options: the guard, or `None` when the lock is busy.
+    ///
+    /// # Errors
+    /// As [`LockClient::lock`], except that a busy lock is `Ok(None)`.
+    ///
+    /// # Cancel safety
+    /// As [`LockClient::lock`].
+    pub async fn try_lock(&self, name: impl IntoLockName) -> Result<Option<LockGuard>, LockError> {
+        self.try_acquire(&Holder::new(), name, &self.options).await
+    }
+
+    /// Acquires `name` with `options` instead of the client's.
+    ///
+    /// # Errors
+    /// As [`LockClient::lock`].
+    ///
+    /// # Cancel safety
+    /// As [`LockClient::lock`].
+    pub async fn lock_with(
+        &self,
+        name: impl IntoLockName,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        self.acquire(&Holder::new(), name, options).await
+    }
+
+    /// One try with `options` instead of the client's.
+    ///
+    /// # Errors
+    /// As [`LockClient::try_lock`].
+    ///
+    /// # Cancel safety
+    /// As [`LockClient::lock`].
+    pub async fn try_lock_with(
+        &self,
+        name: impl IntoLockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        self.try_acquire(&Holder::new(), name, options).await
     }
 
     /// Acquires `name` for `holder`, waiting up to `options.wait` (zero: one try).
@@ -85,27 +150,42 @@ impl LockClient {
     /// another guard on the same store lease at once (`options` of the first acquisition stay
     /// in force), and the lease is released when every guard is.
     ///
+    /// ```
+    /// use lock_core::{Holder, LockClient, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let (job, options) = (Holder::new(), client.options().clone());
+    /// let outer = client.acquire(&job, "invoices/7", &options).await?;
+    /// let inner = client.acquire(&job, "invoices/7", &options).await?; // re-enters
+    /// assert_eq!(inner.fence(), outer.fence());
+    /// inner.release().await?;
+    /// outer.release().await?; // the store lease ends here
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
-    /// [`LockError::InvalidOptions`] (nothing sent to the store), [`LockError::Timeout`] when
-    /// the budget ran out, and the backend's errors ([`LockError::Unavailable`],
-    /// [`LockError::Foreign`], ...).
+    /// As [`LockClient::lock`].
     ///
     /// # Cancel safety
-    /// Dropping the future leaves nothing held beyond the TTL; session stores clean up in the
-    /// background.
+    /// As [`LockClient::lock`].
     pub async fn acquire(
         &self,
         holder: &Holder,
-        name: &LockName,
+        name: impl IntoLockName,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let request = AcquireRequest::new(name.clone(), options)?;
+        let name = name.into_lock_name()?;
+        let request = AcquireRequest::new(name, options)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(LockError::Unsupported {
                 what: "acquiring outside a Tokio runtime (lock-core's watchdog needs one)".into(),
             });
         }
-        let span = tracing::debug_span!("lock.acquire", lock = %name, holder = %holder.id());
+        let span =
+            tracing::debug_span!("lock.acquire", lock = %request.name(), holder = %holder.id());
         self.acquire_inner(holder, request, options)
             .instrument(span)
             .await
@@ -117,7 +197,7 @@ impl LockClient {
         request: AcquireRequest,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let slot_use = SlotUse::new(holder, self.shared.id, request.name());
+        let slot_use = self.reentry.enter(holder.id(), request.name());
         let mut slot_guard = match tokio::time::timeout_at(
             request.deadline().into(),
             slot_use.slot().lock(),
@@ -131,14 +211,20 @@ impl LockClient {
             && hold.enter()
         {
             tracing::debug!(depth = hold.depth(), "lock re-entered");
-            return Ok(LockGuard::new(hold));
+            return Ok(LockGuard::new(hold, self.reentry.clone()));
         }
         let grant = self.grant(&request).await?;
         tracing::debug!(fence = %grant.lease.fence(), "lock acquired");
-        let hold = Hold::new(self.shared.clone(), holder.clone(), grant, options);
+        let hold = Hold::new(
+            self.backend.clone(),
+            self.watchdog.waker(),
+            holder.clone(),
+            grant,
+            options,
+        );
         *slot_guard = Arc::downgrade(&hold);
-        self.shared.watchdog.register(&self.shared, &hold);
-        Ok(LockGuard::new(hold))
+        self.watchdog.register(&hold);
+        Ok(LockGuard::new(hold, self.reentry.clone()))
     }
 
     /// Asks the backend for the lock until it grants a lease that is still valid or the wait
@@ -149,7 +235,7 @@ impl LockClient {
     /// background and counts as a busy try. A store that does not answer at all is given up on
     /// [`ANSWER_GRACE`] after the budget (a retry: [`RETRY_GRACE`]).
     async fn grant(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        let backend = &self.shared.backend;
+        let backend = &self.backend;
         let mut delays = request.backoff().delays();
         // The first try may answer up to ANSWER_GRACE after the budget; a retry, RETRY_GRACE,
         // and when it is cut the failure it retried is the answer.
@@ -206,7 +292,7 @@ impl LockClient {
     pub async fn try_acquire(
         &self,
         holder: &Holder,
-        name: &LockName,
+        name: impl IntoLockName,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         let options = options.clone().wait(Duration::ZERO);
@@ -221,8 +307,14 @@ impl LockClient {
     ///
     /// # Errors
     /// The backend's errors.
-    pub async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.shared.backend.inspect(name).await
+    ///
+    /// The answer is observability, not a pre-check: the lock may be taken or freed the moment
+    /// after it is read. To act only when free, use [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    /// A read: dropping the future changes nothing.
+    pub async fn inspect(&self, name: impl IntoLockName) -> Result<Option<LockInfo>, LockError> {
+        self.backend.inspect(&name.into_lock_name()?).await
     }
 
     /// Renews a lease obtained elsewhere (for example deserialized from another process, on a
@@ -231,17 +323,24 @@ impl LockClient {
     /// # Errors
     /// [`LockError::NotHeld`] when the lease is not current (nothing changes),
     /// [`LockError::InvalidOptions`] for a TTL out of range.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have renewed the lease.
     pub async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LockError> {
-        crate::validate_ttl(ttl)?;
-        Ok(self.shared.backend.renew(lease, ttl).await?.lease)
+        validate_ttl(ttl)?;
+        Ok(self.backend.renew(lease, ttl).await?.lease)
     }
 
     /// Releases a lease obtained elsewhere (see [`LockClient::renew_lease`]).
     ///
     /// # Errors
     /// [`LockError::NotHeld`] when the lease is not current (nothing changes).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have released the lease; it ends at its TTL either
+    /// way.
     pub async fn release_lease(&self, lease: &Lease) -> Result<(), LockError> {
-        self.shared.backend.release(lease).await
+        self.backend.release(lease).await
     }
 }
 
@@ -257,7 +356,8 @@ const RETRY_GRACE: Duration = Duration::from_millis(50);
 impl fmt::Debug for LockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockClient")
-            .field("backend", &self.shared.backend)
+            .field("backend", &self.backend)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -265,7 +365,7 @@ impl fmt::Debug for LockClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryBackend;
+    use crate::{LockName, MemoryBackend};
 
     /// A holder keeps a slot per name only while it holds or waits for that name: failed,
     /// timed-out and cancelled acquisitions leave nothing behind.
@@ -286,7 +386,11 @@ mod tests {
                     .is_none()
             );
         }
-        assert_eq!(prober.slot_count(), 0, "failed tries left slots");
+        assert_eq!(
+            client.reentry.count(prober.id()),
+            0,
+            "failed tries left slots"
+        );
         let (busy, waiting_options) = (
             LockName::new("slot/0").unwrap(),
             options.clone().wait(Duration::from_secs(10)),
@@ -298,18 +402,22 @@ mod tests {
                 .is_err()
         );
         assert_eq!(
-            prober.slot_count(),
+            client.reentry.count(prober.id()),
             0,
             "a cancelled acquisition left its slot"
         );
         assert_eq!(
-            owner.slot_count(),
+            client.reentry.count(owner.id()),
             50,
             "held locks must keep their slots for reentrancy"
         );
         for guard in guards {
             guard.release().await.unwrap();
         }
-        assert_eq!(owner.slot_count(), 0, "released locks left slots");
+        assert_eq!(
+            client.reentry.count(owner.id()),
+            0,
+            "released locks left slots"
+        );
     }
 }

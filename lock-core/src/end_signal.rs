@@ -12,7 +12,7 @@ use crate::LossReason;
 /// hold. Dropping the notifier without calling `end` says nothing (a normal release drops it).
 ///
 /// ```
-/// use lock_core::{LossReason, end_signal};
+/// use lock_core::{LossReason, backend::end_signal};
 ///
 /// let (notifier, signal) = end_signal();
 /// assert_eq!(signal.ended_now(), None);
@@ -23,8 +23,8 @@ pub struct EndNotifier {
     tx: watch::Sender<Option<LossReason>>,
 }
 
-/// lock-core's half of an end signal, attached to a [`Grant`](crate::Grant) with
-/// [`Grant::with_end`](crate::Grant::with_end): the hold is lost as soon as it fires
+/// lock-core's half of an end signal, attached to a [`Grant`](crate::backend::Grant) with
+/// [`Grant::with_end`](crate::backend::Grant::with_end): the hold is lost as soon as it fires
 /// (`is_held()` turns false and `lost()` resolves with the reason).
 #[derive(Clone)]
 pub struct EndSignal {

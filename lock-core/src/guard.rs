@@ -12,6 +12,7 @@ use std::{
 use crate::{
     Fence, Holder, Lease, LockError, LockName, LossReason,
     hold::{Hold, Status},
+    reentry::Reentry,
 };
 
 /// A held lock.
@@ -30,12 +31,19 @@ use crate::{
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     hold: Arc<Hold>,
+    /// The reentry table of the client that acquired the hold: the last guard to leave forgets
+    /// the hold there.
+    reentry: Arc<Reentry>,
     active: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(hold: Arc<Hold>) -> Self {
-        Self { hold, active: true }
+    pub(crate) fn new(hold: Arc<Hold>, reentry: Arc<Reentry>) -> Self {
+        Self {
+            hold,
+            reentry,
+            active: true,
+        }
     }
 
     /// The lock's name.
@@ -105,7 +113,7 @@ impl LockGuard {
     /// way, but until it ends the local deadline counts on no more than the shorter of the old
     /// TTL and `ttl` (the store may apply the abandoned request at any later moment).
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
-        crate::validate_ttl(ttl)?;
+        crate::backend::validate_ttl(ttl)?;
         let _permit = self.hold.renewing.lock().await;
         let lease = self.hold.lease();
         if let Status::Lost(reason) = self.hold.status() {
@@ -116,12 +124,12 @@ impl LockGuard {
             ttl,
             answered: false,
         };
-        let result = self.hold.client.backend.renew(&lease, ttl).await;
+        let result = self.hold.backend.renew(&lease, ttl).await;
         in_flight.answered();
         match result {
             Ok(grant) => {
                 self.hold.confirm(grant, false);
-                self.hold.client.watchdog.wake();
+                self.hold.renew_now.notify_one();
                 Ok(())
             }
             Err(LockError::NotHeld { .. } | LockError::Foreign { .. }) => {
@@ -154,7 +162,7 @@ impl LockGuard {
         if !hold.leave() {
             return Ok(());
         }
-        Ending::begin(hold).finish().await
+        Ending::begin(hold, &self.reentry).finish().await
     }
 }
 
@@ -198,11 +206,11 @@ struct Ending {
 }
 
 impl Ending {
-    fn begin(hold: Arc<Hold>) -> Self {
+    fn begin(hold: Arc<Hold>, reentry: &Reentry) -> Self {
         let status = hold.status();
         let lease = hold.lease();
         hold.mark_released();
-        hold.holder.forget_slot(hold.client.id, &hold.name, 0);
+        reentry.forget(hold.holder.id(), &hold.name, 0);
         // After "not held", a session's end, or the watchdog's release at max_hold, a release
         // could only answer "not held": spare the round trip. A hold that passed its local
         // deadline may still be in the store, so it is released.
@@ -220,7 +228,7 @@ impl Ending {
 
     async fn finish(mut self) -> Result<(), LockError> {
         let result = if self.pending {
-            self.hold.client.backend.release(&self.lease).await
+            self.hold.backend.release(&self.lease).await
         } else {
             Err(LockError::not_held(&self.hold.name))
         };
@@ -242,7 +250,7 @@ impl Drop for Ending {
         if !self.pending {
             return;
         }
-        let (backend, lease) = (self.hold.client.backend.clone(), self.lease.clone());
+        let (backend, lease) = (self.hold.backend.clone(), self.lease.clone());
         let release = async move {
             if let Err(error) = backend.release(&lease).await {
                 tracing::debug!(%error, "background release failed");
@@ -268,7 +276,7 @@ impl Drop for Ending {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.active && self.hold.leave() {
-            drop(Ending::begin(self.hold.clone()));
+            drop(Ending::begin(self.hold.clone(), &self.reentry));
         }
     }
 }

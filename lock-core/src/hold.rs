@@ -6,11 +6,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{runtime::Handle, sync::watch};
+use tokio::{
+    runtime::Handle,
+    sync::{Notify, watch},
+};
 
 use crate::{
-    EndSignal, Fence, Grant, Holder, Lease, LockError, LockName, LockOptions, LossReason,
-    client::ClientShared,
+    Fence, Holder, Lease, LockError, LockName, LockOptions, LossReason,
+    backend::{EndSignal, Grant, LockBackend, local_deadline},
+    lease::drift,
 };
 
 /// Where a hold stands.
@@ -21,14 +25,11 @@ pub(crate) enum Status {
     Released,
 }
 
-/// The margin kept between the store's expiry and the local deadline: TTL/100 + 2 ms (the
-/// clock-drift allowance of Redlock), so the client gives the lock up before the store does.
-pub(crate) fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
 pub(crate) struct Hold {
-    pub(crate) client: Arc<ClientShared>,
+    /// The store the hold lives in.
+    pub(crate) backend: Arc<dyn LockBackend>,
+    /// Wakes the watchdog that renews this hold, so it re-plans at once (after an `extend`).
+    pub(crate) renew_now: Arc<Notify>,
     pub(crate) holder: Holder,
     /// Fixed for the life of the hold (renewals keep both), so read without the lock.
     pub(crate) name: LockName,
@@ -95,7 +96,8 @@ pub(crate) enum Plan {
 
 impl Hold {
     pub(crate) fn new(
-        client: Arc<ClientShared>,
+        backend: Arc<dyn LockBackend>,
+        renew_now: Arc<Notify>,
         holder: Holder,
         grant: Grant,
         options: &LockOptions,
@@ -106,7 +108,7 @@ impl Hold {
             lease: grant.lease.clone(),
             depth: 1,
             valid_from,
-            deadline: crate::local_deadline(valid_from, ttl),
+            deadline: local_deadline(valid_from, ttl),
             next_renew: valid_from,
             renew_every: options.renew_every,
             watchdog: options.watchdog,
@@ -117,7 +119,8 @@ impl Hold {
         };
         state.next_renew = valid_from + state.interval();
         Arc::new(Self {
-            client,
+            backend,
+            renew_now,
             holder,
             name: state.lease.name().clone(),
             fence: state.lease.fence(),

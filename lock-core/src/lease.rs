@@ -7,7 +7,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{EndSignal, Fence, LockName};
+use crate::{Fence, LockName, end_signal::EndSignal};
 
 /// The owner token of a lease: at least 128 random bits, unique per acquisition.
 ///
@@ -168,6 +168,12 @@ impl Grant {
     }
 }
 
+/// The margin kept between the store's expiry and the local deadline: TTL/100 + 2 ms (the
+/// clock-drift allowance of Redlock), so the client gives the lock up before the store does.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
 /// The local deadline of a lease valid from `valid_from` for `ttl`: `valid_from + ttl` minus
 /// the drift allowance (TTL/100 + 2 ms, Redlock's), on the monotonic clock. A guard trusts its
 /// hold until then unless a renewal is confirmed; a backend can use it to refuse handing out
@@ -177,11 +183,11 @@ impl Grant {
 /// use std::time::{Duration, Instant};
 ///
 /// let sent = Instant::now();
-/// let deadline = lock_core::local_deadline(sent, Duration::from_secs(1));
+/// let deadline = lock_core::backend::local_deadline(sent, Duration::from_secs(1));
 /// assert_eq!(deadline, sent + Duration::from_millis(988));
 /// ```
 pub fn local_deadline(valid_from: Instant, ttl: Duration) -> Instant {
-    valid_from + ttl.saturating_sub(crate::hold::drift(ttl))
+    valid_from + ttl.saturating_sub(drift(ttl))
 }
 
 /// What [`LockBackend::inspect`](crate::LockBackend::inspect) reports about a held lock.

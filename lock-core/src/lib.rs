@@ -1,6 +1,6 @@
 #![doc = include_str!("../README.md")]
 
-mod backend;
+pub mod backend;
 mod capabilities;
 mod client;
 mod end_signal;
@@ -9,31 +9,27 @@ mod fence;
 mod guard;
 mod hold;
 mod holder;
+pub mod layer;
 mod lease;
 mod memory;
 mod name;
 mod options;
+mod reentry;
+mod request;
 mod waiting;
 mod watchdog;
 
-pub use backend::{AcquireRequest, LockBackend};
+pub use backend::LockBackend;
 pub use capabilities::{Capabilities, Clock, Expiry, Failover, Fencing, WaitOrder, Wakeup};
 pub use client::LockClient;
-pub use end_signal::{EndNotifier, EndSignal, end_signal};
-pub use error::{BoxError, LockError, LossReason};
+pub use error::{LockError, LossReason};
 pub use fence::Fence;
 pub use guard::{LockGuard, Lost};
 pub use holder::{Holder, HolderId};
-pub use lease::{Grant, Lease, LeaseToken, LockInfo, local_deadline};
+pub use lease::{Lease, LockInfo};
 pub use memory::MemoryBackend;
-pub use name::LockName;
-pub use options::{
-    Backoff, LockOptions, MAX_TTL, MAX_WAIT, MIN_RENEW_EVERY, MIN_TTL, validate_ttl,
-};
-pub use waiting::{Attempt, poll_until_acquired};
-
-/// Re-exported so backends implement [`LockBackend`] with the same macro version.
-pub use async_trait::async_trait;
+pub use name::{IntoLockName, LockName};
+pub use options::{Backoff, LockOptions, MAX_TTL, MAX_WAIT, MIN_RENEW_EVERY, MIN_TTL};
 
 #[cfg(test)]
 mod bounds {

@@ -10,8 +10,9 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::{
-    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fence, Fencing, Grant, Lease,
-    LeaseToken, LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup,
+    Capabilities, Clock, Expiry, Failover, Fence, Fencing, Lease, LockError, LockInfo, LockName,
+    WaitOrder, Wakeup,
+    backend::{AcquireRequest, Grant, LeaseToken, LockBackend},
 };
 
 /// An in-process lock store: every rule of the contract, no server.
@@ -210,7 +211,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        crate::validate_ttl(ttl)?;
+        crate::backend::validate_ttl(ttl)?;
         let now = Instant::now();
         let mut slots = self.slots();
         let current = slots

@@ -134,6 +134,49 @@ impl TryFrom<&str> for LockName {
     }
 }
 
+/// Anything that names a lock: a [`LockName`] (valid already) or text, validated on use.
+///
+/// [`LockClient`](crate::LockClient)'s methods take it, so `client.lock("jobs/1")` and
+/// `client.lock(&name)` both work; text that is not a valid name is
+/// [`LockError::InvalidName`] before anything is sent to the store.
+pub trait IntoLockName {
+    /// The validated name.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidName`] as [`LockName::new`].
+    fn into_lock_name(self) -> Result<LockName, LockError>;
+}
+
+impl IntoLockName for LockName {
+    fn into_lock_name(self) -> Result<LockName, LockError> {
+        Ok(self)
+    }
+}
+
+impl IntoLockName for &LockName {
+    fn into_lock_name(self) -> Result<LockName, LockError> {
+        Ok(self.clone())
+    }
+}
+
+impl IntoLockName for &str {
+    fn into_lock_name(self) -> Result<LockName, LockError> {
+        LockName::new(self)
+    }
+}
+
+impl IntoLockName for String {
+    fn into_lock_name(self) -> Result<LockName, LockError> {
+        LockName::new(self)
+    }
+}
+
+impl IntoLockName for &String {
+    fn into_lock_name(self) -> Result<LockName, LockError> {
+        LockName::new(self.as_str())
+    }
+}
+
 impl From<LockName> for String {
     fn from(name: LockName) -> Self {
         name.0.to_string()

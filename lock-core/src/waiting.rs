@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{AcquireRequest, Grant, LockError};
+use crate::{LockError, lease::Grant, request::AcquireRequest};
 
 /// The outcome of one acquisition try on a store without push wake-ups.
 #[derive(Debug)]

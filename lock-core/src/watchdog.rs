@@ -14,15 +14,15 @@ use std::{
 use tokio::{sync::Notify, task::JoinHandle};
 
 use crate::{
-    Lease,
-    client::ClientShared,
+    Lease, LockBackend,
     hold::{Hold, Plan, RenewPermit, Status},
 };
 
-#[derive(Default)]
+/// The holds one client renews, and the task renewing them.
 pub(crate) struct Watchdog {
+    backend: Arc<dyn LockBackend>,
     list: Mutex<List>,
-    wake: Notify,
+    wake: Arc<Notify>,
 }
 
 #[derive(Default)]
@@ -33,8 +33,22 @@ struct List {
 }
 
 impl Watchdog {
+    /// A watchdog for the holds of `backend`; its task starts with the first hold.
+    pub(crate) fn new(backend: Arc<dyn LockBackend>) -> Arc<Self> {
+        Arc::new(Self {
+            backend,
+            list: Mutex::default(),
+            wake: Arc::default(),
+        })
+    }
+
+    /// What a hold keeps to make this watchdog re-plan at once (see [`Hold::renew_now`]).
+    pub(crate) fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
     /// Starts watching `hold`, starting the task if none is running.
-    pub(crate) fn register(&self, client: &Arc<ClientShared>, hold: &Arc<Hold>) {
+    pub(crate) fn register(self: &Arc<Self>, hold: &Arc<Hold>) {
         {
             let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
             list.holds.push(Arc::downgrade(hold));
@@ -44,14 +58,9 @@ impl Watchdog {
                 // still ends the hold through `is_held` and `lost`.
                 list.task = tokio::runtime::Handle::try_current()
                     .ok()
-                    .map(|runtime| runtime.spawn(run(client.clone())));
+                    .map(|runtime| runtime.spawn(run(self.clone())));
             }
         }
-        self.wake();
-    }
-
-    /// Re-plans at once (a hold was added or extended).
-    pub(crate) fn wake(&self) {
         self.wake.notify_one();
     }
 
@@ -105,8 +114,7 @@ impl Round {
     }
 }
 
-async fn run(client: Arc<ClientShared>) {
-    let watchdog = &client.watchdog;
+async fn run(watchdog: Arc<Watchdog>) {
     loop {
         let holds = watchdog.live();
         if holds.is_empty() {
@@ -134,7 +142,7 @@ async fn run(client: Arc<ClientShared>) {
                 Plan::End(lease) => {
                     // The hold is over on our side; free the store so waiters need not wait
                     // the TTL. In the background: a hanging release must not stall renewals.
-                    let backend = client.backend.clone();
+                    let backend = watchdog.backend.clone();
                     tokio::spawn(async move {
                         if let Err(error) = backend.release(&lease).await {
                             tracing::debug!(%error, "release at max_hold failed");
@@ -152,7 +160,7 @@ async fn run(client: Arc<ClientShared>) {
             continue;
         }
         let holds = round.holds();
-        if let Err(error) = tokio::spawn(renew(client.clone(), round)).await {
+        if let Err(error) = tokio::spawn(renew(watchdog.backend.clone(), round)).await {
             tracing::error!(%error, "a renewal round failed; its locks retry soon");
             let now = Instant::now();
             for (hold, ttl) in holds {
@@ -164,7 +172,7 @@ async fn run(client: Arc<ClientShared>) {
 }
 
 /// Sends one round's renewals and applies the answers, each bounded by the hold's deadline.
-async fn renew(client: Arc<ClientShared>, round: Round) {
+async fn renew(backend: Arc<dyn LockBackend>, round: Round) {
     if !round.batch.is_empty() {
         let leases: Vec<Lease> = round.batch.iter().map(|(_, l, _)| l.clone()).collect();
         let sent = Instant::now();
@@ -175,7 +183,7 @@ async fn renew(client: Arc<ClientShared>, round: Round) {
             .min()
             .unwrap_or_default()
             .max(Duration::from_millis(1));
-        match tokio::time::timeout(limit, client.backend.renew_many(&leases)).await {
+        match tokio::time::timeout(limit, backend.renew_many(&leases)).await {
             Ok(results) if results.len() == round.batch.len() => {
                 for ((hold, _, _), result) in round.batch.iter().zip(results) {
                     hold.apply_renewal(result, false, sent);
@@ -201,7 +209,7 @@ async fn renew(client: Arc<ClientShared>, round: Round) {
             .deadline()
             .saturating_duration_since(sent)
             .max(Duration::from_millis(1));
-        match tokio::time::timeout(limit, client.backend.renew(&lease, ttl)).await {
+        match tokio::time::timeout(limit, backend.renew(&lease, ttl)).await {
             Ok(result) => hold.apply_renewal(result, true, sent),
             Err(_) => {
                 hold.abandoned(ttl);

@@ -9,8 +9,8 @@ use std::{
 };
 
 use lock_core::{
-    AcquireRequest, EndNotifier, Grant, Holder, LockBackend, LockClient, LockError, LockName,
-    LockOptions, LossReason, MemoryBackend, async_trait, end_signal,
+    Holder, LockBackend, LockClient, LockError, LockName, LockOptions, LossReason, MemoryBackend,
+    backend::{AcquireRequest, EndNotifier, Grant, async_trait, end_signal},
 };
 use support::{Fault, Faulty};
 

@@ -13,8 +13,8 @@ use std::{
 };
 
 use lock_core::{
-    AcquireRequest, Grant, Holder, LockBackend, LockClient, LockError, LockName, LockOptions,
-    MemoryBackend, async_trait,
+    Holder, LockBackend, LockClient, LockError, LockName, LockOptions, MemoryBackend,
+    backend::{AcquireRequest, Grant, async_trait},
 };
 use support::{Fault, Faulty};
 

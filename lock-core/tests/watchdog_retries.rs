@@ -12,8 +12,8 @@ use std::{
 };
 
 use lock_core::{
-    Grant, Holder, Lease, LockClient, LockError, LockName, LockOptions, LossReason, MemoryBackend,
-    async_trait,
+    Holder, Lease, LockClient, LockError, LockName, LockOptions, LossReason, MemoryBackend,
+    backend::{Grant, async_trait},
 };
 use support::{Fault, Faulty};
 

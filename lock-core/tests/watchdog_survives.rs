@@ -10,8 +10,8 @@ use std::{
 };
 
 use lock_core::{
-    AcquireRequest, Grant, Holder, Lease, LockBackend, LockClient, LockError, LockName,
-    LockOptions, MemoryBackend, async_trait,
+    Holder, Lease, LockBackend, LockClient, LockError, LockName, LockOptions, MemoryBackend,
+    backend::{AcquireRequest, Grant, async_trait},
 };
 use support::{Fault, Faulty};
 

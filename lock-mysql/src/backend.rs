@@ -3,8 +3,9 @@
 use std::{sync::Arc, time::Duration};
 
 use lock_core::{
-    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LockBackend,
-    LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
+    Capabilities, Clock, Expiry, Failover, Fencing, Lease, LockBackend, LockError, LockInfo,
+    LockName, WaitOrder, Wakeup,
+    backend::{AcquireRequest, Grant, async_trait},
 };
 use sqlx::{AssertSqlSafe, Connection, MySqlPool, mysql::MySqlPoolOptions};
 

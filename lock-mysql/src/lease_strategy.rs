@@ -28,8 +28,8 @@ use std::{
 };
 
 use lock_core::{
-    AcquireRequest, Attempt, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName,
-    poll_until_acquired, validate_ttl,
+    Fence, Lease, LockError, LockInfo, LockName,
+    backend::{AcquireRequest, Attempt, Grant, LeaseToken, poll_until_acquired, validate_ttl},
 };
 use sqlx::{AssertSqlSafe, MySqlPool, Row, mysql::MySqlQueryResult};
 
@@ -465,7 +465,7 @@ impl LeaseStrategy {
                 });
             }
         };
-        if Instant::now() >= lock_core::local_deadline(sent, request.ttl()) {
+        if Instant::now() >= lock_core::backend::local_deadline(sent, request.ttl()) {
             // The answer came too late to be of use: the caller's hold would be over before it
             // began. Give the row back and try again (or time out).
             tracing::debug!(lock = %name, "a grant came back past its local deadline; releasing it");

@@ -1,7 +1,7 @@
 //! Reading lock rows back and judging them: ours (free or held) or foreign — a row this
 //! library did not write, which is reported as [`LockError::Foreign`] and never granted.
 
-use lock_core::{Fence, LeaseToken, LockError, LockName};
+use lock_core::{Fence, LockError, LockName, backend::LeaseToken};
 use sqlx::{Row, mysql::MySqlRow};
 
 use crate::TableName;

@@ -48,8 +48,8 @@ use std::{
 mod hold;
 
 use lock_core::{
-    AcquireRequest, Fence, Grant, Lease, LeaseToken, LockError, LockInfo, LockName, end_signal,
-    validate_ttl,
+    Fence, Lease, LockError, LockInfo, LockName,
+    backend::{AcquireRequest, Grant, LeaseToken, end_signal, validate_ttl},
 };
 use sqlx::{
     AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, MySqlPool, Row,
@@ -688,7 +688,7 @@ impl Shared {
                 error,
             )));
         }
-        if Instant::now() >= lock_core::local_deadline(valid_from, request.ttl()) {
+        if Instant::now() >= lock_core::backend::local_deadline(valid_from, request.ttl()) {
             // The grant came too late to be of use (its local deadline has passed): give the
             // lock back rather than hand out a hold that is over before it begins.
             tracing::debug!(lock = %name, "a grant came back past its local deadline; rolling back");

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use conformance_tests::{Cases, Failure, Outcome, ensure};
 use lock_core::{
-    AcquireRequest, Fence, Lease, LeaseToken, LockBackend, LockError, LockName, LockOptions,
+    Fence, Lease, LockBackend, LockError, LockName, LockOptions,
+    backend::{AcquireRequest, LeaseToken},
 };
 use lock_mysql::{MySqlBackend, Strategy};
 use sqlx::AssertSqlSafe;

@@ -23,7 +23,8 @@ use std::{
 
 use conformance_tests::{Cases, Failure, Outcome, ensure};
 use lock_core::{
-    AcquireRequest, Fencing, Holder, LockBackend, LockClient, LockError, LockName, LockOptions,
+    Fencing, Holder, LockBackend, LockClient, LockError, LockName, LockOptions,
+    backend::AcquireRequest,
 };
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 use support::{

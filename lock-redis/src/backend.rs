@@ -6,8 +6,9 @@ use std::{
 };
 
 use lock_core::{
-    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
-    LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
+    Capabilities, Clock, Expiry, Failover, Fencing, Lease, LockBackend, LockError, LockInfo,
+    LockName, WaitOrder, Wakeup,
+    backend::{AcquireRequest, Grant, LeaseToken, async_trait},
 };
 
 use redis::Value;
@@ -371,7 +372,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        lock_core::validate_ttl(ttl)?;
+        lock_core::backend::validate_ttl(ttl)?;
         let mut conn = self.inner.conn.clone();
         let sent = Instant::now();
         match ops::renew(&mut conn, &self.keys(lease.name()), lease.token(), ttl).await? {

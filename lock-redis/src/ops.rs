@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lock_core::{Fence, Lease, LeaseToken, LockError, LockInfo, LockName};
+use lock_core::{Fence, Lease, LockError, LockInfo, LockName, backend::LeaseToken};
 use redis::{Value, aio::ConnectionLike};
 
 use crate::{
@@ -80,9 +80,9 @@ pub(crate) fn millis(d: Duration) -> u64 {
 }
 
 /// Whether a lease of `ttl` requested at `sent` is still inside its local deadline (see
-/// [`lock_core::local_deadline`]): a grant that answers later is no grant.
+/// [`lock_core::backend::local_deadline`]): a grant that answers later is no grant.
 pub(crate) fn within_deadline(sent: Instant, ttl: Duration) -> bool {
-    Instant::now() < lock_core::local_deadline(sent, ttl)
+    Instant::now() < lock_core::backend::local_deadline(sent, ttl)
 }
 
 /// The lease granted by a try, with the expiry the server reported.

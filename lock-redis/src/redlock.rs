@@ -8,8 +8,9 @@ use std::{
 
 use futures::future::join_all;
 use lock_core::{
-    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
-    LockBackend, LockError, LockInfo, LockName, WaitOrder, Wakeup, async_trait,
+    Capabilities, Clock, Expiry, Failover, Fencing, Lease, LockBackend, LockError, LockInfo,
+    LockName, WaitOrder, Wakeup,
+    backend::{AcquireRequest, Grant, LeaseToken, async_trait},
 };
 use redis::Value;
 
@@ -28,7 +29,7 @@ use crate::{
 ///   is valid for `ttl - elapsed - drift` with `drift = ttl * 0.01 + 2 ms`, and the lease's
 ///   local deadline is computed the same way.
 /// - A failed attempt releases on every server (a timed-out server may have granted), then
-///   retries after a random delay: `lock_core::poll_until_acquired`'s jittered back-off,
+///   retries after a random delay: `lock_core::backend::poll_until_acquired`'s jittered back-off,
 ///   bounded by the holder's TTL and the wait budget.
 /// - Renewal must reach a majority within the validity.
 /// - **Fences are best effort**. Each server proposes `max(its counter + 1, its clock in µs)`
@@ -226,8 +227,11 @@ impl RedlockBackend {
 
     /// The validity left of a majority vote started at `start`, if any.
     fn validity(ttl: Duration, start: Instant) -> Option<Duration> {
-        Some(lock_core::local_deadline(start, ttl).saturating_duration_since(Instant::now()))
-            .filter(|v| !v.is_zero())
+        Some(
+            lock_core::backend::local_deadline(start, ttl)
+                .saturating_duration_since(Instant::now()),
+        )
+        .filter(|v| !v.is_zero())
     }
 
     /// One round of Redlock: asks every server, keeps the lock if a majority granted it within
@@ -401,7 +405,7 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        lock_core::validate_ttl(ttl)?;
+        lock_core::backend::validate_ttl(ttl)?;
         let keys = self.keys(lease.name());
         let start = Instant::now();
         let votes = self

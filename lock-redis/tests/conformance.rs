@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use conformance_tests::{Runner, Services, TestStore};
-use lock_core::{LockClient, LockError, LockName, async_trait};
+use lock_core::{LockClient, LockError, LockName, backend::async_trait};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 use redis::{AsyncCommands, aio::MultiplexedConnection, cluster_async::ClusterConnection};
 

@@ -8,8 +8,9 @@ use std::{
 };
 
 use lock_core::{
-    AcquireRequest, Capabilities, Clock, Expiry, Failover, Fencing, Grant, Lease, LeaseToken,
-    LockBackend, LockError, LockInfo, LockName, LossReason, WaitOrder, Wakeup, async_trait,
+    Capabilities, Clock, Expiry, Failover, Fencing, Lease, LockBackend, LockError, LockInfo,
+    LockName, LossReason, WaitOrder, Wakeup,
+    backend::{AcquireRequest, Grant, LeaseToken, async_trait},
 };
 use zookeeper_client::{self as zk, SessionId, SessionState};
 

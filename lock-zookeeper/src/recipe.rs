@@ -14,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lock_core::{AcquireRequest, Fence, LeaseToken, LockError, LockInfo, LockName};
+use lock_core::{
+    Fence, LockError, LockInfo, LockName,
+    backend::{AcquireRequest, LeaseToken},
+};
 use tokio::time::{sleep, sleep_until};
 use uuid::Uuid;
 use zookeeper_client::{self as zk, CreateOptions, EventType, SessionId};

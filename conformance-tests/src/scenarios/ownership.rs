@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Holder, Lease, LeaseToken, LockClient, LockError};
+use lock_core::{Holder, Lease, LockClient, LockError, backend::LeaseToken};
 
 use crate::{Ctx, Outcome, ensure};
 

@@ -13,8 +13,9 @@ use tokio::sync::Notify;
 use async_trait::async_trait;
 use conformance_tests::{MemoryStore, TestStore, Unreachable};
 use lock_core::{
-    AcquireRequest, Capabilities, Fence, Grant, Lease, LockBackend, LockClient, LockError,
-    LockInfo, LockName, LockOptions, MAX_TTL, MemoryBackend, WaitOrder,
+    Capabilities, Fence, Lease, LockBackend, LockClient, LockError, LockInfo, LockName,
+    LockOptions, MAX_TTL, MemoryBackend, WaitOrder,
+    backend::{AcquireRequest, Grant},
 };
 
 /// How late [`Fault::ValidFromAfterReply`] takes its `valid_from`.
@@ -224,6 +225,7 @@ impl Broken {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl LockBackend for Broken {
     fn capabilities(&self) -> Capabilities {
         let mut caps = self.inner.capabilities();
@@ -331,6 +333,16 @@ impl LockBackend for Broken {
             }
             _ => self.inner.renew(lease, ttl).await,
         }
+    }
+
+    /// One by one through [`Broken::renew`], so every fault of a renewal applies to batches
+    /// too (and `RenewsOneByOne` is what it says).
+    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            out.push(self.renew(lease, lease.ttl()).await);
+        }
+        out
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {

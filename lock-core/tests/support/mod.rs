@@ -4,8 +4,8 @@
 use std::{fmt, time::Duration};
 
 use lock_core::{
-    AcquireRequest, Capabilities, Grant, Lease, LockBackend, LockError, LockInfo, LockName,
-    MemoryBackend, async_trait,
+    Capabilities, Lease, LockBackend, LockError, LockInfo, LockName, MemoryBackend,
+    backend::{AcquireRequest, Grant, async_trait},
 };
 
 /// What a test replaces; every method defaults to the memory store's own.
@@ -64,6 +64,7 @@ impl<F> Faulty<F> {
 }
 
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl<F: Fault> LockBackend for Faulty<F> {
     fn capabilities(&self) -> Capabilities {
         self.store.capabilities()

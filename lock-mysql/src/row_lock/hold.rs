@@ -41,7 +41,10 @@ use std::{
 };
 
 use futures::StreamExt;
-use lock_core::{EndNotifier, LeaseToken, LockError, LockName, LossReason};
+use lock_core::{
+    LockError, LockName, LossReason,
+    backend::{EndNotifier, LeaseToken},
+};
 use sqlx::AssertSqlSafe;
 use tokio::sync::{mpsc, oneshot};
 

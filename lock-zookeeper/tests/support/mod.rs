@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use conformance_tests::{Services, TestStore};
-use lock_core::{LockClient, LockError, LockName, async_trait};
+use lock_core::{LockClient, LockError, LockName, backend::async_trait};
 use lock_zookeeper::{ZkBackend, ZkConfig};
 use zookeeper_client::{Acls, Client, CreateMode};
 

@@ -1,61 +1,98 @@
-//! [`CountingBackend`]: a transparent wrapper that counts calls, so scenarios can observe what
-//! the watchdog does (batching, stopping) on any backend.
+//! [`Counting`]: a transparent layer that counts the calls reaching the store.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::atomic::{AtomicUsize, Ordering},
     time::Duration,
 };
 
-use async_trait::async_trait;
-use lock_core::{
-    AcquireRequest, Capabilities, Grant, Lease, LockBackend, LockError, LockInfo, LockName,
-};
 use tokio::sync::watch;
 
-/// Forwards every call to the wrapped backend and counts renewals.
+use crate::{
+    Capabilities, Lease, LockError, LockInfo, LockName,
+    backend::{AcquireRequest, Grant, LockBackend, async_trait},
+};
+
+/// Forwards every call to the wrapped backend and counts them, so a test or a benchmark can
+/// see what the watchdog and the client send (batching, stopping, retries).
+///
+/// ```
+/// use std::sync::Arc;
+/// use lock_core::{LockClient, MemoryBackend, layer::Counting};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let counting = Arc::new(Counting::new(MemoryBackend::new()));
+/// let client = LockClient::new(counting.clone());
+/// client.lock("jobs/1").await?.release().await?;
+/// let counts = counting.counts();
+/// assert_eq!((counts.acquire_calls, counts.release_calls), (1, 1));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
-pub struct CountingBackend {
-    inner: Arc<dyn LockBackend>,
+pub struct Counting<B> {
+    inner: B,
+    acquire_calls: AtomicUsize,
     renew_calls: AtomicUsize,
     renew_many_calls: AtomicUsize,
+    release_calls: AtomicUsize,
+    inspect_calls: AtomicUsize,
     renewed: watch::Sender<usize>,
 }
 
-/// A snapshot of the counters.
+/// A snapshot of the counters of a [`Counting`] layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Counts {
+    /// Calls of `acquire`.
+    pub acquire_calls: usize,
     /// Calls of `renew` (one lease each).
     pub renew_calls: usize,
     /// Calls of `renew_many` (a batch each).
     pub renew_many_calls: usize,
+    /// Calls of `release`.
+    pub release_calls: usize,
+    /// Calls of `inspect`.
+    pub inspect_calls: usize,
     /// Leases renewed successfully, by either method.
     pub renewed: usize,
 }
 
-impl CountingBackend {
+impl<B: LockBackend> Counting<B> {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn LockBackend>) -> Self {
+    pub fn new(inner: B) -> Self {
         Self {
             inner,
+            acquire_calls: AtomicUsize::new(0),
             renew_calls: AtomicUsize::new(0),
             renew_many_calls: AtomicUsize::new(0),
+            release_calls: AtomicUsize::new(0),
+            inspect_calls: AtomicUsize::new(0),
             renewed: watch::channel(0).0,
         }
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
     }
 
     /// The counters now.
     pub fn counts(&self) -> Counts {
         Counts {
+            acquire_calls: self.acquire_calls.load(Ordering::SeqCst),
             renew_calls: self.renew_calls.load(Ordering::SeqCst),
             renew_many_calls: self.renew_many_calls.load(Ordering::SeqCst),
+            release_calls: self.release_calls.load(Ordering::SeqCst),
+            inspect_calls: self.inspect_calls.load(Ordering::SeqCst),
             renewed: *self.renewed.borrow(),
         }
     }
 
     /// Waits until at least `n` leases were renewed, up to `limit`; false on time-out.
+    ///
+    /// # Cancel safety
+    /// A wait: dropping the future changes nothing.
     pub async fn wait_renewed(&self, n: usize, limit: Duration) -> bool {
         let mut rx = self.renewed.subscribe();
         tokio::time::timeout(limit, rx.wait_for(|count| *count >= n))
@@ -69,12 +106,14 @@ impl CountingBackend {
 }
 
 #[async_trait]
-impl LockBackend for CountingBackend {
+#[deny(clippy::missing_trait_methods)]
+impl<B: LockBackend> LockBackend for Counting<B> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        self.acquire_calls.fetch_add(1, Ordering::SeqCst);
         self.inner.acquire(request).await
     }
 
@@ -95,10 +134,12 @@ impl LockBackend for CountingBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        self.release_calls.fetch_add(1, Ordering::SeqCst);
         self.inner.release(lease).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        self.inspect_calls.fetch_add(1, Ordering::SeqCst);
         self.inner.inspect(name).await
     }
 }

@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lock_core::{Holder, LockName, LockOptions};
+use lock_core::{LockName, LockOptions};
 
 use crate::{
     Applies, Ctx, HolderProcess, ScenarioResult, SuiteReport, TestStore, Verdict, scenarios,
@@ -184,7 +184,7 @@ impl Runner {
             .ttl(Duration::from_millis(ttl))
             .wait(Duration::from_secs(30));
         let guard = client
-            .acquire(&Holder::new(), &name, &options)
+            .lock_with(&name, &options)
             .await
             .map_err(|e| e.to_string())?;
         let mut out = std::io::stdout();

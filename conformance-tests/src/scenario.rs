@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lock_core::{Capabilities, Holder, LockClient, LockError, LockGuard, LockName, LockOptions};
+use lock_core::{Capabilities, LockClient, LockError, LockGuard, LockName, LockOptions};
 
 use crate::{DelayingBackend, TestStore};
 
@@ -169,7 +169,7 @@ impl Ctx {
         name: &LockName,
     ) -> Result<LockGuard, Failure> {
         let options = self.options(Duration::ZERO).watchdog(false);
-        Ok(client.acquire(&Holder::new(), name, &options).await?)
+        Ok(client.lock_with(name, &options).await?)
     }
 
     /// Acquires `name` waiting long enough for an unrenewed lease to expire first.
@@ -179,9 +179,7 @@ impl Ctx {
         name: &LockName,
     ) -> Result<LockGuard, Failure> {
         let wait = self.ttl() * 2 + self.margin() * 2;
-        Ok(client
-            .acquire(&Holder::new(), name, &self.options(wait))
-            .await?)
+        Ok(client.lock_with(name, &self.options(wait)).await?)
     }
 
     /// The median time of one uncontended acquire + release on this store (3 samples).
@@ -192,7 +190,7 @@ impl Ctx {
             let name = self.name("rtt");
             let start = Instant::now();
             let guard = client
-                .acquire(&Holder::new(), &name, &self.options(Duration::ZERO))
+                .lock_with(&name, &self.options(Duration::ZERO))
                 .await?;
             guard.release().await?;
             samples.push(start.elapsed());

@@ -100,7 +100,7 @@ impl LockClient {
     /// Dropping the future leaves nothing held beyond the TTL; session stores clean up in the
     /// background.
     pub async fn lock(&self, name: impl IntoLockName) -> Result<LockGuard, LockError> {
-        self.acquire(&Holder::new(), name, &self.options).await
+        self.lock_with(name, &self.options).await
     }
 
     /// One try with the client's options: the guard, or `None` when the lock is busy.
@@ -111,7 +111,7 @@ impl LockClient {
     /// # Cancel safety
     /// As [`LockClient::lock`].
     pub async fn try_lock(&self, name: impl IntoLockName) -> Result<Option<LockGuard>, LockError> {
-        self.try_acquire(&Holder::new(), name, &self.options).await
+        self.try_lock_with(name, &self.options).await
     }
 
     /// Acquires `name` with `options` instead of the client's.

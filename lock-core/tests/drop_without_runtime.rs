@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Holder, LockClient, LockName, LockOptions, MemoryBackend};
+use lock_core::{LockClient, LockName, LockOptions, MemoryBackend};
 
 #[test]
 fn dropping_a_guard_outside_any_runtime_does_not_panic() {
@@ -14,9 +14,7 @@ fn dropping_a_guard_outside_any_runtime_does_not_panic() {
         .enable_all()
         .build()
         .unwrap();
-    let guard = runtime
-        .block_on(client.acquire(&Holder::new(), &name, &options))
-        .unwrap();
+    let guard = runtime.block_on(client.lock_with(&name, &options)).unwrap();
     drop(runtime);
     // No runtime on this thread now: the drop must neither panic nor block.
     drop(guard);
@@ -28,7 +26,7 @@ fn dropping_a_guard_outside_any_runtime_does_not_panic() {
     runtime.block_on(async {
         assert!(client.inspect(&name).await.unwrap().is_some());
         let wait = options.clone().wait(Duration::from_secs(2));
-        let next = client.acquire(&Holder::new(), &name, &wait).await.unwrap();
+        let next = client.lock_with(&name, &wait).await.unwrap();
         next.release().await.unwrap();
     });
 }

@@ -9,7 +9,7 @@ use std::{
 };
 
 use lock_core::{
-    Holder, LockBackend, LockClient, LockError, LockName, LockOptions, LossReason, MemoryBackend,
+    LockBackend, LockClient, LockError, LockName, LockOptions, LossReason, MemoryBackend,
     backend::{AcquireRequest, EndNotifier, Grant, async_trait, end_signal},
 };
 use support::{Fault, Faulty};
@@ -44,10 +44,7 @@ async fn the_store_ending_a_hold_is_seen_at_once() {
     let client = LockClient::new(backend);
     let name = LockName::new("ending").unwrap();
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let guard = client
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .unwrap();
+    let guard = client.lock_with(&name, &options).await.unwrap();
     let lost = tokio::spawn(guard.lost());
     assert!(guard.is_held());
     notifiers.lock().unwrap()[0].end(LossReason::SessionEnded);
@@ -73,10 +70,7 @@ async fn a_notifier_dropped_without_ending_changes_nothing() {
     let client = LockClient::new(backend);
     let name = LockName::new("not-ending").unwrap();
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let guard = client
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .unwrap();
+    let guard = client.lock_with(&name, &options).await.unwrap();
     let lost = guard.lost();
     notifiers.lock().unwrap().clear();
     assert!(guard.is_held());

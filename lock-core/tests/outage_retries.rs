@@ -13,7 +13,7 @@ use std::{
 };
 
 use lock_core::{
-    Holder, LockBackend, LockClient, LockError, LockName, LockOptions, MemoryBackend,
+    LockBackend, LockClient, LockError, LockName, LockOptions, MemoryBackend,
     backend::{AcquireRequest, Grant, async_trait},
 };
 use support::{Fault, Faulty};
@@ -62,7 +62,7 @@ async fn a_short_outage_is_ridden_out_within_the_budget() {
     let name = LockName::new("outage-short").unwrap();
     let options = LockOptions::new().wait(Duration::from_secs(2));
     let guard = client
-        .acquire(&Holder::new(), &name, &options)
+        .lock_with(&name, &options)
         .await
         .expect("three refusals within a 2 s budget are retried");
     assert_eq!(tries.load(Ordering::SeqCst), 4);
@@ -76,7 +76,7 @@ async fn a_long_outage_returns_unavailable_at_the_budget_without_spinning() {
     let budget = Duration::from_millis(500);
     let start = Instant::now();
     let result = client
-        .acquire(&Holder::new(), &name, &LockOptions::new().wait(budget))
+        .lock_with(&name, &LockOptions::new().wait(budget))
         .await;
     let took = start.elapsed();
     assert!(
@@ -98,11 +98,7 @@ async fn a_zero_budget_is_one_try_during_an_outage() {
     let (client, tries) = client(usize::MAX);
     let name = LockName::new("outage-zero").unwrap();
     let result = client
-        .acquire(
-            &Holder::new(),
-            &name,
-            &LockOptions::new().wait(Duration::ZERO),
-        )
+        .lock_with(&name, &LockOptions::new().wait(Duration::ZERO))
         .await;
     assert!(matches!(result, Err(LockError::Unavailable { .. })));
     assert_eq!(tries.load(Ordering::SeqCst), 1);
@@ -120,7 +116,7 @@ async fn a_store_that_never_answers_is_given_up_on_a_second_after_the_budget() {
     let start = Instant::now();
     let result = tokio::time::timeout(
         Duration::from_secs(5),
-        client.acquire(&Holder::new(), &name, &LockOptions::new().wait(budget)),
+        client.lock_with(&name, &LockOptions::new().wait(budget)),
     )
     .await
     .expect("acquire returned within 5 s of a 200 ms budget");

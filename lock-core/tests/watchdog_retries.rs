@@ -12,7 +12,7 @@ use std::{
 };
 
 use lock_core::{
-    Holder, Lease, LockClient, LockError, LockName, LockOptions, LossReason, MemoryBackend,
+    Lease, LockClient, LockError, LockName, LockOptions, LossReason, MemoryBackend,
     backend::{Grant, async_trait},
 };
 use support::{Fault, Faulty};
@@ -46,10 +46,7 @@ async fn failed_renewals_back_off_until_the_deadline() {
     let client = LockClient::new(backend);
     let name = LockName::new("flaky").unwrap();
     let options = LockOptions::new().ttl(Duration::from_millis(300));
-    let guard = client
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .unwrap();
+    let guard = client.lock_with(&name, &options).await.unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
         .expect("lost() fires at the local deadline");

@@ -10,7 +10,7 @@ use std::{
 };
 
 use lock_core::{
-    Holder, Lease, LockBackend, LockClient, LockError, LockName, LockOptions, MemoryBackend,
+    Lease, LockBackend, LockClient, LockError, LockName, LockOptions, MemoryBackend,
     backend::{AcquireRequest, Grant, async_trait},
 };
 use support::{Fault, Faulty};
@@ -30,19 +30,13 @@ fn a_client_reused_on_a_second_runtime_keeps_renewing() {
     let first = runtime();
     first.block_on(async {
         let name = LockName::new("first-runtime").unwrap();
-        let guard = client
-            .acquire(&Holder::new(), &name, &options)
-            .await
-            .unwrap();
+        let guard = client.lock_with(&name, &options).await.unwrap();
         guard.release().await.unwrap();
     });
     drop(first);
     runtime().block_on(async {
         let name = LockName::new("second-runtime").unwrap();
-        let guard = client
-            .acquire(&Holder::new(), &name, &options)
-            .await
-            .unwrap();
+        let guard = client.lock_with(&name, &options).await.unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(
             guard.is_held(),
@@ -88,20 +82,14 @@ async fn a_panicking_renewal_costs_one_round_not_the_watchdog() {
     let client = LockClient::new(Faulty::<PanicsOnce>::default());
     let options = LockOptions::new().ttl(Duration::from_millis(300));
     let name = LockName::new("panics-once").unwrap();
-    let guard = client
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .unwrap();
+    let guard = client.lock_with(&name, &options).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         guard.is_held(),
         "the hold was not renewed after one renewal panicked"
     );
     let later = LockName::new("after-the-panic").unwrap();
-    let second = client
-        .acquire(&Holder::new(), &later, &options)
-        .await
-        .unwrap();
+    let second = client.lock_with(&later, &options).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         second.is_held(),
@@ -119,16 +107,14 @@ async fn a_hanging_release_at_max_hold_stalls_no_other_renewal() {
     }));
     let ttl = Duration::from_millis(300);
     let capped = client
-        .acquire(
-            &Holder::new(),
+        .lock_with(
             &LockName::new("capped").unwrap(),
             &LockOptions::new().ttl(ttl).max_hold(ttl),
         )
         .await
         .unwrap();
     let kept = client
-        .acquire(
-            &Holder::new(),
+        .lock_with(
             &LockName::new("kept").unwrap(),
             &LockOptions::new().ttl(ttl),
         )
@@ -168,7 +154,7 @@ async fn a_grant_past_its_deadline_is_not_a_success() {
     let options = LockOptions::new()
         .ttl(Duration::from_millis(100))
         .wait(Duration::ZERO);
-    match client.acquire(&Holder::new(), &name, &options).await {
+    match client.lock_with(&name, &options).await {
         Ok(guard) => panic!(
             "a grant that arrived after its TTL was returned as a guard (held: {})",
             guard.is_held()

@@ -19,7 +19,7 @@ use std::{
 };
 
 use conformance_tests::{Cases, Failure, Outcome, ensure};
-use lock_core::{Holder, LockClient, LockError, LockName, LockOptions};
+use lock_core::{LockClient, LockError, LockName, LockOptions};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 use sqlx::AssertSqlSafe;
 use support::{MySqlStore, hex, proxy::Proxy};
@@ -88,17 +88,12 @@ async fn lease_acquire_bounded_by_budget() -> Outcome {
     let name = name("foreign-lock")?;
     let options = LockOptions::new().ttl(Duration::from_secs(5));
     // The row exists (released), as for any lock used before.
-    a.acquire(&Holder::new(), &name, &options)
-        .await?
-        .release()
-        .await?;
+    a.lock_with(&name, &options).await?.release().await?;
     let mut admin = lock_row_foreign(&store, &name).await?;
     let outcome = async {
         for budget in [Duration::from_millis(300), Duration::ZERO] {
             let start = Instant::now();
-            let result = a
-                .acquire(&Holder::new(), &name, &options.clone().wait(budget))
-                .await;
+            let result = a.lock_with(&name, &options.clone().wait(budget)).await;
             let took = start.elapsed();
             ensure!(
                 matches!(result, Err(LockError::Timeout { .. })),
@@ -117,7 +112,7 @@ async fn lease_acquire_bounded_by_budget() -> Outcome {
         .await
         .map_err(err)?;
     outcome?;
-    let after = a.try_acquire(&Holder::new(), &name, &options).await?;
+    let after = a.try_lock_with(&name, &options).await?;
     ensure!(after.is_some(), "the lock is not free once the row is");
     Ok(())
 }
@@ -138,7 +133,7 @@ async fn user_calls_bounded(strategy: Strategy) -> Outcome {
     let options = LockOptions::new()
         .ttl(Duration::from_secs(10))
         .watchdog(false);
-    let held = a.acquire(&Holder::new(), &name, &options).await?;
+    let held = a.lock_with(&name, &options).await?;
     proxy.blackhole();
     let limit = Duration::from_millis(500) + Duration::from_millis(500);
     let outer = Duration::from_secs(5);
@@ -185,14 +180,11 @@ async fn lease_grant_past_deadline() -> Outcome {
     let options = LockOptions::new()
         .ttl(Duration::from_secs(1))
         .wait(Duration::from_secs(5));
-    a.acquire(&Holder::new(), &name, &options)
-        .await?
-        .release()
-        .await?;
+    a.lock_with(&name, &options).await?.release().await?;
     let mut admin = lock_row_foreign(&store, &name).await?;
     let acquiring = {
         let (a, name, options) = (a.clone(), name.clone(), options.clone());
-        tokio::spawn(async move { a.acquire(&Holder::new(), &name, &options).await })
+        tokio::spawn(async move { a.lock_with(&name, &options).await })
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     sqlx::raw_sql("ROLLBACK")
@@ -220,10 +212,7 @@ async fn row_lock_grant_past_deadline() -> Outcome {
     let options = LockOptions::new()
         .ttl(Duration::from_millis(1500))
         .wait(Duration::from_secs(5));
-    a.acquire(&Holder::new(), &name, &options)
-        .await?
-        .release()
-        .await?;
+    a.lock_with(&name, &options).await?.release().await?;
     let mut admin = support::admin_conn().await.map_err(Failure)?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "START TRANSACTION; UPDATE `{}_fences` SET fence = fence + 1 WHERE name = X'{}'",
@@ -235,7 +224,7 @@ async fn row_lock_grant_past_deadline() -> Outcome {
     .map_err(err)?;
     let acquiring = {
         let (a, name, options) = (a.clone(), name.clone(), options.clone());
-        tokio::spawn(async move { a.acquire(&Holder::new(), &name, &options).await })
+        tokio::spawn(async move { a.lock_with(&name, &options).await })
     };
     tokio::time::sleep(Duration::from_millis(1800)).await;
     sqlx::raw_sql("COMMIT")

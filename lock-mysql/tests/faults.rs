@@ -114,7 +114,7 @@ fn spawn_acquire(
     options: LockOptions,
 ) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
     let (client, name) = (client.clone(), name.clone());
-    tokio::spawn(async move { client.acquire(&Holder::new(), &name, &options).await })
+    tokio::spawn(async move { client.lock_with(&name, &options).await })
 }
 
 fn name(tag: &str) -> Result<LockName, Failure> {
@@ -214,7 +214,7 @@ async fn lease_dead_waiter() -> Outcome {
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);
     let name = name("dead-waiter")?;
     let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    let held = a.lock_with(&name, &long).await.map_err(err)?;
     plant_place(&store, &name, "0123456789abcdef0123456789abcdef", TURN).await?;
     let waiter = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(10)));
     until_waiting(&name).await?;
@@ -350,17 +350,11 @@ async fn lease_own_place_after_release() -> Outcome {
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);
     let name = name("own-place")?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = a
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(err)?;
+    let held = a.lock_with(&name, &options).await.map_err(err)?;
     let token = held.lease().token().as_str().to_owned();
     plant_place(&store, &name, &token, Duration::from_millis(300)).await?;
     held.release().await.map_err(err)?;
-    let next = b
-        .try_acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(err)?;
+    let next = b.try_lock_with(&name, &options).await.map_err(err)?;
     ensure!(
         next.is_some(),
         "after its holder released it, a single try found the lease busy: the released holder's own place in the queue stood in the way"
@@ -379,10 +373,7 @@ async fn row_lock_kill_holder() -> Outcome {
     let name = name("kill-row")?;
     let ttl = Duration::from_secs(2);
     let options = LockOptions::new().ttl(ttl).wait(Duration::ZERO);
-    let held = a
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(err)?;
+    let held = a.lock_with(&name, &options).await.map_err(err)?;
     let waiter = spawn_acquire(&b, &name, options.clone().wait(Duration::from_secs(20)));
     until_waiting(&name).await?;
     let id = store
@@ -451,16 +442,12 @@ async fn lease_kill_holder() -> Outcome {
     let name1 = name("kill-lease")?;
     let start = Instant::now();
     let held = a
-        .acquire(
-            &Holder::new(),
-            &name1,
-            &LockOptions::new().ttl(ttl).watchdog(false),
-        )
+        .lock_with(&name1, &LockOptions::new().ttl(ttl).watchdog(false))
         .await
         .map_err(err)?;
     kill_connection(pool_connection_id(&backend).await?).await?;
     let busy = b
-        .try_acquire(&Holder::new(), &name1, &LockOptions::new().ttl(ttl))
+        .try_lock_with(&name1, &LockOptions::new().ttl(ttl))
         .await
         .map_err(err)?;
     ensure!(
@@ -473,11 +460,7 @@ async fn lease_kill_holder() -> Outcome {
         "inspect does not show the holder after the kill"
     );
     let next = b
-        .acquire(
-            &Holder::new(),
-            &name1,
-            &LockOptions::new().ttl(ttl).wait(ttl * 3),
-        )
+        .lock_with(&name1, &LockOptions::new().ttl(ttl).wait(ttl * 3))
         .await
         .map_err(err)?;
     let took = start.elapsed();
@@ -501,7 +484,7 @@ async fn lease_kill_holder() -> Outcome {
     let name2 = name("kill-lease-renewed")?;
     let ttl = Duration::from_secs(1);
     let renewed = a
-        .acquire(&Holder::new(), &name2, &LockOptions::new().ttl(ttl))
+        .lock_with(&name2, &LockOptions::new().ttl(ttl))
         .await
         .map_err(err)?;
     kill_connection(pool_connection_id(&backend).await?).await?;
@@ -515,7 +498,7 @@ async fn lease_kill_holder() -> Outcome {
         tokio::time::sleep(ttl / 4).await;
     }
     let busy = b
-        .try_acquire(&Holder::new(), &name2, &LockOptions::new().ttl(ttl))
+        .try_lock_with(&name2, &LockOptions::new().ttl(ttl))
         .await
         .map_err(err)?;
     ensure!(
@@ -538,11 +521,7 @@ async fn lease_lock_wait_timeout() -> Outcome {
     let ttl = Duration::from_secs(2);
     let start = Instant::now();
     let held = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &LockOptions::new().ttl(ttl).watchdog(false),
-        )
+        .lock_with(&name, &LockOptions::new().ttl(ttl).watchdog(false))
         .await
         .map_err(err)?;
     let mut admin = admin_conn().await?;
@@ -604,8 +583,8 @@ async fn lease_deadlock_retried() -> Outcome {
     let options = LockOptions::new()
         .ttl(Duration::from_secs(20))
         .watchdog(false);
-    let gx = a.acquire(&Holder::new(), &x, &options).await.map_err(err)?;
-    let gy = a.acquire(&Holder::new(), &y, &options).await.map_err(err)?;
+    let gx = a.lock_with(&x, &options).await.map_err(err)?;
+    let gy = a.lock_with(&y, &options).await.map_err(err)?;
     let mut admin = admin_conn().await?;
     // The administrator's transaction writes rows first, so InnoDB picks the batch (one row
     // changed) as the victim; then it locks y.
@@ -670,7 +649,7 @@ async fn row_lock_dropped_waiter() -> Outcome {
     );
     let name = name("dropped-waiter")?;
     let long = LockOptions::new().ttl(Duration::from_secs(10));
-    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    let held = a.lock_with(&name, &long).await.map_err(err)?;
     let (waiter, wait) = (Holder::new(), long.clone().wait(Duration::from_secs(10)));
     let mut waiting = Box::pin(b.acquire(&waiter, &name, &wait));
     tokio::select! {
@@ -683,11 +662,7 @@ async fn row_lock_dropped_waiter() -> Outcome {
     let held_fence = held.fence().get();
     held.release().await.map_err(err)?;
     let next = c
-        .acquire(
-            &Holder::new(),
-            &name,
-            &long.clone().wait(Duration::from_secs(2)),
-        )
+        .lock_with(&name, &long.clone().wait(Duration::from_secs(2)))
         .await
         .map_err(err)?;
     ensure!(
@@ -706,13 +681,11 @@ async fn row_lock_sub_second_budgets() -> Outcome {
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);
     let name = name("budgets")?;
     let long = LockOptions::new().ttl(Duration::from_secs(10));
-    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    let held = a.lock_with(&name, &long).await.map_err(err)?;
     for ms in [0, 50, 120, 400, 1300] {
         let budget = Duration::from_millis(ms);
         let start = Instant::now();
-        let result = b
-            .acquire(&Holder::new(), &name, &long.clone().wait(budget))
-            .await;
+        let result = b.lock_with(&name, &long.clone().wait(budget)).await;
         let took = start.elapsed();
         ensure!(
             matches!(result, Err(LockError::Timeout { .. })),
@@ -732,7 +705,7 @@ async fn row_lock_sub_second_budgets() -> Outcome {
     }
     held.release().await.map_err(err)?;
     let after = b
-        .try_acquire(&Holder::new(), &name, &long)
+        .try_lock_with(&name, &long)
         .await
         .map_err(err)?
         .ok_or_else(|| Failure("the lock was not free after release".into()))?;
@@ -751,7 +724,7 @@ async fn row_lock_one_waiter_per_client() -> Outcome {
     let (a, b) = (client(store.config()).await?, client(store.config()).await?);
     let name = name("one-waiter")?;
     let long = LockOptions::new().ttl(Duration::from_secs(10));
-    let held = a.acquire(&Holder::new(), &name, &long).await.map_err(err)?;
+    let held = a.lock_with(&name, &long).await.map_err(err)?;
     let mut admin = admin_conn().await?;
     let first = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(20)));
     until_waiting(&name).await?;
@@ -783,7 +756,7 @@ async fn row_lock_one_waiter_per_client() -> Outcome {
         "five {budget:?} budgets in the client's queue ended after {took:?}"
     );
     let tried = Instant::now();
-    let busy = b.try_acquire(&Holder::new(), &name, &long).await;
+    let busy = b.try_lock_with(&name, &long).await;
     ensure!(
         matches!(busy, Ok(None)),
         "a zero-budget try while the first waits: {busy:?}, expected busy"
@@ -822,10 +795,7 @@ async fn row_lock_fence_bumped_in_between() -> Outcome {
         .ttl(Duration::from_secs(10))
         .wait(Duration::from_secs(10));
     // Creates the lock row and the counter row (fence 1).
-    let first = a
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(err)?;
+    let first = a.lock_with(&name, &options).await.map_err(err)?;
     let first_fence = first.fence().get();
     first.release().await.map_err(err)?;
     let fences = format!("`{}_fences`", store.config().table().as_str());
@@ -891,10 +861,7 @@ async fn row_lock_fence_at_maximum() -> Outcome {
     let a = client(store.config()).await?;
     let name = name("fence-max")?;
     let options = LockOptions::new().ttl(Duration::from_secs(10));
-    let first = a
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(err)?;
+    let first = a.lock_with(&name, &options).await.map_err(err)?;
     first.release().await.map_err(err)?;
     let fences = format!("`{}_fences`", store.config().table().as_str());
     let mut admin = admin_conn().await?;
@@ -908,7 +875,7 @@ async fn row_lock_fence_at_maximum() -> Outcome {
         .execute(&mut admin)
         .await
         .map_err(err)?;
-    let refused = a.acquire(&Holder::new(), &name, &options).await;
+    let refused = a.lock_with(&name, &options).await;
     ensure!(
         matches!(&refused, Err(LockError::Foreign { found, .. }) if found.contains("maximum")),
         "acquire with the fence counter at its maximum: {refused:?}, expected Foreign"
@@ -917,10 +884,7 @@ async fn row_lock_fence_at_maximum() -> Outcome {
         .execute(&mut admin)
         .await
         .map_err(err)?;
-    let next = a
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(err)?;
+    let next = a.lock_with(&name, &options).await.map_err(err)?;
     ensure!(
         next.fence().get() == 8,
         "fence {} after the counter was set to 7",
@@ -1006,14 +970,8 @@ async fn restart_with_locks() -> Outcome {
     let (ln, rn) = (name("restart-lease")?, name("restart-row")?);
     let ttl = Duration::from_secs(3);
     let options = LockOptions::new().ttl(ttl);
-    let lg = la
-        .acquire(&Holder::new(), &ln, &options)
-        .await
-        .map_err(err)?;
-    let rg = ra
-        .acquire(&Holder::new(), &rn, &options)
-        .await
-        .map_err(err)?;
+    let lg = la.lock_with(&ln, &options).await.map_err(err)?;
+    let rg = ra.lock_with(&rn, &options).await.map_err(err)?;
     // The rule for every store: a retryable failure is retried inside the wait budget and
     // returned when the budget runs out; so both waiters ride out the outage until their
     // budget ends, then report `Unavailable`.
@@ -1060,8 +1018,7 @@ async fn restart_with_locks() -> Outcome {
         );
         let began = Instant::now();
         let fresh = lb
-            .acquire(
-                &Holder::new(),
+            .lock_with(
                 &name("restart-down")?,
                 &options.clone().wait(Duration::ZERO),
             )
@@ -1085,11 +1042,7 @@ async fn restart_with_locks() -> Outcome {
 
     // Recovery with the same clients and no clean-up: the server rolled the row lock back.
     let next_row = rb
-        .acquire(
-            &Holder::new(),
-            &rn,
-            &options.clone().wait(Duration::from_secs(5)),
-        )
+        .lock_with(&rn, &options.clone().wait(Duration::from_secs(5)))
         .await
         .map_err(|e| Failure(format!("the row lock after the restart: {e}")))?;
     ensure!(
@@ -1116,11 +1069,7 @@ async fn restart_with_locks() -> Outcome {
         }
     }
     let next_lease = lb
-        .acquire(
-            &Holder::new(),
-            &ln,
-            &options.clone().wait(ttl + Duration::from_secs(2)),
-        )
+        .lock_with(&ln, &options.clone().wait(ttl + Duration::from_secs(2)))
         .await
         .map_err(|e| Failure(format!("the lease after the restart: {e}")))?;
     ensure!(
@@ -1403,10 +1352,7 @@ async fn client_sends_no_time() -> Outcome {
         let (a, b) = (client(&proxied).await?, client(&proxied).await?);
         let name = name("clock")?;
         let options = LockOptions::new().ttl(ttls[0]);
-        let held = a
-            .acquire(&Holder::new(), &name, &options)
-            .await
-            .map_err(err)?;
+        let held = a.lock_with(&name, &options).await.map_err(err)?;
         let waiter = spawn_acquire(&b, &name, options.clone().wait(Duration::from_secs(5)));
         tokio::time::sleep(ttls[0]).await; // the watchdog renews meanwhile
         held.extend(ttls[1]).await.map_err(err)?;
@@ -1533,7 +1479,7 @@ mod skewed {
     };
 
     use conformance_tests::{Failure, Outcome, ensure};
-    use lock_core::{Holder, LockClient, LockError, LockName, LockOptions};
+    use lock_core::{LockClient, LockError, LockName, LockOptions};
     use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
     use tokio::{
         io::{AsyncBufReadExt, BufReader},
@@ -1574,7 +1520,7 @@ mod skewed {
                 let client = LockClient::new(backend);
                 let name = LockName::new(name).map_err(|e| e.to_string())?;
                 let got = client
-                    .try_acquire(&Holder::new(), &name, &options())
+                    .try_lock_with(&name, &options())
                     .await
                     .map_err(|e| e.to_string())?;
                 let mut out = std::io::stdout();
@@ -1724,9 +1670,7 @@ mod skewed {
             .and_then(|f| f.parse().ok())
             .ok_or_else(|| Failure(format!("no fence in {held:?}")))?;
         // Waiting out twice the TTL: the holder's lease is renewed, not expired.
-        let waited = client
-            .acquire(&Holder::new(), &name, &options().wait(TTL * 2))
-            .await;
+        let waited = client.lock_with(&name, &options().wait(TTL * 2)).await;
         ensure!(
             matches!(waited, Err(LockError::Timeout { .. })),
             "a client with a right clock, waiting {:?}, got {waited:?} from a holder 10 minutes behind",
@@ -1744,7 +1688,7 @@ mod skewed {
         ensure!(kill.success(), "kill -KILL {pid}: {kill}");
         let _ = holder.child.wait().await;
         let next = client
-            .acquire(&Holder::new(), &name, &options().wait(TTL * 3))
+            .lock_with(&name, &options().wait(TTL * 3))
             .await
             .map_err(|e| Failure(format!("after the skewed holder was killed: {e}")))?;
         let after = killed.elapsed();

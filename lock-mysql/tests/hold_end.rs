@@ -16,7 +16,7 @@ use std::{
 };
 
 use conformance_tests::{Cases, Failure, Outcome, ensure};
-use lock_core::{Holder, LockClient, LockName, LockOptions, LossReason};
+use lock_core::{LockClient, LockName, LockOptions, LossReason};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 use sqlx::AssertSqlSafe;
 use support::MySqlStore;
@@ -55,11 +55,11 @@ async fn killed_connection_seen_before_next_grant() -> Outcome {
     let options = LockOptions::new().ttl(Duration::from_secs(10));
     for round in 0..20 {
         let name = name("killed")?;
-        let held = a.acquire(&Holder::new(), &name, &options).await?;
+        let held = a.lock_with(&name, &options).await?;
         let waiter = {
             let (b, name) = (b.clone(), name.clone());
             let options = options.clone().wait(Duration::from_secs(10));
-            tokio::spawn(async move { b.acquire(&Holder::new(), &name, &options).await })
+            tokio::spawn(async move { b.lock_with(&name, &options).await })
         };
         support::until_waiting(store.admin(), &name)
             .await
@@ -102,17 +102,13 @@ async fn guard_dropped_without_runtime() -> Outcome {
     let b = client(store.config()).await?;
     let name = name("dropped")?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = a.acquire(&Holder::new(), &name, &options).await?;
+    let held = a.lock_with(&name, &options).await?;
     std::thread::spawn(move || drop(held))
         .join()
         .map_err(|_| Failure("the dropping thread panicked".into()))?;
     let start = Instant::now();
     let next = b
-        .acquire(
-            &Holder::new(),
-            &name,
-            &options.clone().wait(Duration::from_secs(5)),
-        )
+        .lock_with(&name, &options.clone().wait(Duration::from_secs(5)))
         .await
         .map_err(|e| {
             Failure(format!(

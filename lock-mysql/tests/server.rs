@@ -23,8 +23,7 @@ use std::{
 
 use conformance_tests::{Cases, Failure, Outcome, ensure};
 use lock_core::{
-    Fencing, Holder, LockBackend, LockClient, LockError, LockName, LockOptions,
-    backend::AcquireRequest,
+    Fencing, LockBackend, LockClient, LockError, LockName, LockOptions, backend::AcquireRequest,
 };
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 use support::{
@@ -72,11 +71,11 @@ async fn idle_write_transaction_timeout_is_off() -> Outcome {
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     // The hold's connection is opened by this acquire and takes the global value then.
     let setting = GlobalSetting::set("idle_write_transaction_timeout", "1").map_err(Failure)?;
-    let held = a.acquire(&Holder::new(), &name, &options).await;
+    let held = a.lock_with(&name, &options).await;
     setting.restore().map_err(Failure)?;
     let held = held?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let other = b.try_acquire(&Holder::new(), &name, &options).await?;
+    let other = b.try_lock_with(&name, &options).await?;
     ensure!(
         !(held.is_held() && other.is_some()),
         "two holders: the first still says is_held() while another client got the lock \
@@ -111,12 +110,10 @@ async fn statement_time_limit_does_not_cut_the_wait() -> Outcome {
     let b = client(&config).await?;
     let name = name("statement-time")?;
     let options = LockOptions::new().ttl(Duration::from_secs(10));
-    let held = a.acquire(&Holder::new(), &name, &options).await?;
+    let held = a.lock_with(&name, &options).await?;
     let budget = Duration::from_secs(2);
     let start = Instant::now();
-    let waited = b
-        .acquire(&Holder::new(), &name, &options.clone().wait(budget))
-        .await;
+    let waited = b.lock_with(&name, &options.clone().wait(budget)).await;
     let took = start.elapsed();
     ensure!(
         matches!(waited, Err(LockError::Timeout { .. })),

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use conformance_tests::bench::{self, Report, Stats};
-use lock_core::{Holder, LockBackend, LockClient, LockName, LockOptions};
+use lock_core::{LockBackend, LockClient, LockName, LockOptions};
 use lock_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use redis::{
     Script,
@@ -266,7 +266,7 @@ async fn batching(report: &mut Report, backend: &RedisBackend) -> Result<(), Str
             .map_err(|e| e.to_string())?;
         guards.push(
             client
-                .acquire(&Holder::new(), &name, &options)
+                .lock_with(&name, &options)
                 .await
                 .map_err(|e| e.to_string())?,
         );

@@ -11,7 +11,7 @@ use std::{
 };
 
 use conformance_tests::{Failure, ensure};
-use lock_core::{Holder, LockClient, LockError, LockName, LockOptions, LossReason};
+use lock_core::{LockClient, LockError, LockName, LockOptions, LossReason};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 use redis::{AsyncCommands, aio::MultiplexedConnection};
 
@@ -156,11 +156,11 @@ async fn redlock_survives_two_of_five_down() -> Outcome {
         .ttl(Duration::from_secs(2))
         .wait(Duration::from_secs(2));
     let guard = a
-        .acquire(&Holder::new(), &lock, &options)
+        .lock_with(&lock, &options)
         .await
         .map_err(fail("acquire with 2 of 5 down"))?;
     let other = b
-        .try_acquire(&Holder::new(), &lock, &options)
+        .try_lock_with(&lock, &options)
         .await
         .map_err(fail("try"))?;
     ensure!(
@@ -173,7 +173,7 @@ async fn redlock_survives_two_of_five_down() -> Outcome {
         .await
         .map_err(fail("release with 2 of 5 down"))?;
     let free = b
-        .try_acquire(&Holder::new(), &lock, &options)
+        .try_lock_with(&lock, &options)
         .await
         .map_err(fail("try after release"))?;
     ensure!(
@@ -195,7 +195,7 @@ async fn redlock_fails_cleanly_with_three_of_five_down() -> Outcome {
     let budget = Duration::from_millis(500);
     let options = LockOptions::new().ttl(Duration::from_secs(2)).wait(budget);
     let start = Instant::now();
-    let result = client.acquire(&Holder::new(), &lock, &options).await;
+    let result = client.lock_with(&lock, &options).await;
     let took = start.elapsed();
     ensure!(
         matches!(
@@ -228,7 +228,7 @@ async fn restart_while_held_fires_lost() -> Outcome {
     let ttl = Duration::from_secs(2);
     cycle(&a, &lock, 3).await?;
     let guard = a
-        .acquire(&Holder::new(), &lock, &LockOptions::new().ttl(ttl))
+        .lock_with(&lock, &LockOptions::new().ttl(ttl))
         .await
         .map_err(fail("acquire"))?;
     let stopped = Stopped::stop(&["redis"])?;
@@ -243,7 +243,7 @@ async fn restart_while_held_fires_lost() -> Outcome {
     ensure!(!guard.is_held(), "is_held() after the loss");
     let b = single_client(&url).await?;
     let next = b
-        .try_acquire(&Holder::new(), &lock, &LockOptions::new())
+        .try_lock_with(&lock, &LockOptions::new())
         .await
         .map_err(fail("try after restart"))?;
     let Some(next) = next else {
@@ -275,7 +275,7 @@ async fn foreign_values_are_reported_not_taken() -> Outcome {
         .hset(&keys.lock, "field", "value")
         .await
         .map_err(fail("HSET"))?;
-    let result = client.acquire(&Holder::new(), &hash_lock, &options).await;
+    let result = client.lock_with(&hash_lock, &options).await;
     ensure!(
         matches!(&result, Err(LockError::Foreign { found, .. }) if found.contains(&keys.lock)),
         "a hash under the lock key gave {result:?}"
@@ -294,7 +294,7 @@ async fn foreign_values_are_reported_not_taken() -> Outcome {
         .set(&keys.fence, "not-a-number")
         .await
         .map_err(fail("SET"))?;
-    let result = client.acquire(&Holder::new(), &fence_lock, &options).await;
+    let result = client.lock_with(&fence_lock, &options).await;
     ensure!(
         matches!(&result, Err(LockError::Foreign { found, .. }) if found.contains(&keys.fence)),
         "a non-numeric fence counter gave {result:?}"
@@ -334,11 +334,7 @@ async fn replica_acknowledgements_are_required() -> Outcome {
 
     let lonely = name("replica-none")?;
     let result = client
-        .acquire(
-            &Holder::new(),
-            &lonely,
-            &LockOptions::new().wait(Duration::ZERO),
-        )
+        .lock_with(&lonely, &LockOptions::new().wait(Duration::ZERO))
         .await;
     ensure!(
         matches!(&result, Err(LockError::Unavailable { message, .. }) if message.contains("replicas acknowledged")),
@@ -357,11 +353,7 @@ async fn replica_acknowledgements_are_required() -> Outcome {
         replica_streams(&url, &replica_url).await?;
         let acked = name("replica-one")?;
         let guard = client
-            .acquire(
-                &Holder::new(),
-                &acked,
-                &LockOptions::new().wait(Duration::ZERO),
-            )
+            .lock_with(&acked, &LockOptions::new().wait(Duration::ZERO))
             .await
             .map_err(fail("acquire with one replica"))?;
         ensure!(
@@ -480,7 +472,7 @@ async fn batched_renewal_survives_a_flushed_script_cache() -> Outcome {
         let lock = name(&format!("flushed-{i}"))?;
         guards.push(
             client
-                .acquire(&Holder::new(), &lock, &options)
+                .lock_with(&lock, &options)
                 .await
                 .map_err(fail("acquire"))?,
         );
@@ -519,18 +511,14 @@ async fn lost_release_message_strands_no_waiter() -> Outcome {
     let ttl = Duration::from_secs(1);
     let start = Instant::now();
     let _held = a
-        .acquire(
-            &Holder::new(),
-            &lock,
-            &LockOptions::new().ttl(ttl).watchdog(false),
-        )
+        .lock_with(&lock, &LockOptions::new().ttl(ttl).watchdog(false))
         .await
         .map_err(fail("acquire"))?;
     let waiter = tokio::spawn({
         let lock = lock.clone();
         async move {
             let options = LockOptions::new().ttl(ttl).wait(Duration::from_secs(5));
-            b.acquire(&Holder::new(), &lock, &options)
+            b.lock_with(&lock, &options)
                 .await
                 .map(|g| (Instant::now(), g))
         }
@@ -595,7 +583,7 @@ async fn releases_publish_only_for_waiters() -> Outcome {
     // Nobody waits: the release publishes nothing. Our own marker, published after it, is the
     // first message on the channel (one connection delivers in the server's order).
     let guard = a
-        .acquire(&Holder::new(), &lock, &LockOptions::new())
+        .lock_with(&lock, &LockOptions::new())
         .await
         .map_err(fail("acquire"))?;
     guard.release().await.map_err(fail("release"))?;
@@ -611,14 +599,14 @@ async fn releases_publish_only_for_waiters() -> Outcome {
 
     // Someone waits: the release publishes and the waiter gets the lock.
     let guard = a
-        .acquire(&Holder::new(), &lock, &LockOptions::new())
+        .lock_with(&lock, &LockOptions::new())
         .await
         .map_err(fail("acquire"))?;
     let waiter = tokio::spawn({
         let lock = lock.clone();
         async move {
             let options = LockOptions::new().wait(Duration::from_secs(30));
-            b.acquire(&Holder::new(), &lock, &options).await
+            b.lock_with(&lock, &options).await
         }
     });
     until_marked(&mut conn, &keys, "the waiter").await?;
@@ -667,7 +655,7 @@ async fn siblings_in_one_client_are_all_woken() -> Outcome {
         .wait(Duration::from_secs(60))
         .watchdog(false);
     let guard = a
-        .acquire(&Holder::new(), &lock, &options)
+        .lock_with(&lock, &options)
         .await
         .map_err(fail("acquire"))?;
     let mut waiters = Vec::new();
@@ -675,7 +663,7 @@ async fn siblings_in_one_client_are_all_woken() -> Outcome {
         waiters.push(tokio::spawn({
             let (b, lock, options) = (b.clone(), lock.clone(), options.clone());
             async move {
-                let next = b.acquire(&Holder::new(), &lock, &options).await?;
+                let next = b.lock_with(&lock, &options).await?;
                 let at = Instant::now();
                 next.release().await?;
                 Ok::<_, LockError>(at)
@@ -732,14 +720,14 @@ async fn waiters_share_one_pubsub_connection() -> Outcome {
         channels.push(RedisKeys::new("faults", &lock).channel);
         held.push(
             holder
-                .acquire(&Holder::new(), &lock, &LockOptions::new())
+                .lock_with(&lock, &LockOptions::new())
                 .await
                 .map_err(fail("acquire"))?,
         );
         let waiter = waiter.clone();
         waiting.push(tokio::spawn(async move {
             let options = LockOptions::new().wait(Duration::from_secs(10));
-            waiter.acquire(&Holder::new(), &lock, &options).await
+            waiter.lock_with(&lock, &options).await
         }));
     }
     // Wait until every waiter is subscribed (condition with a deadline, not a fixed sleep).

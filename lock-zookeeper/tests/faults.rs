@@ -36,7 +36,7 @@ use std::{
 
 use conformance_tests::{Cases, Failure, Outcome, ensure};
 use futures::FutureExt;
-use lock_core::{Fence, Holder, LockClient, LockError, LockGuard, LockName, LockOptions};
+use lock_core::{Fence, LockClient, LockError, LockGuard, LockName, LockOptions};
 use lock_zookeeper::{OpCounts, ZkBackend, ZkConfig};
 use support::{ENSEMBLE_VAR, SERVICES_DIR_VAR, STANDALONE_VAR, ZkStore, hosts, raw_client};
 use tokio::{
@@ -90,10 +90,7 @@ async fn take_record_release(
     fences: Arc<Mutex<Vec<Fence>>>,
 ) -> Outcome {
     let failed = |e: LockError| Failure(format!("waiter {i}: {e}"));
-    let guard = client
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(failed)?;
+    let guard = client.lock_with(&name, &options).await.map_err(failed)?;
     locked(&fences).push(guard.fence());
     guard.release().await.map_err(failed)
 }
@@ -147,7 +144,7 @@ async fn leader_touch_lag_left_out() -> Outcome {
     let session = backend.session_timeout();
     let name = lock_name("leader-touch-lag")?;
     let guard = client
-        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .lock_with(&name, &LockOptions::new())
         .await
         .map_err(err)?;
     let granted = guard.lease().ttl();
@@ -377,10 +374,7 @@ async fn leader_killed() -> Outcome {
         holder.ok_or_else(|| Failure("no session landed on the leader in 30 tries".into()))?;
     let name = lock_name("leader-killed")?;
     let options = LockOptions::new().wait(Duration::from_secs(60));
-    let guard = holder
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(err)?;
+    let guard = holder.lock_with(&name, &options).await.map_err(err)?;
     let fence = guard.fence();
     let token = guard.lease().token().clone();
     let mut lost = guard.lost();
@@ -495,7 +489,7 @@ async fn server_paused() -> Outcome {
         .map_err(Failure)?;
     let name = lock_name("paused")?;
     let guard = holder
-        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .lock_with(&name, &LockOptions::new())
         .await
         .map_err(err)?;
     let fence = guard.fence();
@@ -503,7 +497,7 @@ async fn server_paused() -> Outcome {
         let name = name.clone();
         async move {
             let options = LockOptions::new().wait(Duration::from_secs(60));
-            waiter.acquire(&Holder::new(), &name, &options).await
+            waiter.lock_with(&name, &options).await
         }
     });
     wait_until(Duration::from_secs(10), "the waiter queueing", || async {
@@ -586,11 +580,7 @@ async fn server_paused() -> Outcome {
     next.release().await.map_err(err)?;
     // The old holder's backend opens a new session for its next acquisition.
     let again = holder
-        .acquire(
-            &Holder::new(),
-            &name,
-            &LockOptions::new().wait(Duration::from_secs(10)),
-        )
+        .lock_with(&name, &LockOptions::new().wait(Duration::from_secs(10)))
         .await
         .map_err(err)?;
     ensure!(
@@ -627,11 +617,7 @@ async fn no_herd() -> Outcome {
     let options = LockOptions::new()
         .wait(Duration::from_secs(120))
         .watchdog(false);
-    let first = clients[0]
-        .0
-        .acquire(&Holder::new(), &name, &options)
-        .await
-        .map_err(err)?;
+    let first = clients[0].0.lock_with(&name, &options).await.map_err(err)?;
     let before_queue = total(&clients);
     let acquired: Arc<Mutex<Vec<Fence>>> = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = tokio::task::JoinSet::new();
@@ -734,7 +720,7 @@ async fn curator_interop() -> Outcome {
     let path = store.ensure_lock_node(&name).await.map_err(err)?;
     let (theirs, czxid) = curator_create(&curator, &path).await?;
     let try_now = ours
-        .try_acquire(&Holder::new(), &name, &LockOptions::new())
+        .try_lock_with(&name, &LockOptions::new())
         .await
         .map_err(err)?;
     ensure!(
@@ -755,7 +741,7 @@ async fn curator_interop() -> Outcome {
         let (ours, name) = (ours.clone(), name.clone());
         async move {
             let options = LockOptions::new().wait(Duration::from_secs(20));
-            let guard = ours.acquire(&Holder::new(), &name, &options).await;
+            let guard = ours.lock_with(&name, &options).await;
             (Instant::now(), guard)
         }
     });
@@ -794,7 +780,7 @@ async fn curator_interop() -> Outcome {
     let name = lock_name("ours-first")?;
     let path = store.ensure_lock_node(&name).await.map_err(err)?;
     let guard = ours
-        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .lock_with(&name, &LockOptions::new())
         .await
         .map_err(err)?;
     let token = guard.lease().token().clone();
@@ -823,7 +809,7 @@ async fn curator_interop() -> Outcome {
     );
     // And while Curator holds, we wait.
     let busy = ours
-        .try_acquire(&Holder::new(), &name, &LockOptions::new())
+        .try_lock_with(&name, &LockOptions::new())
         .await
         .map_err(err)?;
     ensure!(
@@ -988,11 +974,7 @@ async fn lost_create_reply() -> Outcome {
     let before = backend.operations();
     proxy.armed.store(true, Ordering::SeqCst);
     let guard: LockGuard = client
-        .acquire(
-            &Holder::new(),
-            &name,
-            &LockOptions::new().wait(Duration::from_secs(10)),
-        )
+        .lock_with(&name, &LockOptions::new().wait(Duration::from_secs(10)))
         .await
         .map_err(|e| Failure(format!("acquire after a lost create reply: {e}")))?;
     let spent = backend.operations();
@@ -1041,7 +1023,7 @@ async fn missing_root() -> Outcome {
     let name = lock_name("missing-root")?;
     let before = backend.operations();
     let guard = client
-        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .lock_with(&name, &LockOptions::new())
         .await
         .map_err(err)?;
     let spent = backend.operations();
@@ -1086,7 +1068,7 @@ async fn follower_cut_off() -> Outcome {
     let (client, _backend) = client(&config).await?;
     let name = lock_name("follower-cut-off")?;
     let guard = client
-        .acquire(&Holder::new(), &name, &LockOptions::new())
+        .lock_with(&name, &LockOptions::new())
         .await
         .map_err(err)?;
     let mut paused = Vec::new();

@@ -18,21 +18,17 @@ pub(crate) async fn dropped_waiter_leaves_nothing(ctx: Ctx) -> Outcome {
         ctx.client().await?,
     );
     let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = a.acquire(&Holder::new(), &name, &long).await?;
+    let held = a.lock_with(&name, &long).await?;
     let cancelled = tokio::time::timeout(
         Duration::from_millis(200),
-        b.acquire(
-            &Holder::new(),
-            &name,
-            &long.clone().wait(Duration::from_secs(10)),
-        ),
+        b.lock_with(&name, &long.clone().wait(Duration::from_secs(10))),
     )
     .await;
     ensure!(cancelled.is_err(), "a waiter got a held lock");
     held.release().await?;
     let start = Instant::now();
     let next = c
-        .acquire(&Holder::new(), &name, &long.clone().wait(ctx.margin() * 2))
+        .lock_with(&name, &long.clone().wait(ctx.margin() * 2))
         .await
         .map_err(|e| Failure(format!("after a dropped waiter the lock stayed taken: {e}")))?;
     let took = start.elapsed();
@@ -54,7 +50,7 @@ pub(crate) async fn dropped_acquire_leaves_nothing_beyond_ttl(ctx: Ctx) -> Outco
     for (i, name) in names.iter().enumerate() {
         // Cut each attempt at a different point of its round trip.
         let cut = rtt.mul_f64(i as f64 / 8.0);
-        let _ = tokio::time::timeout(cut, b.acquire(&Holder::new(), name, &options)).await;
+        let _ = tokio::time::timeout(cut, b.lock_with(name, &options)).await;
     }
     let wait = match ctx.caps().expiry {
         Expiry::Ttl => ctx.ttl() + ctx.margin(),
@@ -85,7 +81,7 @@ pub(crate) async fn cancelled_release_still_releases(ctx: Ctx) -> Outcome {
     let name = ctx.name("cancel-release");
     let ((a, delaying), b) = (ctx.delaying_client().await?, ctx.client().await?);
     let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let guard = a.acquire(&Holder::new(), &name, &long).await?;
+    let guard = a.lock_with(&name, &long).await?;
     let lost = tokio::spawn(guard.lost());
     delaying.delay_releases(Duration::from_millis(100));
     let cut = tokio::time::timeout(Duration::from_millis(10), guard.release()).await;
@@ -95,7 +91,7 @@ pub(crate) async fn cancelled_release_still_releases(ctx: Ctx) -> Outcome {
     );
     let bound = ctx.margin() * 4 + Duration::from_millis(100);
     let next = b
-        .acquire(&Holder::new(), &name, &long.clone().wait(bound))
+        .lock_with(&name, &long.clone().wait(bound))
         .await
         .map_err(|e| Failure(format!("a cancelled release left the lock held: {e}")))?;
     let reason = tokio::time::timeout(ctx.margin(), lost)

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{Holder, LockOptions};
+use lock_core::LockOptions;
 
 use crate::{Ctx, Outcome, ensure};
 
@@ -11,11 +11,11 @@ pub(crate) async fn dropping_guard_releases(ctx: Ctx) -> Outcome {
     let name = ctx.name("drop");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let guard = a.acquire(&Holder::new(), &name, &long).await?;
+    let guard = a.lock_with(&name, &long).await?;
     drop(guard);
     let start = Instant::now();
     let next = b
-        .acquire(&Holder::new(), &name, &long.clone().wait(ctx.margin() * 4))
+        .lock_with(&name, &long.clone().wait(ctx.margin() * 4))
         .await?;
     let took = start.elapsed();
     ensure!(
@@ -32,12 +32,12 @@ pub(crate) async fn guard_dropped_on_foreign_thread_releases(ctx: Ctx) -> Outcom
     let name = ctx.name("drop-thread");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let guard = a.acquire(&Holder::new(), &name, &long).await?;
+    let guard = a.lock_with(&name, &long).await?;
     std::thread::spawn(move || drop(guard))
         .join()
         .map_err(|_| crate::Failure("dropping the guard on a plain thread panicked".into()))?;
     let next = b
-        .acquire(&Holder::new(), &name, &long.clone().wait(ctx.margin() * 4))
+        .lock_with(&name, &long.clone().wait(ctx.margin() * 4))
         .await
         .map_err(|e| {
             crate::Failure(format!(

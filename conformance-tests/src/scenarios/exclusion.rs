@@ -18,14 +18,14 @@ pub(crate) async fn try_acquire_excludes(ctx: Ctx) -> Outcome {
     let name = ctx.name("exclude");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let options = ctx.options(Duration::ZERO);
-    let held = a.acquire(&Holder::new(), &name, &options).await?;
-    let second = b.try_acquire(&Holder::new(), &name, &options).await?;
+    let held = a.lock_with(&name, &options).await?;
+    let second = b.try_lock_with(&name, &options).await?;
     ensure!(
         second.is_none(),
         "a second client got `{name}` while the first held it"
     );
     held.release().await?;
-    let after = b.try_acquire(&Holder::new(), &name, &options).await?;
+    let after = b.try_lock_with(&name, &options).await?;
     ensure!(after.is_some(), "`{name}` was not free after its release");
     if let Some(guard) = after {
         guard.release().await?;
@@ -38,8 +38,8 @@ pub(crate) async fn holders_in_one_process_exclude(ctx: Ctx) -> Outcome {
     let name = ctx.name("same-process");
     let client = ctx.client().await?;
     let options = ctx.options(Duration::ZERO);
-    let first = client.acquire(&Holder::new(), &name, &options).await?;
-    let second = client.try_acquire(&Holder::new(), &name, &options).await?;
+    let first = client.lock_with(&name, &options).await?;
+    let second = client.try_lock_with(&name, &options).await?;
     ensure!(
         second.is_none(),
         "a second holder in the same process got `{name}`"

@@ -2,8 +2,6 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::Holder;
-
 use crate::{Ctx, Outcome, ensure};
 
 /// A holder that stops renewing loses the lock at its TTL; a waiter gets it with no clean-up,
@@ -15,7 +13,7 @@ pub(crate) async fn expiry_frees_lock(ctx: Ctx) -> Outcome {
     let start = Instant::now();
     let old = ctx.acquire_unrenewed(&a, &name).await?;
     let new = b
-        .acquire(&Holder::new(), &name, &ctx.options(ttl * 3 + ctx.margin()))
+        .lock_with(&name, &ctx.options(ttl * 3 + ctx.margin()))
         .await?;
     let took = start.elapsed();
     ensure!(
@@ -43,9 +41,7 @@ pub(crate) async fn extend_prolongs_lease(ctx: Ctx) -> Outcome {
         guard.is_held(),
         "the guard is not held after extend, one TTL later"
     );
-    let other = b
-        .try_acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await?;
+    let other = b.try_lock_with(&name, &ctx.options(Duration::ZERO)).await?;
     ensure!(
         other.is_none(),
         "another client got the lock past the first TTL despite extend"

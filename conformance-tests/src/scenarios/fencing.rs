@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use lock_core::Holder;
-
 use crate::{Ctx, Outcome, ensure};
 
 /// Acquisitions by different holders and clients, one after another, get increasing fences.
@@ -13,7 +11,7 @@ pub(crate) async fn fences_increase_across_holders(ctx: Ctx) -> Outcome {
     let mut last = None;
     for round in 0..6 {
         let guard = clients[round % 2]
-            .acquire(&Holder::new(), &name, &ctx.options(Duration::from_secs(5)))
+            .lock_with(&name, &ctx.options(Duration::from_secs(5)))
             .await?;
         let fence = guard.fence();
         ensure!(
@@ -47,13 +45,9 @@ pub(crate) async fn fences_increase_across_expiry(ctx: Ctx) -> Outcome {
 pub(crate) async fn fences_increase_after_revoke(ctx: Ctx) -> Outcome {
     let name = ctx.name("fence-revoke");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let old = a
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await?;
+    let old = a.lock_with(&name, &ctx.options(Duration::ZERO)).await?;
     ctx.store().revoke(&name).await?;
-    let new = b
-        .acquire(&Holder::new(), &name, &ctx.options(ctx.margin()))
-        .await?;
+    let new = b.lock_with(&name, &ctx.options(ctx.margin())).await?;
     ensure!(
         new.fence() > old.fence(),
         "fence after a revoke ({}) is not above the revoked holder's ({})",

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Backoff, Holder, LockError, LockName, LockOptions};
+use lock_core::{Backoff, LockError, LockName, LockOptions};
 
 use crate::{Ctx, Outcome, ensure};
 
@@ -57,7 +57,7 @@ pub(crate) async fn invalid_options_change_nothing(ctx: Ctx) -> Outcome {
             .backoff(Backoff::new(Duration::ZERO, Duration::ZERO)),
     ];
     for options in &bad {
-        let result = client.acquire(&Holder::new(), &name, options).await;
+        let result = client.lock_with(&name, options).await;
         ensure!(
             matches!(result, Err(LockError::InvalidOptions { .. })),
             "options {options:?} gave {result:?}, expected InvalidOptions"
@@ -73,7 +73,7 @@ pub(crate) async fn invalid_options_change_nothing(ctx: Ctx) -> Outcome {
         "rejected options left a lock held"
     );
     let guard = client
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .lock_with(&name, &ctx.options(Duration::ZERO))
         .await?;
     let before = guard.lease();
     let extended = guard.extend(Duration::ZERO).await;
@@ -97,11 +97,7 @@ pub(crate) async fn foreign_value_is_an_error(ctx: Ctx) -> Outcome {
     let client = ctx.client().await?;
     ctx.store().plant_foreign(&name).await?;
     let tried = client
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::from_millis(200)),
-        )
+        .lock_with(&name, &ctx.options(Duration::from_millis(200)))
         .await;
     let inspected = client.inspect(&name).await;
     let leftovers = ctx.store().leftovers(&name).await?;
@@ -162,7 +158,7 @@ pub(crate) async fn extreme_options_never_panic(ctx: Ctx) -> Outcome {
         let name = ctx.name("extreme");
         let client = client.clone();
         let outcome = tokio::spawn(async move {
-            match client.acquire(&Holder::new(), &name, &options).await {
+            match client.lock_with(&name, &options).await {
                 Ok(guard) => {
                     let held = guard.is_held();
                     guard.release().await.map(|()| held)

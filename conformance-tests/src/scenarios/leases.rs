@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Expiry, Holder, Lease, LockError};
+use lock_core::{Expiry, Lease, LockError};
 
 use crate::{Ctx, Failure, Outcome, ensure};
 
@@ -14,9 +14,7 @@ pub(crate) async fn inspect_reports_the_holder(ctx: Ctx) -> Outcome {
         b.inspect(&name).await?.is_none(),
         "a fresh name shows as held"
     );
-    let guard = a
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await?;
+    let guard = a.lock_with(&name, &ctx.options(Duration::ZERO)).await?;
     let info = b
         .inspect(&name)
         .await?
@@ -53,11 +51,7 @@ pub(crate) async fn portable_lease_moves_between_clients(ctx: Ctx) -> Outcome {
     let name = ctx.name("portable");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let guard = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::ZERO).watchdog(false),
-        )
+        .lock_with(&name, &ctx.options(Duration::ZERO).watchdog(false))
         .await?;
     let json = serde_json::to_string(&guard.lease())
         .map_err(|e| Failure(format!("a lease does not serialize: {e}")))?;

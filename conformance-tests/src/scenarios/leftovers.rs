@@ -16,11 +16,7 @@ pub(crate) async fn nothing_left_after_release(ctx: Ctx) -> Outcome {
     let outer = a.acquire(&job, &name, &ctx.options(Duration::ZERO)).await?;
     let inner = a.acquire(&job, &name, &ctx.options(Duration::ZERO)).await?;
     let waiter = b
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::from_millis(100)),
-        )
+        .lock_with(&name, &ctx.options(Duration::from_millis(100)))
         .await;
     ensure!(waiter.is_err(), "a waiter got a held lock");
     inner.release().await?;
@@ -56,14 +52,11 @@ pub(crate) async fn names_map_to_distinct_locks(ctx: Ctx) -> Outcome {
     let options = ctx.options(Duration::ZERO);
     let (client, options) = (&client, &options);
     let guards = try_join_all(names.iter().map(|name| async move {
-        client
-            .try_acquire(&Holder::new(), name, options)
-            .await?
-            .ok_or_else(|| {
-                Failure(format!(
-                    "`{name}` was already taken: two names share one lock"
-                ))
-            })
+        client.try_lock_with(name, options).await?.ok_or_else(|| {
+            Failure(format!(
+                "`{name}` was already taken: two names share one lock"
+            ))
+        })
     }))
     .await?;
     for guard in guards {

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{Holder, LockError, LossReason};
+use lock_core::{LockError, LossReason};
 
 use crate::{Ctx, Failure, Outcome, ensure};
 
@@ -12,7 +12,7 @@ pub(crate) async fn lost_fires_when_lock_is_taken_away(ctx: Ctx) -> Outcome {
     let name = ctx.name("lost-revoke");
     let client = ctx.client().await?;
     let guard = client
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .lock_with(&name, &ctx.options(Duration::ZERO))
         .await?;
     ctx.store().revoke(&name).await?;
     let bound = ctx.ttl() + ctx.margin();
@@ -42,11 +42,7 @@ pub(crate) async fn lost_fires_at_local_deadline(ctx: Ctx) -> Outcome {
     let ttl = ctx.ttl();
     let start = Instant::now();
     let guard = client
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::ZERO).watchdog(false),
-        )
+        .lock_with(&name, &ctx.options(Duration::ZERO).watchdog(false))
         .await?;
     ensure!(guard.is_held(), "a fresh guard is not held");
     let reason = tokio::time::timeout(ttl + ctx.margin(), guard.lost())
@@ -83,7 +79,7 @@ pub(crate) async fn lost_future_resolves_on_release(ctx: Ctx) -> Outcome {
     let name = ctx.name("lost-release");
     let client = ctx.client().await?;
     let guard = client
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .lock_with(&name, &ctx.options(Duration::ZERO))
         .await?;
     let lost = guard.lost();
     guard.release().await?;
@@ -104,7 +100,7 @@ pub(crate) async fn release_is_not_reported_as_loss(ctx: Ctx) -> Outcome {
     let name = ctx.name("lost-release-race");
     let (client, delaying) = ctx.delaying_client().await?;
     let options = ctx.options(Duration::ZERO);
-    let guard = client.acquire(&Holder::new(), &name, &options).await?;
+    let guard = client.lock_with(&name, &options).await?;
     let lost = tokio::spawn(guard.lost());
     // Two renewal intervals between the store's release and its answer: the watchdog renews
     // at least once in between if it still considers the hold its own.

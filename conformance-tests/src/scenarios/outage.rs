@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{Holder, LockClient, LockError, LockName};
+use lock_core::{LockClient, LockError, LockName};
 
 use crate::{Ctx, Failure, Outcome, ensure};
 
@@ -18,7 +18,7 @@ pub(crate) async fn outage_is_retried_within_the_budget(ctx: Ctx) -> Outcome {
     let name = ctx.name("outage");
     let client = ctx.client().await?;
     client
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .lock_with(&name, &ctx.options(Duration::ZERO))
         .await?
         .release()
         .await?;
@@ -31,7 +31,7 @@ pub(crate) async fn outage_is_retried_within_the_budget(ctx: Ctx) -> Outcome {
             ctx.options(Duration::from_secs(30)),
         );
         async move {
-            let guard = client.acquire(&Holder::new(), &name, &options).await?;
+            let guard = client.lock_with(&name, &options).await?;
             guard.release().await
         }
     });
@@ -51,9 +51,7 @@ pub(crate) async fn outage_is_retried_within_the_budget(ctx: Ctx) -> Outcome {
 
 async fn while_down(ctx: &Ctx, client: &LockClient, name: &LockName) -> Outcome {
     let start = Instant::now();
-    let result = client
-        .acquire(&Holder::new(), name, &ctx.options(BUDGET))
-        .await;
+    let result = client.lock_with(name, &ctx.options(BUDGET)).await;
     let took = start.elapsed();
     ensure!(
         matches!(&result, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
@@ -68,9 +66,7 @@ async fn while_down(ctx: &Ctx, client: &LockClient, name: &LockName) -> Outcome 
         "with the store down, acquire returned after {took:?}, past its {BUDGET:?} budget"
     );
     let start = Instant::now();
-    let result = client
-        .acquire(&Holder::new(), name, &ctx.options(Duration::ZERO))
-        .await;
+    let result = client.lock_with(name, &ctx.options(Duration::ZERO)).await;
     let took = start.elapsed();
     ensure!(
         matches!(&result, Err(LockError::Unavailable { .. })),

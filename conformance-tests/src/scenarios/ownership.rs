@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Holder, Lease, LockClient, LockError, backend::LeaseToken};
+use lock_core::{Lease, LockClient, LockError, backend::LeaseToken};
 
 use crate::{Ctx, Outcome, ensure};
 
@@ -30,9 +30,7 @@ fn forged(lease: &Lease) -> Lease {
 pub(crate) async fn forged_release_changes_nothing(ctx: Ctx) -> Outcome {
     let name = ctx.name("forged-release");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let guard = a
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await?;
+    let guard = a.lock_with(&name, &ctx.options(Duration::ZERO)).await?;
     let lease = guard.lease();
     let result = forger(&ctx, &a, &b).release_lease(&forged(&lease)).await;
     ensure!(
@@ -56,9 +54,7 @@ pub(crate) async fn forged_release_changes_nothing(ctx: Ctx) -> Outcome {
 pub(crate) async fn forged_renew_changes_nothing(ctx: Ctx) -> Outcome {
     let name = ctx.name("forged-renew");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let guard = a
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await?;
+    let guard = a.lock_with(&name, &ctx.options(Duration::ZERO)).await?;
     let lease = guard.lease();
     let result = forger(&ctx, &a, &b)
         .renew_lease(&forged(&lease), Duration::from_secs(60))

@@ -6,7 +6,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lock_core::Holder;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::{Ctx, Failure, Outcome, ensure, runner};
@@ -47,7 +46,7 @@ pub(crate) async fn killed_holder_process_loses_lock(ctx: Ctx) -> Outcome {
         .ok_or_else(|| Failure(format!("the holder process said {line:?}")))?;
     let client = ctx.client().await?;
     let busy = client
-        .try_acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .try_lock_with(&name, &ctx.options(Duration::ZERO))
         .await?;
     ensure!(
         busy.is_none(),
@@ -60,11 +59,7 @@ pub(crate) async fn killed_holder_process_loses_lock(ctx: Ctx) -> Outcome {
     let killed = Instant::now();
     let lasts = ctx.abandoned_hold_lasts();
     let guard = client
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(lasts * 3 + ctx.margin()),
-        )
+        .lock_with(&name, &ctx.options(lasts * 3 + ctx.margin()))
         .await?;
     let took = killed.elapsed();
     ensure!(

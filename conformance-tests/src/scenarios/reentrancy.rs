@@ -26,7 +26,7 @@ pub(crate) async fn depth_needs_as_many_releases(ctx: Ctx) -> Outcome {
     );
     g1.release().await?;
     g2.release().await?;
-    let stranger = b.try_acquire(&Holder::new(), &name, &options).await?;
+    let stranger = b.try_lock_with(&name, &options).await?;
     ensure!(
         stranger.is_none(),
         "the lock was free after 2 of 3 reentrant releases"
@@ -36,7 +36,7 @@ pub(crate) async fn depth_needs_as_many_releases(ctx: Ctx) -> Outcome {
         "the last guard is not held after 2 of 3 releases"
     );
     g3.release().await?;
-    let after = b.try_acquire(&Holder::new(), &name, &options).await?;
+    let after = b.try_lock_with(&name, &options).await?;
     ensure!(
         after.is_some(),
         "the lock was not free after 3 of 3 releases"
@@ -54,7 +54,7 @@ pub(crate) async fn clones_share_identity_strangers_excluded(ctx: Ctx) -> Outcom
     let job = Holder::new();
     let options = ctx.options(Duration::ZERO);
     let first = client.acquire(&job, &name, &options).await?;
-    let stranger = client.try_acquire(&Holder::new(), &name, &options).await?;
+    let stranger = client.try_lock_with(&name, &options).await?;
     ensure!(
         stranger.is_none(),
         "another holder of the same process got a held lock"
@@ -92,7 +92,7 @@ pub(crate) async fn concurrent_reentry_does_not_deadlock(ctx: Ctx) -> Outcome {
     x.release().await?;
     y.release().await?;
     let after = client
-        .try_acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .try_lock_with(&name, &ctx.options(Duration::ZERO))
         .await?;
     ensure!(
         after.is_some(),

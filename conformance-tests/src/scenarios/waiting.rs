@@ -11,16 +11,12 @@ pub(crate) async fn wait_budget_is_honoured(ctx: Ctx) -> Outcome {
     let name = ctx.name("budget");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let held = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &LockOptions::new().ttl(Duration::from_secs(10)),
-        )
+        .lock_with(&name, &LockOptions::new().ttl(Duration::from_secs(10)))
         .await?;
     let rtt = ctx.round_trip().await?;
     let budget = Duration::from_millis(300);
     let start = Instant::now();
-    let result = b.acquire(&Holder::new(), &name, &ctx.options(budget)).await;
+    let result = b.lock_with(&name, &ctx.options(budget)).await;
     let took = start.elapsed();
     ensure!(
         matches!(result, Err(LockError::Timeout { .. })),
@@ -45,17 +41,11 @@ pub(crate) async fn zero_budget_is_one_try(ctx: Ctx) -> Outcome {
     let name = ctx.name("zero-budget");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let held = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &LockOptions::new().ttl(Duration::from_secs(10)),
-        )
+        .lock_with(&name, &LockOptions::new().ttl(Duration::from_secs(10)))
         .await?;
     let rtt = ctx.round_trip().await?;
     let start = Instant::now();
-    let result = b
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await;
+    let result = b.lock_with(&name, &ctx.options(Duration::ZERO)).await;
     let took = start.elapsed();
     ensure!(
         matches!(result, Err(LockError::Timeout { .. })),
@@ -67,9 +57,7 @@ pub(crate) async fn zero_budget_is_one_try(ctx: Ctx) -> Outcome {
         took <= bound,
         "a zero-budget acquire took {took:?} (bound {bound:?}, round trip {rtt:?})"
     );
-    let tried = b
-        .try_acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await?;
+    let tried = b.try_lock_with(&name, &ctx.options(Duration::ZERO)).await?;
     ensure!(tried.is_none(), "try_acquire got a held lock");
     held.release().await?;
     Ok(())
@@ -82,12 +70,12 @@ pub(crate) async fn release_wakes_waiter_promptly(ctx: Ctx) -> Outcome {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let rtt = ctx.round_trip().await?;
     let holder_options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = a.acquire(&Holder::new(), &name, &holder_options).await?;
+    let held = a.lock_with(&name, &holder_options).await?;
     let waiter_options = holder_options.clone().wait(Duration::from_secs(3));
     let waiter = tokio::spawn({
         let name = name.clone();
         async move {
-            let guard = b.acquire(&Holder::new(), &name, &waiter_options).await;
+            let guard = b.lock_with(&name, &waiter_options).await;
             (Instant::now(), guard)
         }
     });
@@ -123,7 +111,7 @@ pub(crate) async fn fifo_order_where_declared(ctx: Ctx) -> Outcome {
     let name = ctx.name("fifo");
     let holder_client = ctx.client().await?;
     let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder_client.acquire(&Holder::new(), &name, &long).await?;
+    let held = holder_client.lock_with(&name, &long).await?;
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for index in 0..WAITERS {
@@ -131,7 +119,7 @@ pub(crate) async fn fifo_order_where_declared(ctx: Ctx) -> Outcome {
         let (name, order) = (name.clone(), order.clone());
         let options = long.clone().wait(Duration::from_secs(20));
         tasks.push(tokio::spawn(async move {
-            let guard = client.acquire(&Holder::new(), &name, &options).await?;
+            let guard = client.lock_with(&name, &options).await?;
             order
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)

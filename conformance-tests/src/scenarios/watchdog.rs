@@ -12,9 +12,7 @@ pub(crate) async fn keeps_lock_past_ttls(ctx: Ctx) -> Outcome {
     let name = ctx.name("watchdog-keeps");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let ttl = ctx.ttl();
-    let guard = a
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await?;
+    let guard = a.lock_with(&name, &ctx.options(Duration::ZERO)).await?;
     let start = Instant::now();
     while start.elapsed() < ttl * 3 {
         ensure!(
@@ -24,9 +22,7 @@ pub(crate) async fn keeps_lock_past_ttls(ctx: Ctx) -> Outcome {
         );
         tokio::time::sleep(ttl / 4).await;
     }
-    let other = b
-        .try_acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
-        .await?;
+    let other = b.try_lock_with(&name, &ctx.options(Duration::ZERO)).await?;
     ensure!(
         other.is_none(),
         "another client got the lock after 3 TTLs despite the watchdog"
@@ -45,11 +41,11 @@ pub(crate) async fn stops_after_release_and_drop(ctx: Ctx) -> Outcome {
     let (client, counting) = ctx.counting_client().await?;
     let options = ctx.options(Duration::ZERO);
     let released = client
-        .acquire(&Holder::new(), &ctx.name("watchdog-release"), &options)
+        .lock_with(&ctx.name("watchdog-release"), &options)
         .await?;
     released.release().await?;
     let dropped = client
-        .acquire(&Holder::new(), &ctx.name("watchdog-drop"), &options)
+        .lock_with(&ctx.name("watchdog-drop"), &options)
         .await?;
     drop(dropped);
     let renewals = |c: lock_core::layer::Counts| (c.renew_calls, c.renew_many_calls, c.renewed);
@@ -71,11 +67,7 @@ pub(crate) async fn stops_at_max_hold(ctx: Ctx) -> Outcome {
     let max_hold = ttl * 2;
     let start = Instant::now();
     let guard = a
-        .acquire(
-            &Holder::new(),
-            &name,
-            &ctx.options(Duration::ZERO).max_hold(max_hold),
-        )
+        .lock_with(&name, &ctx.options(Duration::ZERO).max_hold(max_hold))
         .await?;
     let reason = tokio::time::timeout(max_hold + ctx.margin() * 2, guard.lost())
         .await
@@ -93,9 +85,7 @@ pub(crate) async fn stops_at_max_hold(ctx: Ctx) -> Outcome {
         took <= max_hold + ctx.margin(),
         "the hold ended {took:?} in, past max_hold {max_hold:?}"
     );
-    let next = b
-        .acquire(&Holder::new(), &name, &ctx.options(ctx.margin() * 2))
-        .await?;
+    let next = b.lock_with(&name, &ctx.options(ctx.margin() * 2)).await?;
     next.release().await?;
     drop(guard);
     Ok(())
@@ -148,11 +138,7 @@ async fn store_batches(ctx: &Ctx, locks: usize) -> Outcome {
         .watchdog(false);
     let mut guards = Vec::with_capacity(locks);
     for _ in 0..locks {
-        guards.push(
-            client
-                .acquire(&Holder::new(), &ctx.name("batch-store"), &options)
-                .await?,
-        );
+        guards.push(client.lock_with(&ctx.name("batch-store"), &options).await?);
     }
     let leases: Vec<_> = guards.iter().map(|guard| guard.lease()).collect();
     let backend = client.backend();
@@ -191,7 +177,7 @@ pub(crate) async fn extend_during_renewal(ctx: Ctx) -> Outcome {
     delaying.delay_renewals_of(ttl, Duration::from_millis(100));
     let in_flight = delaying.delayed_started();
     let guard = client
-        .acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .lock_with(&name, &ctx.options(Duration::ZERO))
         .await?;
     tokio::time::timeout(ttl, in_flight)
         .await
@@ -199,7 +185,7 @@ pub(crate) async fn extend_during_renewal(ctx: Ctx) -> Outcome {
     guard.extend(Duration::from_secs(30)).await?;
     tokio::time::sleep(ttl * 2 + ctx.margin()).await;
     let taken = other
-        .try_acquire(&Holder::new(), &name, &ctx.options(Duration::ZERO))
+        .try_lock_with(&name, &ctx.options(Duration::ZERO))
         .await?;
     let held = guard.is_held();
     ensure!(

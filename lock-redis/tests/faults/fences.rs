@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use conformance_tests::{Failure, ensure};
-use lock_core::{Holder, LockClient, LockError, LockName, LockOptions};
+use lock_core::{LockClient, LockError, LockName, LockOptions};
 use lock_redis::{RedisKeys, RedlockBackend, RedlockConfig};
 use redis::AsyncCommands;
 
@@ -19,7 +19,7 @@ pub(super) async fn cycle(
     let mut last = 0;
     for _ in 0..times {
         let guard = client
-            .acquire(&Holder::new(), lock, &LockOptions::new())
+            .lock_with(lock, &LockOptions::new())
             .await
             .map_err(fail("acquire"))?;
         last = guard.fence().get();
@@ -73,7 +73,7 @@ pub(super) async fn planted_fence_counters_are_refused() -> Outcome {
         let lock = name("planted-fence")?;
         let keys = RedisKeys::new("faults", &lock);
         let _: () = conn.set(&keys.fence, planted).await.map_err(fail("SET"))?;
-        let result = client.acquire(&Holder::new(), &lock, &options).await;
+        let result = client.lock_with(&lock, &options).await;
         let lock_exists: bool = conn.exists(&keys.lock).await.map_err(fail("EXISTS"))?;
         let counter: String = conn.get(&keys.fence).await.map_err(fail("GET"))?;
         let _: i64 = conn
@@ -128,7 +128,7 @@ async fn fence_without(client: &LockClient, lock: &LockName, paused: &str) -> Re
             .ttl(Duration::from_secs(2))
             .wait(Duration::from_secs(2));
         let guard = client
-            .acquire(&Holder::new(), lock, &options)
+            .lock_with(lock, &options)
             .await
             .map_err(fail("acquire"))?;
         let fence = guard.fence().get();

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use conformance_tests::{Failure, ensure};
-use lock_core::{Holder, LockClient, LockError, LockOptions};
+use lock_core::{LockClient, LockError, LockOptions};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
 use redis::AsyncCommands;
 
@@ -43,8 +43,7 @@ pub(super) async fn failed_replica_wait_releases_the_grant() -> Outcome {
         );
         let lock = name("wait-fails")?;
         let result = client
-            .acquire(
-                &Holder::new(),
+            .lock_with(
                 &lock,
                 &LockOptions::new()
                     .ttl(Duration::from_secs(30))
@@ -95,11 +94,7 @@ pub(super) async fn late_grant_is_released_not_returned() -> Outcome {
         .map_err(fail("CLIENT PAUSE"))?;
     let start = Instant::now();
     let result = client
-        .acquire(
-            &Holder::new(),
-            &lock,
-            &LockOptions::new().ttl(ttl).wait(Duration::ZERO),
-        )
+        .lock_with(&lock, &LockOptions::new().ttl(ttl).wait(Duration::ZERO))
         .await;
     let took = start.elapsed();
     let left: bool = conn.exists(&key).await.map_err(fail("EXISTS"))?;
@@ -171,11 +166,7 @@ pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
         });
         let start = Instant::now();
         let result = client
-            .acquire(
-                &Holder::new(),
-                &lock,
-                &LockOptions::new().ttl(ttl).wait(Duration::ZERO),
-            )
+            .lock_with(&lock, &LockOptions::new().ttl(ttl).wait(Duration::ZERO))
             .await;
         let took = start.elapsed();
         resume.await.map_err(fail("resume task"))??;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use conformance_tests::ensure;
-use lock_core::{Holder, LockError, LockOptions};
+use lock_core::{LockError, LockOptions};
 
 use super::{Outcome, fail, name, proxy::Proxy, single_client, var};
 
@@ -25,7 +25,7 @@ pub(super) async fn half_open_pubsub_keeps_the_wait_budget() -> Outcome {
     for i in 0..2 {
         let lock = name(&format!("half-open-pubsub-{i}"))?;
         held.push(
-            a.acquire(&Holder::new(), &lock, &options)
+            a.lock_with(&lock, &options)
                 .await
                 .map_err(fail("acquire"))?,
         );
@@ -34,7 +34,7 @@ pub(super) async fn half_open_pubsub_keeps_the_wait_budget() -> Outcome {
             let start = Instant::now();
             let result = tokio::time::timeout(
                 Duration::from_secs(3),
-                b.acquire(&Holder::new(), &lock, &LockOptions::new().wait(budget)),
+                b.lock_with(&lock, &LockOptions::new().wait(budget)),
             )
             .await;
             (start.elapsed(), result.map(|r| r.map(|g| g.fence())))

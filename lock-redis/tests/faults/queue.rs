@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use conformance_tests::ensure;
-use lock_core::{Holder, LockOptions};
+use lock_core::LockOptions;
 use lock_redis::RedisKeys;
 use redis::AsyncCommands;
 
@@ -72,11 +72,7 @@ pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
     let client = single_client(&url).await?;
     let start = Instant::now();
     let guard = client
-        .acquire(
-            &Holder::new(),
-            &name,
-            &LockOptions::new().wait(Duration::from_secs(5)),
-        )
+        .lock_with(&name, &LockOptions::new().wait(Duration::from_secs(5)))
         .await
         .map_err(fail("acquire behind a dead waiter"))?;
     let took = start.elapsed();
@@ -100,7 +96,7 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
     let holder = single_client(&url).await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     let held = holder
-        .acquire(&Holder::new(), &name, &options)
+        .lock_with(&name, &options)
         .await
         .map_err(fail("first acquire"))?;
     let dead = plant_dead_waiter(&mut raw, &keys).await?;
@@ -108,7 +104,7 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
     let waiting = tokio::spawn({
         let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(10)));
         async move {
-            let guard = waiter.acquire(&Holder::new(), &name, &options).await?;
+            let guard = waiter.lock_with(&name, &options).await?;
             let got = Instant::now();
             guard.release().await?;
             Ok::<_, lock_core::LockError>(got)
@@ -142,7 +138,7 @@ pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
     let holder = redlock_client().await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     let held = holder
-        .acquire(&Holder::new(), &name, &options)
+        .lock_with(&name, &options)
         .await
         .map_err(fail("first acquire"))?;
     let mut dead = "";
@@ -153,7 +149,7 @@ pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
     let waiting = tokio::spawn({
         let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(10)));
         async move {
-            let guard = waiter.acquire(&Holder::new(), &name, &options).await;
+            let guard = waiter.lock_with(&name, &options).await;
             (guard, Instant::now())
         }
     });
@@ -227,7 +223,7 @@ pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     let held = single_client(&url)
         .await?
-        .acquire(&Holder::new(), &name, &options)
+        .lock_with(&name, &options)
         .await
         .map_err(fail("first acquire"))?;
     let mut waiting = Vec::new();
@@ -235,7 +231,7 @@ pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
         let client = single_client(&url).await?;
         let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(20)));
         waiting.push(tokio::spawn(async move {
-            let guard = client.acquire(&Holder::new(), &name, &options).await?;
+            let guard = client.lock_with(&name, &options).await?;
             guard.release().await
         }));
         let by = Instant::now() + Duration::from_secs(5);

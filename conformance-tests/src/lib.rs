@@ -15,24 +15,24 @@
 pub mod bench;
 mod cases;
 mod delaying;
+pub mod holder_process;
 mod memory_store;
 mod report;
 mod runner;
 mod scenario;
-mod scenarios;
+pub mod scenarios;
 mod services;
 mod store;
 
 pub use cases::{CaseFuture, Cases};
 pub use delaying::DelayingBackend;
+pub use holder_process::{
+    HOLDER_NAME_VAR, HOLDER_STORE_VAR, HOLDER_TTL_VAR, HeldByChild, HolderProcess,
+};
 pub use memory_store::{MemoryStore, Unreachable};
 pub use report::{ScenarioResult, SuiteReport, Verdict};
-pub use runner::{
-    HOLDER_NAME_VAR, HOLDER_STORE_VAR, HOLDER_TTL_VAR, REPORT_DIR_VAR, Runner, run_suite,
-};
-pub use scenario::{
-    Applies, CountingBackend, Ctx, Failure, HolderProcess, Outcome, Scenario, ScenarioFuture,
-};
+pub use runner::{REPORT_DIR_VAR, Runner, run_suite};
+pub use scenario::{Applies, CountingBackend, Ctx, Failure, Outcome, Scenario, ScenarioFuture};
 pub use scenarios::all as all_scenarios;
 pub use services::{SERVICES_DIR_VAR, Services};
 pub use store::TestStore;

@@ -10,12 +10,12 @@
 //! }
 //! ```
 //!
-//! The same executable is the holder process of the killed-holder scenario: started with
-//! [`HOLDER_STORE_VAR`] set, it acquires a lock, prints `HELD <fence>` and waits to be killed.
+//! The same executable is the holder process of the killed-holder scenario: started in the
+//! role [`HOLDER_ROLE`](crate::holder_process::HOLDER_ROLE), it builds the store named by
+//! [`HOLDER_STORE_VAR`] and serves as [`holder_process::serve`] says.
 
 use std::{
     future::Future,
-    io::Write,
     path::PathBuf,
     pin::Pin,
     process::ExitCode,
@@ -23,25 +23,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lock_core::{LockName, LockOptions};
-
 use crate::{
-    Applies, Ctx, HolderProcess, ScenarioResult, SuiteReport, TestStore, Verdict, scenarios,
+    Applies, Ctx, ScenarioResult, SuiteReport, TestStore, Verdict,
+    holder_process::{self, HOLDER_ROLE, HOLDER_STORE_VAR, HolderProcess},
+    scenarios,
 };
 
-/// Names the store a holder process builds.
-pub const HOLDER_STORE_VAR: &str = "LOCK_CONFORMANCE_HOLDER_STORE";
-/// The lock a holder process acquires.
-pub const HOLDER_NAME_VAR: &str = "LOCK_CONFORMANCE_HOLDER_NAME";
-/// The TTL, in milliseconds, a holder process acquires with.
-pub const HOLDER_TTL_VAR: &str = "LOCK_CONFORMANCE_HOLDER_TTL_MS";
 /// Where JSON reports go (one file per store), when set.
 pub const REPORT_DIR_VAR: &str = "LOCK_CONFORMANCE_REPORT_DIR";
 
 /// How long one scenario may run before it counts as hung.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(90);
-/// How long a holder process lives at most if nobody kills it.
-const HOLDER_LIFETIME: Duration = Duration::from_secs(120);
 
 type StoreFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn TestStore>, String>> + Send>>;
 type Factory = Arc<dyn Fn() -> StoreFuture + Send + Sync>;
@@ -94,8 +86,8 @@ impl Runner {
                 return ExitCode::FAILURE;
             }
         };
-        if let Ok(label) = std::env::var(HOLDER_STORE_VAR) {
-            return runtime.block_on(self.hold(&label));
+        if holder_process::role().as_deref() == Some(HOLDER_ROLE) {
+            return runtime.block_on(self.hold());
         }
         runtime.block_on(self.run())
     }
@@ -112,10 +104,7 @@ impl Runner {
             println!("conformance suite on `{label}`");
             let report = match factory().await {
                 Ok(store) => {
-                    let holder = exe.clone().map(|exe| HolderProcess {
-                        exe,
-                        store: label.clone(),
-                    });
+                    let holder = exe.clone().map(|exe| HolderProcess::new(exe, label));
                     run_suite(label, store, holder, &filter).await
                 }
                 Err(error) => {
@@ -155,44 +144,26 @@ impl Runner {
         }
     }
 
-    async fn hold(self, label: &str) -> ExitCode {
-        match self.hold_inner(label).await {
+    /// The holder role: builds the store the parent named and serves the protocol.
+    async fn hold(self) -> ExitCode {
+        let result = async {
+            let label =
+                std::env::var(HOLDER_STORE_VAR).map_err(|e| format!("{HOLDER_STORE_VAR}: {e}"))?;
+            let factory = self
+                .stores
+                .iter()
+                .find(|(l, _)| *l == label)
+                .map(|(_, f)| f.clone())
+                .ok_or_else(|| format!("no store `{label}` in this runner"))?;
+            holder_process::serve(factory().await?).await
+        };
+        match result.await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("holder process: {error}");
                 ExitCode::FAILURE
             }
         }
-    }
-
-    async fn hold_inner(self, label: &str) -> Result<(), String> {
-        let factory = self
-            .stores
-            .iter()
-            .find(|(l, _)| l == label)
-            .map(|(_, f)| f.clone())
-            .ok_or_else(|| format!("no store `{label}` in this runner"))?;
-        let name = std::env::var(HOLDER_NAME_VAR).map_err(|e| format!("{HOLDER_NAME_VAR}: {e}"))?;
-        let ttl: u64 = std::env::var(HOLDER_TTL_VAR)
-            .map_err(|e| format!("{HOLDER_TTL_VAR}: {e}"))?
-            .parse()
-            .map_err(|e| format!("{HOLDER_TTL_VAR}: {e}"))?;
-        let store = factory().await?;
-        let client = store.client().await.map_err(|e| e.to_string())?;
-        let name = LockName::new(name).map_err(|e| e.to_string())?;
-        let options = LockOptions::new()
-            .ttl(Duration::from_millis(ttl))
-            .wait(Duration::from_secs(30));
-        let guard = client
-            .lock_with(&name, &options)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut out = std::io::stdout();
-        writeln!(out, "HELD {}", guard.fence()).map_err(|e| e.to_string())?;
-        out.flush().map_err(|e| e.to_string())?;
-        // Hold (the watchdog renews) until killed; give up after a while if nobody does.
-        tokio::time::sleep(HOLDER_LIFETIME).await;
-        guard.release().await.map_err(|e| e.to_string())
     }
 }
 

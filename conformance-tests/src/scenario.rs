@@ -3,7 +3,6 @@
 use std::{
     fmt,
     future::Future,
-    path::PathBuf,
     pin::Pin,
     sync::Arc,
     time::{Duration, Instant},
@@ -11,7 +10,7 @@ use std::{
 
 use lock_core::{Capabilities, LockClient, LockError, LockGuard, LockName, LockOptions};
 
-use crate::{DelayingBackend, TestStore};
+use crate::{DelayingBackend, TestStore, holder_process::HolderProcess};
 
 /// The layer [`Ctx::counting_client`] wraps a client's backend in.
 pub type CountingBackend = lock_core::layer::Counting<Arc<dyn lock_core::LockBackend>>;
@@ -76,15 +75,6 @@ impl fmt::Debug for Scenario {
             .field("name", &self.name)
             .finish()
     }
-}
-
-/// How to start a separate holder process (the runner's own executable in holder mode).
-#[derive(Debug, Clone)]
-pub struct HolderProcess {
-    /// The executable.
-    pub exe: PathBuf,
-    /// The store label the child builds.
-    pub store: String,
 }
 
 /// What a scenario gets: the store, its capabilities and helpers.

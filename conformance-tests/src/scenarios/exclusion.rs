@@ -11,10 +11,11 @@ use std::{
 use lock_core::{Holder, LockOptions};
 use tokio::task::JoinSet;
 
+use crate::scenario::{Scenario, always};
 use crate::{Ctx, Failure, Outcome, ensure};
 
 /// While one client holds a lock, another client's try fails; after release it succeeds.
-pub(crate) async fn try_acquire_excludes(ctx: Ctx) -> Outcome {
+pub async fn try_acquire_excludes(ctx: Ctx) -> Outcome {
     let name = ctx.name("exclude");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let options = ctx.options(Duration::ZERO);
@@ -34,7 +35,7 @@ pub(crate) async fn try_acquire_excludes(ctx: Ctx) -> Outcome {
 }
 
 /// Two holders of one process (one client) exclude each other like two processes.
-pub(crate) async fn holders_in_one_process_exclude(ctx: Ctx) -> Outcome {
+pub async fn holders_in_one_process_exclude(ctx: Ctx) -> Outcome {
     let name = ctx.name("same-process");
     let client = ctx.client().await?;
     let options = ctx.options(Duration::ZERO);
@@ -50,7 +51,7 @@ pub(crate) async fn holders_in_one_process_exclude(ctx: Ctx) -> Outcome {
 
 /// Many tasks over two clients increment a non-atomic counter under the lock: no update is
 /// lost and no two tasks are ever inside at once.
-pub(crate) async fn contention_loses_no_update(ctx: Ctx) -> Outcome {
+pub async fn contention_loses_no_update(ctx: Ctx) -> Outcome {
     const TASKS: usize = 8;
     const ROUNDS: u64 = 8;
     let name = ctx.name("contention");
@@ -92,4 +93,28 @@ pub(crate) async fn contention_loses_no_update(ctx: Ctx) -> Outcome {
         "lost updates: counter is {total}, expected {expected}"
     );
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "exclusion/try_acquire_excludes",
+            "1 mutual exclusion",
+            always,
+            try_acquire_excludes
+        ),
+        scenario!(
+            "exclusion/holders_in_one_process_exclude",
+            "1, 6 holders",
+            always,
+            holders_in_one_process_exclude
+        ),
+        scenario!(
+            "exclusion/contention_loses_no_update",
+            "1 mutual exclusion",
+            always,
+            contention_loses_no_update
+        ),
+    ]
 }

@@ -2,11 +2,12 @@
 
 use std::time::{Duration, Instant};
 
+use crate::scenario::{Scenario, ttl_expiry};
 use crate::{Ctx, Outcome, ensure};
 
 /// A holder that stops renewing loses the lock at its TTL; a waiter gets it with no clean-up,
 /// and not before the TTL.
-pub(crate) async fn expiry_frees_lock(ctx: Ctx) -> Outcome {
+pub async fn expiry_frees_lock(ctx: Ctx) -> Outcome {
     let name = ctx.name("expiry");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let ttl = ctx.ttl();
@@ -30,7 +31,7 @@ pub(crate) async fn expiry_frees_lock(ctx: Ctx) -> Outcome {
 }
 
 /// `extend` prolongs a lease beyond its first TTL (watchdog off).
-pub(crate) async fn extend_prolongs_lease(ctx: Ctx) -> Outcome {
+pub async fn extend_prolongs_lease(ctx: Ctx) -> Outcome {
     let name = ctx.name("extend");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let ttl = ctx.ttl();
@@ -48,4 +49,22 @@ pub(crate) async fn extend_prolongs_lease(ctx: Ctx) -> Outcome {
     );
     guard.release().await?;
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "expiry/frees_lock_without_cleanup",
+            "4 expiry",
+            ttl_expiry,
+            expiry_frees_lock
+        ),
+        scenario!(
+            "expiry/extend_prolongs_lease",
+            "4 expiry, extend",
+            ttl_expiry,
+            extend_prolongs_lease
+        ),
+    ]
 }

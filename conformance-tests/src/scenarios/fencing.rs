@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
+use crate::scenario::{Scenario, always, ttl_expiry};
 use crate::{Ctx, Outcome, ensure};
 
 /// Acquisitions by different holders and clients, one after another, get increasing fences.
-pub(crate) async fn fences_increase_across_holders(ctx: Ctx) -> Outcome {
+pub async fn fences_increase_across_holders(ctx: Ctx) -> Outcome {
     let name = ctx.name("fences");
     let clients = [ctx.client().await?, ctx.client().await?];
     let mut last = None;
@@ -25,7 +26,7 @@ pub(crate) async fn fences_increase_across_holders(ctx: Ctx) -> Outcome {
 }
 
 /// A holder that dies without releasing (its lease expires) is followed by a larger fence.
-pub(crate) async fn fences_increase_across_expiry(ctx: Ctx) -> Outcome {
+pub async fn fences_increase_across_expiry(ctx: Ctx) -> Outcome {
     let name = ctx.name("fence-expiry");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let old = ctx.acquire_unrenewed(&a, &name).await?;
@@ -42,7 +43,7 @@ pub(crate) async fn fences_increase_across_expiry(ctx: Ctx) -> Outcome {
 }
 
 /// A lock removed behind its holder's back is followed by a larger fence.
-pub(crate) async fn fences_increase_after_revoke(ctx: Ctx) -> Outcome {
+pub async fn fences_increase_after_revoke(ctx: Ctx) -> Outcome {
     let name = ctx.name("fence-revoke");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let old = a.lock_with(&name, &ctx.options(Duration::ZERO)).await?;
@@ -57,4 +58,28 @@ pub(crate) async fn fences_increase_after_revoke(ctx: Ctx) -> Outcome {
     new.release().await?;
     drop(old);
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "fencing/increase_across_holders",
+            "3 fencing",
+            always,
+            fences_increase_across_holders
+        ),
+        scenario!(
+            "fencing/increase_across_expiry",
+            "3 fencing",
+            ttl_expiry,
+            fences_increase_across_expiry
+        ),
+        scenario!(
+            "fencing/increase_after_revoke",
+            "3 fencing",
+            always,
+            fences_increase_after_revoke
+        ),
+    ]
 }

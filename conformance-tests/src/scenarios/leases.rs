@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use lock_core::{Expiry, Lease, LockError};
 
+use crate::scenario::{Scenario, always, portable};
 use crate::{Ctx, Failure, Outcome, ensure};
 
 /// `inspect` reports the holder's token, fence and remaining time; `None` once released.
-pub(crate) async fn inspect_reports_the_holder(ctx: Ctx) -> Outcome {
+pub async fn inspect_reports_the_holder(ctx: Ctx) -> Outcome {
     let name = ctx.name("inspect");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     ensure!(
@@ -47,7 +48,7 @@ pub(crate) async fn inspect_reports_the_holder(ctx: Ctx) -> Outcome {
 
 /// A lease serialized by one client is renewed and released by another; the original guard
 /// then learns it lost the lock, and a second release of the lease is `NotHeld`.
-pub(crate) async fn portable_lease_moves_between_clients(ctx: Ctx) -> Outcome {
+pub async fn portable_lease_moves_between_clients(ctx: Ctx) -> Outcome {
     let name = ctx.name("portable");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let guard = a
@@ -78,4 +79,22 @@ pub(crate) async fn portable_lease_moves_between_clients(ctx: Ctx) -> Outcome {
         "the original guard's release returned {original:?}, expected Lost"
     );
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "leases/inspect_reports_the_holder",
+            "inspect",
+            always,
+            inspect_reports_the_holder
+        ),
+        scenario!(
+            "leases/portable_lease_moves",
+            "portable leases",
+            portable,
+            portable_lease_moves_between_clients
+        ),
+    ]
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::{LockClient, LockError, LockName};
 
+use crate::scenario::{Scenario, outages};
 use crate::{Ctx, Failure, Outcome, ensure};
 
 /// The budget of the acquisitions made while the store is down.
@@ -14,7 +15,7 @@ const BUDGET: Duration = Duration::from_millis(800);
 
 /// An outage is retried inside the wait budget, reported as `Unavailable` when the budget runs
 /// out, and ridden out by a waiter with budget to spare.
-pub(crate) async fn outage_is_retried_within_the_budget(ctx: Ctx) -> Outcome {
+pub async fn outage_is_retried_within_the_budget(ctx: Ctx) -> Outcome {
     let name = ctx.name("outage");
     let client = ctx.client().await?;
     client
@@ -77,4 +78,14 @@ async fn while_down(ctx: &Ctx, client: &LockClient, name: &LockName) -> Outcome 
         "with the store down, a one-try acquire took {took:?}"
     );
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![scenario!(
+        "outage/retried_within_budget",
+        "5 waiting, 11 errors: outages",
+        outages,
+        outage_is_retried_within_the_budget
+    )]
 }

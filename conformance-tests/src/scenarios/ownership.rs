@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use lock_core::{Lease, LockClient, LockError, backend::LeaseToken};
 
+use crate::scenario::{Scenario, always, ttl_expiry};
 use crate::{Ctx, Outcome, ensure};
 
 /// The client a forged lease is sent through: another one where leases are portable; else the
@@ -27,7 +28,7 @@ fn forged(lease: &Lease) -> Lease {
 }
 
 /// Releasing with a lease of another token returns `NotHeld` and leaves the holder intact.
-pub(crate) async fn forged_release_changes_nothing(ctx: Ctx) -> Outcome {
+pub async fn forged_release_changes_nothing(ctx: Ctx) -> Outcome {
     let name = ctx.name("forged-release");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let guard = a.lock_with(&name, &ctx.options(Duration::ZERO)).await?;
@@ -51,7 +52,7 @@ pub(crate) async fn forged_release_changes_nothing(ctx: Ctx) -> Outcome {
 }
 
 /// Renewing with a lease of another token returns `NotHeld` and changes nothing.
-pub(crate) async fn forged_renew_changes_nothing(ctx: Ctx) -> Outcome {
+pub async fn forged_renew_changes_nothing(ctx: Ctx) -> Outcome {
     let name = ctx.name("forged-renew");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let guard = a.lock_with(&name, &ctx.options(Duration::ZERO)).await?;
@@ -82,7 +83,7 @@ pub(crate) async fn forged_renew_changes_nothing(ctx: Ctx) -> Outcome {
 
 /// A release arriving after the lease expired and another holder took over fails with `Lost`
 /// and leaves the new holder intact.
-pub(crate) async fn late_release_keeps_new_holder(ctx: Ctx) -> Outcome {
+pub async fn late_release_keeps_new_holder(ctx: Ctx) -> Outcome {
     let name = ctx.name("late-release");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let old = ctx.acquire_unrenewed(&a, &name).await?;
@@ -107,7 +108,7 @@ pub(crate) async fn late_release_keeps_new_holder(ctx: Ctx) -> Outcome {
 }
 
 /// An extend or renew arriving after another holder took over fails and changes nothing.
-pub(crate) async fn late_renew_keeps_new_holder(ctx: Ctx) -> Outcome {
+pub async fn late_renew_keeps_new_holder(ctx: Ctx) -> Outcome {
     let name = ctx.name("late-renew");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let old = ctx.acquire_unrenewed(&a, &name).await?;
@@ -131,4 +132,34 @@ pub(crate) async fn late_renew_keeps_new_holder(ctx: Ctx) -> Outcome {
     );
     new.release().await?;
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "ownership/forged_release_changes_nothing",
+            "2 owner-only",
+            always,
+            forged_release_changes_nothing
+        ),
+        scenario!(
+            "ownership/forged_renew_changes_nothing",
+            "2 owner-only",
+            always,
+            forged_renew_changes_nothing
+        ),
+        scenario!(
+            "ownership/late_release_keeps_new_holder",
+            "2 owner-only",
+            ttl_expiry,
+            late_release_keeps_new_holder
+        ),
+        scenario!(
+            "ownership/late_renew_keeps_new_holder",
+            "2 owner-only",
+            ttl_expiry,
+            late_renew_keeps_new_holder
+        ),
+    ]
 }

@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use lock_core::Holder;
 
+use crate::scenario::{Scenario, always};
 use crate::{Ctx, Outcome, ensure};
 
 /// Depth 3 needs 3 releases; all guards share one lease and fence.
-pub(crate) async fn depth_needs_as_many_releases(ctx: Ctx) -> Outcome {
+pub async fn depth_needs_as_many_releases(ctx: Ctx) -> Outcome {
     let name = ctx.name("reentry-depth");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let job = Holder::new();
@@ -48,7 +49,7 @@ pub(crate) async fn depth_needs_as_many_releases(ctx: Ctx) -> Outcome {
 }
 
 /// Clones of a holder share its identity (they re-enter); another holder is excluded.
-pub(crate) async fn clones_share_identity_strangers_excluded(ctx: Ctx) -> Outcome {
+pub async fn clones_share_identity_strangers_excluded(ctx: Ctx) -> Outcome {
     let name = ctx.name("reentry-clone");
     let client = ctx.client().await?;
     let job = Holder::new();
@@ -75,7 +76,7 @@ pub(crate) async fn clones_share_identity_strangers_excluded(ctx: Ctx) -> Outcom
 }
 
 /// Two concurrent acquisitions by one holder both succeed on one lease (no self-deadlock).
-pub(crate) async fn concurrent_reentry_does_not_deadlock(ctx: Ctx) -> Outcome {
+pub async fn concurrent_reentry_does_not_deadlock(ctx: Ctx) -> Outcome {
     let name = ctx.name("reentry-concurrent");
     let client = ctx.client().await?;
     let job = Holder::new();
@@ -102,4 +103,28 @@ pub(crate) async fn concurrent_reentry_does_not_deadlock(ctx: Ctx) -> Outcome {
         guard.release().await?;
     }
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "reentrancy/depth_needs_as_many_releases",
+            "6 reentrancy",
+            always,
+            depth_needs_as_many_releases
+        ),
+        scenario!(
+            "reentrancy/clones_share_identity",
+            "6 reentrancy",
+            always,
+            clones_share_identity_strangers_excluded
+        ),
+        scenario!(
+            "reentrancy/concurrent_reentry",
+            "6 reentrancy",
+            always,
+            concurrent_reentry_does_not_deadlock
+        ),
+    ]
 }

@@ -4,10 +4,11 @@ use std::time::{Duration, Instant};
 
 use lock_core::{Holder, LockError, LockOptions, Wakeup};
 
+use crate::scenario::{Scenario, always, fifo, starvation_free};
 use crate::{Ctx, Failure, Outcome, ensure};
 
 /// A waiter on a held lock gets `Timeout`, not before its budget nor long after.
-pub(crate) async fn wait_budget_is_honoured(ctx: Ctx) -> Outcome {
+pub async fn wait_budget_is_honoured(ctx: Ctx) -> Outcome {
     let name = ctx.name("budget");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let held = a
@@ -37,7 +38,7 @@ pub(crate) async fn wait_budget_is_honoured(ctx: Ctx) -> Outcome {
 }
 
 /// A zero budget makes one try: an immediate `Timeout` (and `None` from `try_acquire`).
-pub(crate) async fn zero_budget_is_one_try(ctx: Ctx) -> Outcome {
+pub async fn zero_budget_is_one_try(ctx: Ctx) -> Outcome {
     let name = ctx.name("zero-budget");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let held = a
@@ -65,7 +66,7 @@ pub(crate) async fn zero_budget_is_one_try(ctx: Ctx) -> Outcome {
 
 /// A waiter acquires promptly after the release, long before the holder's TTL: through the
 /// store's notification on push stores, within one back-off step on poll stores.
-pub(crate) async fn release_wakes_waiter_promptly(ctx: Ctx) -> Outcome {
+pub async fn release_wakes_waiter_promptly(ctx: Ctx) -> Outcome {
     let name = ctx.name("wakeup");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let rtt = ctx.round_trip().await?;
@@ -106,7 +107,7 @@ pub(crate) async fn release_wakes_waiter_promptly(ctx: Ctx) -> Outcome {
 
 /// Where the store declares FIFO wait order, waiters from different clients get the lock in
 /// the order they started waiting.
-pub(crate) async fn fifo_order_where_declared(ctx: Ctx) -> Outcome {
+pub async fn fifo_order_where_declared(ctx: Ctx) -> Outcome {
     const WAITERS: usize = 4;
     let name = ctx.name("fifo");
     let holder_client = ctx.client().await?;
@@ -148,7 +149,7 @@ pub(crate) async fn fifo_order_where_declared(ctx: Ctx) -> Outcome {
 
 /// Where the store declares an order, no client starves: separate clients that release and
 /// take the lock again in a loop each get at least half the mean number of turns.
-pub(crate) async fn no_client_starves(ctx: Ctx) -> Outcome {
+pub async fn no_client_starves(ctx: Ctx) -> Outcome {
     const CLIENTS: usize = 6;
     let name = ctx.name("starve");
     let run_for = Duration::from_millis(1500);
@@ -197,4 +198,40 @@ pub(crate) async fn no_client_starves(ctx: Ctx) -> Outcome {
         total as f64 / CLIENTS as f64
     );
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "waiting/budget_is_honoured",
+            "5 waiting",
+            always,
+            wait_budget_is_honoured
+        ),
+        scenario!(
+            "waiting/zero_budget_is_one_try",
+            "5 waiting",
+            always,
+            zero_budget_is_one_try
+        ),
+        scenario!(
+            "waiting/release_wakes_waiter_promptly",
+            "5 waiting",
+            always,
+            release_wakes_waiter_promptly
+        ),
+        scenario!(
+            "waiting/fifo_order_where_declared",
+            "5 waiting, WaitOrder::Fifo",
+            fifo,
+            fifo_order_where_declared
+        ),
+        scenario!(
+            "waiting/no_client_starves",
+            "5 waiting, WaitOrder::Fifo or Fair",
+            starvation_free,
+            no_client_starves
+        ),
+    ]
 }

@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 use futures::future::try_join_all;
 use lock_core::{Holder, LockOptions, LossReason};
 
+use crate::scenario::{Scenario, always};
 use crate::{Ctx, Failure, Outcome, ensure};
 
 /// The watchdog keeps a lock held across several TTLs.
-pub(crate) async fn keeps_lock_past_ttls(ctx: Ctx) -> Outcome {
+pub async fn keeps_lock_past_ttls(ctx: Ctx) -> Outcome {
     let name = ctx.name("watchdog-keeps");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let ttl = ctx.ttl();
@@ -37,7 +38,7 @@ pub(crate) async fn keeps_lock_past_ttls(ctx: Ctx) -> Outcome {
 }
 
 /// After release (and after drop) the watchdog renews nothing more.
-pub(crate) async fn stops_after_release_and_drop(ctx: Ctx) -> Outcome {
+pub async fn stops_after_release_and_drop(ctx: Ctx) -> Outcome {
     let (client, counting) = ctx.counting_client().await?;
     let options = ctx.options(Duration::ZERO);
     let released = client
@@ -60,7 +61,7 @@ pub(crate) async fn stops_after_release_and_drop(ctx: Ctx) -> Outcome {
 }
 
 /// At `max_hold` the hold ends: `lost()` says `MaxHold`, and a waiter gets the lock at once.
-pub(crate) async fn stops_at_max_hold(ctx: Ctx) -> Outcome {
+pub async fn stops_at_max_hold(ctx: Ctx) -> Outcome {
     let name = ctx.name("max-hold");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let ttl = ctx.ttl();
@@ -92,7 +93,7 @@ pub(crate) async fn stops_at_max_hold(ctx: Ctx) -> Outcome {
 }
 
 /// Renewals of many locks taken together are batched: far fewer store calls than locks.
-pub(crate) async fn batches_renewals(ctx: Ctx) -> Outcome {
+pub async fn batches_renewals(ctx: Ctx) -> Outcome {
     const LOCKS: usize = 20;
     let (client, counting) = ctx.counting_client().await?;
     let options = ctx.options(Duration::ZERO);
@@ -169,7 +170,7 @@ async fn store_batches(ctx: &Ctx, locks: usize) -> Outcome {
 
 /// `extend` while a watchdog renewal is in flight: whatever order the store applies the two
 /// in, the client never believes it holds the lock after the store let it go.
-pub(crate) async fn extend_during_renewal(ctx: Ctx) -> Outcome {
+pub async fn extend_during_renewal(ctx: Ctx) -> Outcome {
     let name = ctx.name("extend-race");
     let ((client, delaying), other) = (ctx.delaying_client().await?, ctx.client().await?);
     let ttl = ctx.ttl();
@@ -197,4 +198,40 @@ pub(crate) async fn extend_during_renewal(ctx: Ctx) -> Outcome {
     }
     drop(guard);
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "watchdog/keeps_lock_past_ttls",
+            "8 watchdog",
+            always,
+            keeps_lock_past_ttls
+        ),
+        scenario!(
+            "watchdog/stops_after_release_and_drop",
+            "8 watchdog",
+            always,
+            stops_after_release_and_drop
+        ),
+        scenario!(
+            "watchdog/stops_at_max_hold",
+            "8 watchdog",
+            always,
+            stops_at_max_hold
+        ),
+        scenario!(
+            "watchdog/batches_renewals",
+            "8 watchdog",
+            always,
+            batches_renewals
+        ),
+        scenario!(
+            "watchdog/extend_during_renewal",
+            "1, 8 extend vs watchdog",
+            always,
+            extend_during_renewal
+        ),
+    ]
 }

@@ -98,7 +98,7 @@ impl Fault {
                 "waiting/fifo_order_where_declared",
                 "waiting/no_client_starves",
             ],
-            Fault::OutageIsFinal => &["errors/outage_retried_within_budget"],
+            Fault::OutageIsFinal => &["outage/retried_within_budget"],
             Fault::SessionIgnoresToken => &[
                 "ownership/forged_release_changes_nothing",
                 "ownership/forged_renew_changes_nothing",

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use lock_core::{Backoff, LockError, LockName, LockOptions};
 
+use crate::scenario::{Scenario, always, foreign};
 use crate::{Ctx, Outcome, ensure};
 
 /// Every kind of invalid name is rejected with `InvalidName` saying why.
-pub(crate) async fn invalid_names_are_rejected(_ctx: Ctx) -> Outcome {
+pub async fn invalid_names_are_rejected(_ctx: Ctx) -> Outcome {
     let long = "n".repeat(LockName::MAX_LEN + 1);
     let cases: [(&str, &str); 5] = [
         ("", "0 bytes"),
@@ -40,7 +41,7 @@ pub(crate) async fn invalid_names_are_rejected(_ctx: Ctx) -> Outcome {
 
 /// Invalid options are rejected with `InvalidOptions` before anything reaches the store, and
 /// a bad `extend` leaves the hold as it was.
-pub(crate) async fn invalid_options_change_nothing(ctx: Ctx) -> Outcome {
+pub async fn invalid_options_change_nothing(ctx: Ctx) -> Outcome {
     let name = ctx.name("bad-options");
     let client = ctx.client().await?;
     let ttl = ctx.ttl();
@@ -92,7 +93,7 @@ pub(crate) async fn invalid_options_change_nothing(ctx: Ctx) -> Outcome {
 
 /// A value this library did not write under the lock's place is reported as `Foreign` by
 /// acquire and inspect, never granted, and left untouched.
-pub(crate) async fn foreign_value_is_an_error(ctx: Ctx) -> Outcome {
+pub async fn foreign_value_is_an_error(ctx: Ctx) -> Outcome {
     let name = ctx.name("foreign");
     let client = ctx.client().await?;
     ctx.store().plant_foreign(&name).await?;
@@ -119,7 +120,7 @@ pub(crate) async fn foreign_value_is_an_error(ctx: Ctx) -> Outcome {
 
 /// Extreme option values never panic: each is refused with `InvalidOptions` before reaching
 /// the store, or gives a working guard.
-pub(crate) async fn extreme_options_never_panic(ctx: Ctx) -> Outcome {
+pub async fn extreme_options_never_panic(ctx: Ctx) -> Outcome {
     let client = ctx.client().await?;
     let ttl = ctx.ttl();
     let cases = [
@@ -179,4 +180,34 @@ pub(crate) async fn extreme_options_never_panic(ctx: Ctx) -> Outcome {
         }
     }
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "errors/invalid_names_rejected",
+            "11 errors",
+            always,
+            invalid_names_are_rejected
+        ),
+        scenario!(
+            "errors/invalid_options_change_nothing",
+            "11 errors",
+            always,
+            invalid_options_change_nothing
+        ),
+        scenario!(
+            "errors/extreme_options_never_panic",
+            "11 errors",
+            always,
+            extreme_options_never_panic
+        ),
+        scenario!(
+            "errors/foreign_value_is_an_error",
+            "11 errors",
+            foreign,
+            foreign_value_is_an_error
+        ),
+    ]
 }

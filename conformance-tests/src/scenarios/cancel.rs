@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use lock_core::{Expiry, Holder, LockOptions};
 
+use crate::scenario::{Scenario, always};
 use crate::{Ctx, Failure, Outcome, ensure};
 
 /// A waiter whose `acquire` is dropped while it waits leaves no trace: once the holder
 /// releases, a third client gets the lock at once.
-pub(crate) async fn dropped_waiter_leaves_nothing(ctx: Ctx) -> Outcome {
+pub async fn dropped_waiter_leaves_nothing(ctx: Ctx) -> Outcome {
     let name = ctx.name("cancel-waiter");
     let (a, b, c) = (
         ctx.client().await?,
@@ -42,7 +43,7 @@ pub(crate) async fn dropped_waiter_leaves_nothing(ctx: Ctx) -> Outcome {
 
 /// `acquire` futures dropped at arbitrary points leave nothing held past the TTL (session
 /// stores: past the background clean-up).
-pub(crate) async fn dropped_acquire_leaves_nothing_beyond_ttl(ctx: Ctx) -> Outcome {
+pub async fn dropped_acquire_leaves_nothing_beyond_ttl(ctx: Ctx) -> Outcome {
     let rtt = ctx.round_trip().await?;
     let (b, c) = (ctx.client().await?, ctx.client().await?);
     let names: Vec<_> = (0..10).map(|_| ctx.name("cancel-any")).collect();
@@ -77,7 +78,7 @@ pub(crate) async fn dropped_acquire_leaves_nothing_beyond_ttl(ctx: Ctx) -> Outco
 
 /// A `release()` future dropped while the store release is in flight still ends the hold: the
 /// lock is freed in the background, the watchdog stops, and `lost()` resolves.
-pub(crate) async fn cancelled_release_still_releases(ctx: Ctx) -> Outcome {
+pub async fn cancelled_release_still_releases(ctx: Ctx) -> Outcome {
     let name = ctx.name("cancel-release");
     let ((a, delaying), b) = (ctx.delaying_client().await?, ctx.client().await?);
     let long = LockOptions::new().ttl(Duration::from_secs(30));
@@ -104,4 +105,28 @@ pub(crate) async fn cancelled_release_still_releases(ctx: Ctx) -> Outcome {
     );
     next.release().await?;
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "cancel/dropped_waiter_leaves_nothing",
+            "9 cancellation",
+            always,
+            dropped_waiter_leaves_nothing
+        ),
+        scenario!(
+            "cancel/dropped_acquire_leaves_nothing",
+            "9 cancellation",
+            always,
+            dropped_acquire_leaves_nothing_beyond_ttl
+        ),
+        scenario!(
+            "cancel/cancelled_release_still_releases",
+            "9, 10 cancellation",
+            always,
+            cancelled_release_still_releases
+        ),
+    ]
 }

@@ -4,11 +4,12 @@ use std::time::{Duration, Instant};
 
 use lock_core::{LockError, LossReason};
 
+use crate::scenario::{Scenario, always};
 use crate::{Ctx, Failure, Outcome, ensure};
 
 /// A lock taken away behind the holder's back fires `lost()` within one renewal interval;
 /// afterwards `is_held()` is false and `release` reports `Lost`.
-pub(crate) async fn lost_fires_when_lock_is_taken_away(ctx: Ctx) -> Outcome {
+pub async fn lost_fires_when_lock_is_taken_away(ctx: Ctx) -> Outcome {
     let name = ctx.name("lost-revoke");
     let client = ctx.client().await?;
     let guard = client
@@ -36,7 +37,7 @@ pub(crate) async fn lost_fires_when_lock_is_taken_away(ctx: Ctx) -> Outcome {
 const TIMER_SLACK: Duration = Duration::from_millis(20);
 
 /// Without renewals, `lost()` fires at the local deadline (before the store's expiry).
-pub(crate) async fn lost_fires_at_local_deadline(ctx: Ctx) -> Outcome {
+pub async fn lost_fires_at_local_deadline(ctx: Ctx) -> Outcome {
     let name = ctx.name("lost-deadline");
     let client = ctx.client().await?;
     let ttl = ctx.ttl();
@@ -75,7 +76,7 @@ pub(crate) async fn lost_fires_at_local_deadline(ctx: Ctx) -> Outcome {
 }
 
 /// A `lost()` future that outlives every guard resolves to `Released` at release.
-pub(crate) async fn lost_future_resolves_on_release(ctx: Ctx) -> Outcome {
+pub async fn lost_future_resolves_on_release(ctx: Ctx) -> Outcome {
     let name = ctx.name("lost-release");
     let client = ctx.client().await?;
     let guard = client
@@ -96,7 +97,7 @@ pub(crate) async fn lost_future_resolves_on_release(ctx: Ctx) -> Outcome {
 /// A normal release is not a loss: a watchdog renewal that reaches the store after the release
 /// (and is answered "not held") while the release's own answer is still on its way does not
 /// make `lost()` say `NotHeld`.
-pub(crate) async fn release_is_not_reported_as_loss(ctx: Ctx) -> Outcome {
+pub async fn release_is_not_reported_as_loss(ctx: Ctx) -> Outcome {
     let name = ctx.name("lost-release-race");
     let (client, delaying) = ctx.delaying_client().await?;
     let options = ctx.options(Duration::ZERO);
@@ -115,4 +116,34 @@ pub(crate) async fn release_is_not_reported_as_loss(ctx: Ctx) -> Outcome {
         "lost() said {reason:?} for a hold that was released normally"
     );
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "lost/fires_when_taken_away",
+            "7 lost signal",
+            always,
+            lost_fires_when_lock_is_taken_away
+        ),
+        scenario!(
+            "lost/fires_at_local_deadline",
+            "7 lost signal",
+            always,
+            lost_fires_at_local_deadline
+        ),
+        scenario!(
+            "lost/resolves_on_release",
+            "7 lost signal",
+            always,
+            lost_future_resolves_on_release
+        ),
+        scenario!(
+            "lost/release_is_not_a_loss",
+            "7 lost signal",
+            always,
+            release_is_not_reported_as_loss
+        ),
+    ]
 }

@@ -4,10 +4,11 @@ use std::time::{Duration, Instant};
 
 use lock_core::LockOptions;
 
+use crate::scenario::{Scenario, always};
 use crate::{Ctx, Outcome, ensure};
 
 /// A dropped guard frees the lock long before its TTL.
-pub(crate) async fn dropping_guard_releases(ctx: Ctx) -> Outcome {
+pub async fn dropping_guard_releases(ctx: Ctx) -> Outcome {
     let name = ctx.name("drop");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let long = LockOptions::new().ttl(Duration::from_secs(30));
@@ -28,7 +29,7 @@ pub(crate) async fn dropping_guard_releases(ctx: Ctx) -> Outcome {
 
 /// A guard dropped on a thread with no Tokio runtime (while the client's runtime runs on)
 /// still frees the lock in the background, long before its TTL.
-pub(crate) async fn guard_dropped_on_foreign_thread_releases(ctx: Ctx) -> Outcome {
+pub async fn guard_dropped_on_foreign_thread_releases(ctx: Ctx) -> Outcome {
     let name = ctx.name("drop-thread");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let long = LockOptions::new().ttl(Duration::from_secs(30));
@@ -46,4 +47,22 @@ pub(crate) async fn guard_dropped_on_foreign_thread_releases(ctx: Ctx) -> Outcom
         })?;
     next.release().await?;
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "drop/dropping_guard_releases",
+            "10 drop",
+            always,
+            dropping_guard_releases
+        ),
+        scenario!(
+            "drop/guard_dropped_on_foreign_thread",
+            "10 drop",
+            always,
+            guard_dropped_on_foreign_thread_releases
+        ),
+    ]
 }

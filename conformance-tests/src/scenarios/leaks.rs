@@ -5,11 +5,12 @@ use std::time::Duration;
 use futures::future::try_join_all;
 use lock_core::{Holder, LockName};
 
+use crate::scenario::{Scenario, always};
 use crate::{Ctx, Failure, Outcome, ensure};
 
 /// After release (plain, reentrant, and after a timed-out waiter) nothing of the hold remains
 /// in the store but the fence counter.
-pub(crate) async fn nothing_left_after_release(ctx: Ctx) -> Outcome {
+pub async fn nothing_left_after_release(ctx: Ctx) -> Outcome {
     let name = ctx.name("leftovers");
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let job = Holder::new();
@@ -35,7 +36,7 @@ pub(crate) async fn nothing_left_after_release(ctx: Ctx) -> Outcome {
 
 /// Names that differ only in case, punctuation, escaping or Unicode form are different locks,
 /// and the longest names work.
-pub(crate) async fn names_map_to_distinct_locks(ctx: Ctx) -> Outcome {
+pub async fn names_map_to_distinct_locks(ctx: Ctx) -> Outcome {
     let base = ctx.name("names");
     let suffixes = [
         "a", "A", "a/b", "a%2Fb", "a%2fb", "a_b", "a:b", "a.b", "a..b", "{a}", "{a}b", "a b",
@@ -67,4 +68,22 @@ pub(crate) async fn names_map_to_distinct_locks(ctx: Ctx) -> Outcome {
         ensure!(left.is_empty(), "`{name}` left {left:?} after release");
     }
     Ok(())
+}
+
+/// The scenarios of this group, in run order.
+pub fn scenarios() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            "leaks/nothing_left_after_release",
+            "12 no leaks",
+            always,
+            nothing_left_after_release
+        ),
+        scenario!(
+            "leaks/names_map_to_distinct_locks",
+            "names",
+            always,
+            names_map_to_distinct_locks
+        ),
+    ]
 }

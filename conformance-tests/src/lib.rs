@@ -15,6 +15,7 @@
 pub mod bench;
 mod cases;
 mod delaying;
+pub mod faults;
 pub mod holder_process;
 mod memory_store;
 mod report;

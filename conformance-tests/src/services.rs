@@ -1,12 +1,15 @@
 //! [`Services`]: the `stop` and `start` scripts `cargo xtask services up` writes for each
 //! server, so a store under test can take its servers away and bring them back (an outage).
+//! The scripts run through [`faults::Instance`](crate::faults::Instance); this is its form for
+//! [`TestStore`](crate::TestStore) outages, which report [`LockError`]s and span two calls
+//! (no guard).
 
 use std::path::PathBuf;
 
 use lock_core::LockError;
 
-/// The variable naming the directory of the service instances.
-pub const SERVICES_DIR_VAR: &str = "LOCK_TEST_SERVICES_DIR";
+pub use crate::faults::SERVICES_DIR_VAR;
+use crate::{Failure, faults::Instance};
 
 /// The local servers of `cargo xtask services`, by instance name (`redis`, `mariadb`,
 /// `redlock-0`, `redis-cluster`, ...).
@@ -61,19 +64,12 @@ impl Services {
     }
 
     async fn run(&self, instance: &str, script: &str) -> Result<(), LockError> {
-        let path = self.root.join(instance).join(script);
-        let status = tokio::process::Command::new(&path)
-            .stdout(std::process::Stdio::null())
-            .status()
+        Instance::in_root(&self.root, instance)
+            .run(script)
             .await
-            .map_err(|e| LockError::unavailable(format!("running {}", path.display()), e))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(LockError::Unavailable {
-                message: format!("{} exited with {status}", path.display()),
+            .map_err(|Failure(message)| LockError::Unavailable {
+                message,
                 source: None,
             })
-        }
     }
 }

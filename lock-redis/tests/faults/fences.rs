@@ -3,12 +3,15 @@
 
 use std::time::Duration;
 
-use conformance_tests::{Failure, ensure};
+use conformance_tests::{
+    Failure, Outcome, ensure,
+    faults::{env_var, fail, unique_name},
+};
 use lock_core::{LockClient, LockError, LockName, LockOptions};
 use lock_redis::{RedisKeys, RedlockBackend, RedlockConfig};
 use redis::AsyncCommands;
 
-use super::{Outcome, fail, name, raw_conn, single_client, var};
+use super::{raw_conn, single_client};
 
 /// Acquires and releases `lock` `times` times; the last fence issued.
 pub(super) async fn cycle(
@@ -31,9 +34,9 @@ pub(super) async fn cycle(
 /// A fence counter that disappeared (evicted under an `allkeys-*` policy, or deleted by hand)
 /// does not make fences go back.
 pub(super) async fn fences_grow_after_the_counter_is_lost() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
     let client = single_client(&url).await?;
-    let lock = name("counter-lost")?;
+    let lock = unique_name("counter-lost")?;
     let before = cycle(&client, &lock, 3).await?;
     let mut conn = raw_conn(&url).await?;
     let deleted: i64 = conn
@@ -57,7 +60,7 @@ pub(super) async fn fences_grow_after_the_counter_is_lost() -> Outcome {
 /// increase within the fence range) are refused with an error naming the counter, before
 /// anything is written: no lock key, no change to the counter.
 pub(super) async fn planted_fence_counters_are_refused() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
     let client = single_client(&url).await?;
     let mut conn = raw_conn(&url).await?;
     let options = LockOptions::new().wait(Duration::ZERO);
@@ -70,7 +73,7 @@ pub(super) async fn planted_fence_counters_are_refused() -> Outcome {
         "007",
         "",
     ] {
-        let lock = name("planted-fence")?;
+        let lock = unique_name("planted-fence")?;
         let keys = RedisKeys::new("faults", &lock);
         let _: () = conn.set(&keys.fence, planted).await.map_err(fail("SET"))?;
         let result = client.lock_with(&lock, &options).await;
@@ -145,7 +148,7 @@ async fn fence_without(client: &LockClient, lock: &LockName, paused: &str) -> Re
 /// (a server whose clock is ahead, or the grant-and-undo rounds of contended votes that reach
 /// n1 alone); {n1, n2} grant the first acquisition, {n2, n3} the second.
 pub(super) async fn redlock_fences_grow_across_majorities() -> Outcome {
-    let urls: Vec<String> = var("LOCK_TEST_REDLOCK_URLS")?
+    let urls: Vec<String> = env_var("LOCK_TEST_REDLOCK_URLS")?
         .split(',')
         .take(3)
         .map(str::to_owned)
@@ -160,7 +163,7 @@ pub(super) async fn redlock_fences_grow_across_majorities() -> Outcome {
             .await
             .map_err(fail("redlock connect"))?,
     );
-    let lock = name("redlock-fences")?;
+    let lock = unique_name("redlock-fences")?;
     let keys = RedisKeys::new("faults", &lock);
     let mut first = raw_conn(n1).await?;
     let (seconds, micros): (u64, u64) = redis::cmd("TIME")

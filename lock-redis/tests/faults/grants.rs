@@ -3,17 +3,24 @@
 
 use std::time::{Duration, Instant};
 
-use conformance_tests::{Failure, ensure};
+use conformance_tests::{
+    Failure, Outcome, ensure,
+    faults::{Paused, env_var, fail, unique_name},
+};
 use lock_core::{LockClient, LockError, LockOptions};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
 use redis::AsyncCommands;
 
-use super::{Outcome, fail, name, raw_conn, var};
+use super::{
+    raw_conn,
+    replicas::{replica_streams, start_replica},
+    single_client,
+};
 
 /// With `replica_acks`, a `WAIT` that fails (here refused by an ACL that allows everything
 /// else) releases the acquisition before the error is returned: no lock key is left.
 pub(super) async fn failed_replica_wait_releases_the_grant() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
     let mut admin = raw_conn(&url).await?;
     let user = format!("faults-nowait-{:08x}", rand::random::<u32>());
     let password = format!("{:016x}", rand::random::<u64>());
@@ -41,7 +48,7 @@ pub(super) async fn failed_replica_wait_releases_the_grant() -> Outcome {
                 .await
                 .map_err(fail("connect"))?,
         );
-        let lock = name("wait-fails")?;
+        let lock = unique_name("wait-fails")?;
         let result = client
             .lock_with(
                 &lock,
@@ -79,9 +86,9 @@ pub(super) async fn failed_replica_wait_releases_the_grant() -> Outcome {
 /// longer than the TTL: `CLIENT PAUSE WRITE`) is released and reported, not returned as a
 /// guard that is already lost while the store still holds the lock.
 pub(super) async fn late_grant_is_released_not_returned() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
-    let client = super::single_client(&url).await?;
-    let lock = name("late-grant")?;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let client = single_client(&url).await?;
+    let lock = unique_name("late-grant")?;
     let key = RedisKeys::new("faults", &lock).lock;
     let mut conn = raw_conn(&url).await?;
     let ttl = Duration::from_millis(100);
@@ -119,36 +126,22 @@ pub(super) async fn late_grant_is_released_not_returned() -> Outcome {
     }
 }
 
-/// Sends `signal` (`STOP`, `CONT`) to the process `pid`.
-fn signal(pid: u32, signal: &str) -> Outcome {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .map_err(fail("kill"))?;
-    ensure!(
-        status.success(),
-        "kill -{signal} {pid} exited with {status}"
-    );
-    Ok(())
-}
-
 /// With `replica_acks`, a `WAIT` that is answered after the lease's local deadline (the
 /// replica is stopped for 300 ms, the TTL is 100 ms) makes no grant: the acquisition is
 /// released and reported.
 pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
     let port: u16 = url
         .rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| Failure(format!("no port in {url}")))?;
     let replica_port = port + 12;
-    let (mut replica, dir) = super::start_replica(port, replica_port)?;
+    let (mut replica, dir) = start_replica(port, replica_port)?;
     let pid = replica.id();
     let outcome = async {
         let replica_url = format!("redis://127.0.0.1:{replica_port}");
-        super::replica_streams(&url, &replica_url).await?;
+        replica_streams(&url, &replica_url).await?;
         let config = RedisConfig::single(&url)
             .with_key_prefix("faults")
             .with_replica_acks(1, Duration::from_secs(1));
@@ -157,12 +150,12 @@ pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
                 .await
                 .map_err(fail("connect"))?,
         );
-        let lock = name("wait-past-ttl")?;
+        let lock = unique_name("wait-past-ttl")?;
         let ttl = Duration::from_millis(100);
-        signal(pid, "STOP")?;
+        let paused = Paused::process(pid)?;
         let resume = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            signal(pid, "CONT")
+            paused.resume()
         });
         let start = Instant::now();
         let result = client
@@ -187,7 +180,6 @@ pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
         }
     }
     .await;
-    let _ = signal(pid, "CONT");
     let _ = replica.kill();
     let _ = replica.wait();
     let _ = std::fs::remove_dir_all(&dir);

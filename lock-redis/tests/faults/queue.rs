@@ -2,22 +2,25 @@
 
 use std::time::{Duration, Instant};
 
-use conformance_tests::ensure;
+use conformance_tests::{
+    Failure, Outcome, ensure,
+    faults::{env_var, fail, poll_until, unique_name},
+};
 use lock_core::LockOptions;
 use lock_redis::RedisKeys;
-use redis::AsyncCommands;
+use redis::{AsyncCommands, aio::MultiplexedConnection};
 
 use super::{
-    Outcome, fail, name, next_message, raw_conn, redlock_client, redlock_urls, release_listener,
-    single_client, until_marked, var,
+    raw_conn, redlock_client, redlock_urls, single_client, until_marked,
+    wakeups::{next_message, release_listener},
 };
 
 /// Plants a waiter that died at the head of `keys`' queue, with a place that would last a
 /// minute; returns its token.
 async fn plant_dead_waiter(
-    raw: &mut redis::aio::MultiplexedConnection,
+    raw: &mut MultiplexedConnection,
     keys: &RedisKeys,
-) -> Result<&'static str, conformance_tests::Failure> {
+) -> Result<&'static str, Failure> {
     let dead = "0123456789abcdef0123456789abcdef";
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -40,11 +43,7 @@ async fn plant_dead_waiter(
 
 /// Checks that the planted `dead` waiter lost its place, then removes the name's queue and
 /// fence keys.
-async fn dead_place_gone(
-    raw: &mut redis::aio::MultiplexedConnection,
-    keys: &RedisKeys,
-    dead: &str,
-) -> Outcome {
+async fn dead_place_gone(raw: &mut MultiplexedConnection, keys: &RedisKeys, dead: &str) -> Outcome {
     let left: Vec<String> = raw
         .zrange(&keys.queue, 0, -1)
         .await
@@ -64,8 +63,8 @@ async fn dead_place_gone(
 /// holds a free lock back for at most the hand-off window (100 ms), not for its whole place:
 /// the next acquisition is granted soon after, and the dead place is gone.
 pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
-    let name = name("dead-waiter")?;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let name = unique_name("dead-waiter")?;
     let keys = RedisKeys::new("faults", &name);
     let mut raw = raw_conn(&url).await?;
     let dead = plant_dead_waiter(&mut raw, &keys).await?;
@@ -89,8 +88,8 @@ pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
 /// over, instead of sleeping until its own retry (the holder's TTL): the lock is taken soon
 /// after the release, and the dead place is gone.
 pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
-    let name = name("dead-first")?;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let name = unique_name("dead-first")?;
     let keys = RedisKeys::new("faults", &name);
     let mut raw = raw_conn(&url).await?;
     let holder = single_client(&url).await?;
@@ -129,7 +128,7 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
 /// of every server's queue (planted: a place that would last a minute) holds the lock back for
 /// at most one turn after the release (400 ms), and its places are gone afterwards.
 pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
-    let name = name("redlock-dead-waiter")?;
+    let name = unique_name("redlock-dead-waiter")?;
     let keys = RedisKeys::new("faults", &name);
     let mut raws = Vec::new();
     for url in redlock_urls()? {
@@ -154,22 +153,19 @@ pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
         }
     });
     // The waiter has queued behind the dead one once it is on the queue of every server.
-    let queued_by = Instant::now() + Duration::from_secs(5);
-    'queued: loop {
-        let mut everywhere = true;
-        for raw in &mut raws {
-            let queued: usize = raw.zcard(&keys.queue).await.map_err(fail("ZCARD queue"))?;
-            everywhere &= queued == 2;
-        }
-        if everywhere {
-            break 'queued;
-        }
-        ensure!(
-            Instant::now() < queued_by,
-            "the waiter did not queue on every server within 5s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until(
+        Duration::from_secs(5),
+        "the waiter queueing on every server",
+        async || {
+            let mut everywhere = true;
+            for raw in &mut raws {
+                let queued: usize = raw.zcard(&keys.queue).await.map_err(fail("ZCARD queue"))?;
+                everywhere &= queued == 2;
+            }
+            Ok(everywhere)
+        },
+    )
+    .await?;
     let released = Instant::now();
     held.release().await.map_err(fail("release"))?;
     let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
@@ -180,30 +176,43 @@ pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
         "a dead waiter held a released Redlock lock back for {took:?} (its turn lasts 400 ms)"
     );
     guard.release().await.map_err(fail("release"))?;
-    // A majority granted, and took the dead place out. On a server that did not grant, the
-    // dead waiter's turn started there too (with the live waiter's vote): its place must be
-    // gone or over by the end of that turn, so it counts for nothing.
+    dead_places_over(&mut raws, &keys, dead).await
+}
+
+/// After a Redlock release behind the planted `dead` waiter: a majority granted, and took the
+/// dead place out. On a server that did not grant, the dead waiter's turn started there too
+/// (with the live waiter's vote): its place must be gone or over by the end of that turn, so
+/// it counts for nothing. Then removes the name's keys from every server.
+async fn dead_places_over(
+    raws: &mut [MultiplexedConnection],
+    keys: &RedisKeys,
+    dead: &str,
+) -> Outcome {
     let by = Instant::now() + Duration::from_secs(2);
-    for raw in &mut raws {
-        loop {
-            let kept: Option<u64> = raw
-                .zscore(&keys.places, dead)
-                .await
-                .map_err(fail("ZSCORE places"))?;
-            let (secs, micros): (u64, u64) = redis::cmd("TIME")
-                .query_async(raw)
-                .await
-                .map_err(fail("TIME"))?;
-            let now_ms = secs * 1_000 + micros / 1_000;
-            if kept.is_none_or(|until| until <= now_ms) {
-                break;
-            }
-            ensure!(
-                Instant::now() < by,
+    for raw in raws {
+        let mut kept = None;
+        let over = poll_until(
+            by.saturating_duration_since(Instant::now()),
+            "the dead waiter's place ending",
+            async || {
+                kept = raw
+                    .zscore(&keys.places, dead)
+                    .await
+                    .map_err(fail("ZSCORE places"))?;
+                let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                    .query_async(raw)
+                    .await
+                    .map_err(fail("TIME"))?;
+                let now_ms = secs * 1_000 + micros / 1_000;
+                Ok(kept.is_none_or(|until: u64| until <= now_ms))
+            },
+        )
+        .await;
+        over.map_err(|_| {
+            Failure(format!(
                 "the dead waiter still had a place until {kept:?} (server ms), 2 s after the release"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            ))
+        })?;
         let _: () = raw
             .del(&[&keys.queue, &keys.places, &keys.clients, &keys.fence])
             .await
@@ -216,8 +225,8 @@ pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
 /// with three waiting clients, the third hears nothing, so a release costs the same however
 /// many clients wait (before, one message on the lock's channel reached every waiting client).
 pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
-    let url = var("LOCK_TEST_REDIS_URL")?;
-    let name = name("named-clients")?;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let name = unique_name("named-clients")?;
     let keys = RedisKeys::new("faults", &name);
     let mut raw = raw_conn(&url).await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
@@ -234,19 +243,15 @@ pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
             let guard = client.lock_with(&name, &options).await?;
             guard.release().await
         }));
-        let by = Instant::now() + Duration::from_secs(5);
-        while raw
-            .zcard::<_, usize>(&keys.queue)
-            .await
-            .map_err(fail("ZCARD"))?
-            < queued
-        {
-            ensure!(
-                Instant::now() < by,
-                "waiter {queued} did not queue within 5 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        poll_until(
+            Duration::from_secs(5),
+            &format!("waiter {queued} queueing"),
+            async || {
+                let line: usize = raw.zcard(&keys.queue).await.map_err(fail("ZCARD"))?;
+                Ok(line >= queued)
+            },
+        )
+        .await?;
     }
     let line: Vec<String> = raw
         .zrange(&keys.queue, 0, -1)

@@ -1,0 +1,153 @@
+//! Faults specific to Redis, against the real servers of `cargo xtask services`: Redlock with
+//! servers down, a restart that forgets a held lock, foreign values, replica acknowledgements,
+//! lost and shared release messages, dead waiters, fences, a flushed script cache.
+//!
+//! The cases stop and start servers, so they run one after another in this binary; a guard
+//! restarts whatever a case stopped, even when it fails. This file holds the `main` and what
+//! the cases share; each topic has a file of its own.
+
+mod fences;
+mod foreign;
+mod grants;
+mod outages;
+mod pubsub;
+mod queue;
+mod replicas;
+mod scripts;
+mod wakeups;
+
+use std::{process::ExitCode, time::Duration};
+
+use conformance_tests::{
+    Failure, Outcome,
+    faults::{env_var, fail, poll_until},
+};
+use lock_core::LockClient;
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
+use redis::{AsyncCommands, aio::MultiplexedConnection};
+
+fn redlock_urls() -> Result<Vec<String>, Failure> {
+    Ok(env_var("LOCK_TEST_REDLOCK_URLS")?
+        .split(',')
+        .map(str::to_owned)
+        .collect())
+}
+
+async fn redlock_client() -> Result<LockClient, Failure> {
+    let backend =
+        RedlockBackend::connect(RedlockConfig::new(redlock_urls()?).with_key_prefix("faults"))
+            .await
+            .map_err(fail("redlock connect"))?;
+    Ok(LockClient::new(backend))
+}
+
+/// A plain connection to the server at `url`, for what the test does behind the library's back.
+async fn raw_conn(url: &str) -> Result<MultiplexedConnection, Failure> {
+    redis::Client::open(url)
+        .map_err(fail("client"))?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail(url))
+}
+
+async fn exists_on(url: &str, key: &str) -> Result<bool, Failure> {
+    raw_conn(url)
+        .await?
+        .exists(key)
+        .await
+        .map_err(fail("EXISTS"))
+}
+
+/// A lock client of the single test server, with a backend (and connections) of its own.
+async fn single_client(url: &str) -> Result<LockClient, Failure> {
+    let config = RedisConfig::single(url).with_key_prefix("faults");
+    Ok(LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("connect"))?,
+    ))
+}
+
+/// Waits until a waiter has marked the lock (its busy try is done and it sleeps).
+async fn until_marked(conn: &mut MultiplexedConnection, keys: &RedisKeys, who: &str) -> Outcome {
+    let what = format!("{who} marking the lock");
+    poll_until(Duration::from_secs(10), &what, async || {
+        marked(conn, keys).await
+    })
+    .await
+}
+
+async fn marked(conn: &mut MultiplexedConnection, keys: &RedisKeys) -> Result<bool, Failure> {
+    conn.exists(&keys.waiters).await.map_err(fail("EXISTS"))
+}
+
+fn main() -> ExitCode {
+    conformance_tests::Cases::<Failure>::new("redis faults")
+        .case("a_dead_waiter_stalls_the_lock_briefly", || {
+            Box::pin(queue::a_dead_waiter_stalls_the_lock_briefly())
+        })
+        .case("a_release_to_a_dead_waiter_reaches_the_next", || {
+            Box::pin(queue::a_release_to_a_dead_waiter_reaches_the_next())
+        })
+        .case("a_release_tells_only_the_clients_it_names", || {
+            Box::pin(queue::a_release_tells_only_the_clients_it_names())
+        })
+        .case("redlock_dead_waiter_stalls_the_lock_briefly", || {
+            Box::pin(queue::redlock_dead_waiter_stalls_the_lock_briefly())
+        })
+        .case("lost_release_message_strands_no_waiter", || {
+            Box::pin(wakeups::lost_release_message_strands_no_waiter())
+        })
+        .case("releases_publish_only_for_waiters", || {
+            Box::pin(wakeups::releases_publish_only_for_waiters())
+        })
+        .case("siblings_in_one_client_are_all_woken", || {
+            Box::pin(wakeups::siblings_in_one_client_are_all_woken())
+        })
+        .case("waiters_share_one_pubsub_connection", || {
+            Box::pin(pubsub::waiters_share_one_pubsub_connection())
+        })
+        .case("half_open_pubsub_keeps_the_wait_budget", || {
+            Box::pin(pubsub::half_open_pubsub_keeps_the_wait_budget())
+        })
+        .case("unreachable_server_is_unavailable", || {
+            Box::pin(outages::unreachable_server_is_unavailable())
+        })
+        .case("batched_renewal_survives_a_flushed_script_cache", || {
+            Box::pin(scripts::batched_renewal_survives_a_flushed_script_cache())
+        })
+        .case("redlock_survives_two_of_five_down", || {
+            Box::pin(outages::redlock_survives_two_of_five_down())
+        })
+        .case("redlock_fails_cleanly_with_three_of_five_down", || {
+            Box::pin(outages::redlock_fails_cleanly_with_three_of_five_down())
+        })
+        .case("restart_while_held_fires_lost", || {
+            Box::pin(outages::restart_while_held_fires_lost())
+        })
+        .case("fences_grow_after_the_counter_is_lost", || {
+            Box::pin(fences::fences_grow_after_the_counter_is_lost())
+        })
+        .case("planted_fence_counters_are_refused", || {
+            Box::pin(fences::planted_fence_counters_are_refused())
+        })
+        .case("redlock_fences_grow_across_majorities", || {
+            Box::pin(fences::redlock_fences_grow_across_majorities())
+        })
+        .case("foreign_values_are_reported_not_taken", || {
+            Box::pin(foreign::foreign_values_are_reported_not_taken())
+        })
+        .case("failed_replica_wait_releases_the_grant", || {
+            Box::pin(grants::failed_replica_wait_releases_the_grant())
+        })
+        .case("late_grant_is_released_not_returned", || {
+            Box::pin(grants::late_grant_is_released_not_returned())
+        })
+        .case("replica_wait_past_the_ttl_is_released", || {
+            Box::pin(grants::replica_wait_past_the_ttl_is_released())
+        })
+        .case("replica_acknowledgements_are_required", || {
+            Box::pin(replicas::replica_acknowledgements_are_required())
+        })
+        .main()
+}

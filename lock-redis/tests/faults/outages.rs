@@ -1,0 +1,141 @@
+//! Servers that are down, restarted or never there: Redlock keeps a majority or fails
+//! cleanly, a restart that forgot a held lock fires `lost()`, a closed port is `Unavailable`.
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::{
+    Failure, Outcome, ensure,
+    faults::{Stopped, env_var, fail, unique_name},
+};
+use lock_core::{LockError, LockOptions, LossReason};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
+
+use super::{exists_on, fences::cycle, redlock_client, redlock_urls, single_client};
+
+/// Redlock keeps working with 2 of 5 servers down.
+pub(super) async fn redlock_survives_two_of_five_down() -> Outcome {
+    let (a, b) = (redlock_client().await?, redlock_client().await?);
+    let stopped = Stopped::instances(&["redlock-3", "redlock-4"]).await?;
+    let lock = unique_name("redlock-2-down")?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_secs(2));
+    let guard = a
+        .lock_with(&lock, &options)
+        .await
+        .map_err(fail("acquire with 2 of 5 down"))?;
+    let other = b
+        .try_lock_with(&lock, &options)
+        .await
+        .map_err(fail("try"))?;
+    ensure!(
+        other.is_none(),
+        "a second client got the lock with 2 of 5 servers down"
+    );
+    ensure!(guard.is_held(), "the guard is not held");
+    guard
+        .release()
+        .await
+        .map_err(fail("release with 2 of 5 down"))?;
+    let free = b
+        .try_lock_with(&lock, &options)
+        .await
+        .map_err(fail("try after release"))?;
+    ensure!(
+        free.is_some(),
+        "the lock is not free after release with 2 of 5 down"
+    );
+    if let Some(g) = free {
+        g.release().await.map_err(fail("release"))?;
+    }
+    stopped.start().await
+}
+
+/// With 3 of 5 servers down, acquire fails within its budget and leaves no key behind.
+pub(super) async fn redlock_fails_cleanly_with_three_of_five_down() -> Outcome {
+    let client = redlock_client().await?;
+    let urls = redlock_urls()?;
+    let stopped = Stopped::instances(&["redlock-2", "redlock-3", "redlock-4"]).await?;
+    let lock = unique_name("redlock-3-down")?;
+    let budget = Duration::from_millis(500);
+    let options = LockOptions::new().ttl(Duration::from_secs(2)).wait(budget);
+    let start = Instant::now();
+    let result = client.lock_with(&lock, &options).await;
+    let took = start.elapsed();
+    ensure!(
+        matches!(
+            result,
+            Err(LockError::Unavailable { .. } | LockError::Timeout { .. })
+        ),
+        "acquire with 3 of 5 down returned {result:?}"
+    );
+    ensure!(
+        took <= budget + Duration::from_millis(400),
+        "acquire took {took:?} for a {budget:?} budget"
+    );
+    let key = RedisKeys::new("faults", &lock).lock;
+    for url in &urls[..2] {
+        ensure!(
+            !exists_on(url, &key).await?,
+            "a failed Redlock acquire left `{key}` on {url}"
+        );
+    }
+    stopped.start().await
+}
+
+/// A restart of a server without persistence forgets the lock: `lost()` fires, and the lock is
+/// free for others, with a fence above every fence issued before the restart (the server runs
+/// `save ''` and `appendonly no`, so the counter is gone too).
+pub(super) async fn restart_while_held_fires_lost() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let a = single_client(&url).await?;
+    let lock = unique_name("restart")?;
+    let ttl = Duration::from_secs(2);
+    cycle(&a, &lock, 3).await?;
+    let guard = a
+        .lock_with(&lock, &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(fail("acquire"))?;
+    let stopped = Stopped::instances(&["redis"]).await?;
+    stopped.start().await?;
+    let reason = tokio::time::timeout(ttl + Duration::from_secs(1), guard.lost())
+        .await
+        .map_err(|_| Failure("lost() did not fire after a restart forgot the lock".into()))?;
+    ensure!(
+        matches!(reason, LossReason::NotHeld | LossReason::Expired),
+        "lost() said {reason:?}"
+    );
+    ensure!(!guard.is_held(), "is_held() after the loss");
+    let b = single_client(&url).await?;
+    let next = b
+        .try_lock_with(&lock, &LockOptions::new())
+        .await
+        .map_err(fail("try after restart"))?;
+    let Some(next) = next else {
+        return Err(Failure("the lock is not free after the restart".into()));
+    };
+    ensure!(
+        next.fence() > guard.fence(),
+        "the fence after the restart, {}, is not above the fence before it, {}",
+        next.fence(),
+        guard.fence()
+    );
+    next.release().await.map_err(fail("release"))
+}
+
+/// A server that does not answer is `Unavailable` (retryable), at once.
+pub(super) async fn unreachable_server_is_unavailable() -> Outcome {
+    let start = Instant::now();
+    let result = RedisBackend::connect(RedisConfig::single("redis://127.0.0.1:1")).await;
+    ensure!(
+        matches!(&result, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+        "connecting to a closed port gave {:?}",
+        result.map(|_| ())
+    );
+    ensure!(
+        start.elapsed() < Duration::from_secs(5),
+        "connecting to a closed port took {:?}",
+        start.elapsed()
+    );
+    Ok(())
+}

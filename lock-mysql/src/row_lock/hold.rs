@@ -48,7 +48,7 @@ use lock_core::{
 use sqlx::AssertSqlSafe;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Dedicated, Shared};
+use super::{Shared, connections::Dedicated};
 use crate::{
     error::{Class, classify, lock_error},
     script::{is_timed_out, run, timed_out, within},

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use conformance_tests::{Services, TestStore};
+use conformance_tests::{Failure, Services, TestStore, faults::env_var};
 use lock_core::{LockClient, LockError, LockName, backend::async_trait};
 use lock_zookeeper::{ZkBackend, ZkConfig};
 use zookeeper_client::{Acls, Client, CreateMode};
@@ -15,15 +15,9 @@ use zookeeper_client::{Acls, Client, CreateMode};
 pub(crate) const STANDALONE_VAR: &str = "LOCK_TEST_ZK_ADDR";
 /// The 3-node ensemble's variable.
 pub(crate) const ENSEMBLE_VAR: &str = "LOCK_TEST_ZK_ENSEMBLE";
-/// Where `cargo xtask services` keeps each server's `pid`, `start` and `stop`.
-pub(crate) const SERVICES_DIR_VAR: &str = "LOCK_TEST_SERVICES_DIR";
-
 /// The connect string in `var`, or the error that says how to get it.
 pub(crate) fn hosts(var: &str) -> Result<String, String> {
-    match std::env::var(var) {
-        Ok(hosts) if !hosts.trim().is_empty() => Ok(hosts),
-        _ => Err(format!("{var} is not set; run `cargo xtask test`")),
-    }
+    env_var(var).map_err(|Failure(why)| why)
 }
 
 /// A raw client (a session of its own), or why the server does not answer.

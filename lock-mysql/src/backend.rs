@@ -12,7 +12,7 @@ use sqlx::{AssertSqlSafe, Connection, MySqlPool, mysql::MySqlPoolOptions};
 use crate::{
     MySqlConfig, Strategy, TableName,
     error::lock_error,
-    lease_strategy::{LeaseStrategy, Limits},
+    lease::{LeaseStrategy, Limits},
     row_lock::RowLockStrategy,
     schema,
     server::Server,

@@ -3,14 +3,13 @@
 mod backend;
 mod config;
 mod error;
-mod lease_queue;
-mod lease_strategy;
+mod lease;
 mod local_queue;
-mod lock_row;
 mod row_lock;
+mod rows;
 mod schema;
-mod script;
 mod server;
+mod sql;
 mod table_name;
 
 pub use backend::MySqlBackend;

@@ -14,13 +14,17 @@ use lock_core::{
 use sqlx::{AssertSqlSafe, mysql::MySqlRow};
 use tokio::sync::oneshot;
 
-use super::{Held, Shared, connections::Dedicated, fence_counter, hold};
+use super::{
+    Held, Shared,
+    connections::{Dedicated, Stop},
+    fence_counter, hold,
+};
 use crate::{
     config::ceil_secs,
     error::{Class, classify, lock_error, server_code},
     local_queue::Place,
-    lock_row::{HOLD_COLUMNS, HoldRow},
-    script::{Deadlocks, execute_within, hex, is_timed_out, retry_deadlocks, run, tagged},
+    rows::{HOLD_COLUMNS, HoldRow},
+    sql::{Deadlocks, execute_within, hex, is_timed_out, retry_deadlocks, run, tagged},
 };
 
 /// How long creating a name's row may take even when the wait budget is spent.
@@ -28,15 +32,6 @@ const CREATE_GRACE: Duration = Duration::from_secs(1);
 
 /// Where the acquisition task answers its caller.
 pub(super) type Answer = oneshot::Sender<Result<PendingGrant, LockError>>;
-
-/// Why a wait was stopped before the server answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Stop {
-    /// The wait budget ran out.
-    Deadline,
-    /// The caller dropped the `acquire` future.
-    Cancelled,
-}
 
 /// A failed acquisition step.
 pub(super) enum Failed {
@@ -411,42 +406,6 @@ impl Shared {
             self.table.fences().quoted(),
             self.table.holds().quoted(),
         )
-    }
-
-    /// Runs `sql` on `dedicated`, racing it against `deadline` (unless `nowait`) and the
-    /// caller leaving. When either wins, the statement is killed and its answer drained, so
-    /// the connection is never left mid-statement; the caller then closes it.
-    async fn wait(
-        &self,
-        dedicated: &mut Dedicated,
-        sql: String,
-        deadline: Instant,
-        nowait: bool,
-        tx: &mut Answer,
-    ) -> Result<Vec<MySqlRow>, (Option<Stop>, sqlx::Error)> {
-        let id = dedicated.id;
-        let query = run(&mut dedicated.conn, AssertSqlSafe(sql));
-        tokio::pin!(query);
-        let deadline = tokio::time::sleep_until(deadline.into());
-        tokio::pin!(deadline);
-        let stop = tokio::select! {
-            biased;
-            result = &mut query => return result.map_err(|e| (None, e)),
-            () = &mut deadline, if !nowait => Stop::Deadline,
-            () = tx.closed() => Stop::Cancelled,
-        };
-        if self
-            .kill_query(id, Instant::now() + self.connect_timeout)
-            .await
-        {
-            // Interrupted (1317), or granted just before the kill: either way the caller
-            // closes the connection, which rolls back anything it holds.
-            let _ = tokio::time::timeout(self.connect_timeout, query).await;
-        }
-        Err((
-            Some(stop),
-            sqlx::Error::Protocol(format!("wait stopped: {stop:?}")),
-        ))
     }
 
     /// Issues the next fence for `name`: an autocommitted bump of its counter row, whose new

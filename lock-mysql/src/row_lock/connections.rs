@@ -4,14 +4,24 @@
 use std::time::{Duration, Instant};
 
 use lock_core::LockError;
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, Row, mysql::MySqlRow};
+use tokio::sync::oneshot;
 
 use super::Shared;
 use crate::{
     config::ceil_secs,
     error::{lock_error, server_code},
-    script::{run, tagged},
+    sql::{run, tagged},
 };
+
+/// Why a wait was stopped before the server answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// The wait budget ran out.
+    Deadline,
+    /// The caller dropped the `acquire` future.
+    Cancelled,
+}
 
 /// A connection outside the pool, for one hold or one wait at a time.
 pub(super) struct Dedicated {
@@ -131,5 +141,41 @@ impl Shared {
             Ok(_) => self.keep(dedicated),
             Err(_) => self.discard(dedicated),
         }
+    }
+
+    /// Runs `sql` on `dedicated`, racing it against `deadline` (unless `nowait`) and the
+    /// caller leaving. When either wins, the statement is killed and its answer drained, so
+    /// the connection is never left mid-statement; the caller then closes it.
+    pub(super) async fn wait<T>(
+        &self,
+        dedicated: &mut Dedicated,
+        sql: String,
+        deadline: Instant,
+        nowait: bool,
+        tx: &mut oneshot::Sender<T>,
+    ) -> Result<Vec<MySqlRow>, (Option<Stop>, sqlx::Error)> {
+        let id = dedicated.id;
+        let query = run(&mut dedicated.conn, AssertSqlSafe(sql));
+        tokio::pin!(query);
+        let deadline = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(deadline);
+        let stop = tokio::select! {
+            biased;
+            result = &mut query => return result.map_err(|e| (None, e)),
+            () = &mut deadline, if !nowait => Stop::Deadline,
+            () = tx.closed() => Stop::Cancelled,
+        };
+        if self
+            .kill_query(id, Instant::now() + self.connect_timeout)
+            .await
+        {
+            // Interrupted (1317), or granted just before the kill: either way the caller
+            // closes the connection, which rolls back anything it holds.
+            let _ = tokio::time::timeout(self.connect_timeout, query).await;
+        }
+        Err((
+            Some(stop),
+            sqlx::Error::Protocol(format!("wait stopped: {stop:?}")),
+        ))
     }
 }

@@ -51,7 +51,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{Shared, connections::Dedicated};
 use crate::{
     error::{Class, classify, lock_error},
-    script::{is_timed_out, run, timed_out, within},
+    sql::{is_timed_out, run, timed_out, within},
 };
 
 /// The longest one parked `SLEEP` runs: how long a dead client's hold may outlive it on the
@@ -123,6 +123,18 @@ enum End {
     Done,
 }
 
+/// What the owner does next, decided while the connection is parked (or idle).
+enum Next {
+    /// Run this command.
+    Command(Command),
+    /// Look again (a chunk ran to its end, or nothing came for a while).
+    Again,
+    /// Every handle was dropped: roll back and end.
+    Finish,
+    /// The connection failed (with the command that came meanwhile, if one did).
+    Lost(sqlx::Error, Option<Command>),
+}
+
 async fn own(
     shared: Arc<Shared>,
     mut hold: Hold,
@@ -136,77 +148,16 @@ async fn own(
             shared.forget(&hold.token);
             break finish(&shared, dedicated).await;
         }
-        let now = Instant::now();
-        let last_end =
-            (hold.valid_from + hold.ttl).checked_sub(Duration::from_secs(LAST_IDLE_SECS));
-        let chunk = last_end.map_or(Duration::ZERO, |end| end.saturating_duration_since(now));
-        let command = if chunk >= MIN_PARK {
-            let last = chunk <= PARK_CHUNK;
-            let chunk = chunk.min(PARK_CHUNK);
-            let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
-            // `DO 0` first: its answer tells the client the server is inside the batch, where a
-            // `KILL QUERY` stops the rest of it (one sent before the batch starts is lost).
-            let park = format!(
-                "DO 0; SET @lock_mysql_parked = SLEEP({}.{:06}); \
-                 SET SESSION wait_timeout = IF(@lock_mysql_parked = 0, {}, {big})",
-                chunk.as_secs(),
-                chunk.subsec_micros(),
-                if last { LAST_IDLE_SECS } else { big },
-            );
-            let id = dedicated.id;
-            let step = {
-                let (started_tx, started) = oneshot::channel();
-                let conn = &mut dedicated.conn;
-                let mut parked = Box::pin(async move {
-                    let mut answers = sqlx::raw_sql(AssertSqlSafe(park)).execute_many(conn);
-                    let mut started_tx = Some(started_tx);
-                    while let Some(answer) = answers.next().await {
-                        answer?;
-                        if let Some(tx) = started_tx.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    Ok::<_, sqlx::Error>(())
-                });
-                tokio::select! {
-                    result = &mut parked => match result {
-                        Ok(_) => Step::Parked,
-                        Err(error) => Step::Lost(error, None),
-                    },
-                    command = rx.recv() => {
-                        // Stop the chunk before using the connection.
-                        let until = Instant::now() + shared.statement_timeout;
-                        match unpark(&shared, id, parked.as_mut(), started, until).await {
-                            Ok(()) => command.map_or(Step::Finish, Step::Command),
-                            Err(error) => Step::Lost(error, command),
-                        }
-                    }
+        let command = match next(&shared, &hold, &mut dedicated, &mut rx).await {
+            Next::Command(command) => command,
+            Next::Again => continue,
+            Next::Finish => break finish(&shared, dedicated).await,
+            Next::Lost(error, command) => {
+                let end = lost(&shared, &hold, dedicated, &notifier, &error);
+                if let Some(command) = command {
+                    answer_lost(command, &hold.name);
                 }
-            };
-            match step {
-                Step::Parked => {
-                    if last {
-                        dedicated.wait_timeout = Some(LAST_IDLE_SECS);
-                    }
-                    continue;
-                }
-                Step::Command(command) => command,
-                Step::Finish => break finish(&shared, dedicated).await,
-                Step::Lost(error, command) => {
-                    let end = lost(&shared, &hold, dedicated, &notifier, &error);
-                    if let Some(command) = command {
-                        answer_lost(command, &hold.name);
-                    }
-                    break end;
-                }
-            }
-        } else {
-            // Nothing to park (the lease's last second, or a TTL up to a second): wait for a
-            // command, looking now and then whether anyone still listens.
-            match tokio::time::timeout(PARK_CHUNK, rx.recv()).await {
-                Ok(Some(command)) => command,
-                Ok(None) => break finish(&shared, dedicated).await,
-                Err(_) => continue,
+                break end;
             }
         };
         match command {
@@ -239,23 +190,7 @@ async fn own(
                     }
                 }
             }
-            Command::Release { reply } => {
-                shared.forget(&hold.token);
-                let until = Instant::now() + shared.statement_timeout;
-                let result = within(until, run(&mut dedicated.conn, "ROLLBACK")).await;
-                let answer = match result {
-                    Ok(_) => {
-                        shared.keep(dedicated);
-                        Ok(())
-                    }
-                    Err(error) => {
-                        shared.discard(dedicated);
-                        Err(release_error(&hold.name, error))
-                    }
-                };
-                let _ = reply.send(answer);
-                break End::Done;
-            }
+            Command::Release { reply } => break release(&shared, &hold, dedicated, reply).await,
         }
     };
     if matches!(end, End::Lost) {
@@ -265,6 +200,112 @@ async fn own(
             answer_lost(command, &hold.name);
         }
     }
+}
+
+/// Parks a chunk until the next command (or the chunk's end); in the lease's last second, or
+/// for a TTL up to a second, nothing is parked: waits for a command, looking now and then
+/// whether anyone still listens.
+async fn next(
+    shared: &Shared,
+    hold: &Hold,
+    dedicated: &mut Dedicated,
+    rx: &mut mpsc::Receiver<Command>,
+) -> Next {
+    let now = Instant::now();
+    let last_end = (hold.valid_from + hold.ttl).checked_sub(Duration::from_secs(LAST_IDLE_SECS));
+    let chunk = last_end.map_or(Duration::ZERO, |end| end.saturating_duration_since(now));
+    if chunk < MIN_PARK {
+        return match tokio::time::timeout(PARK_CHUNK, rx.recv()).await {
+            Ok(Some(command)) => Next::Command(command),
+            Ok(None) => Next::Finish,
+            Err(_) => Next::Again,
+        };
+    }
+    let last = chunk <= PARK_CHUNK;
+    match park(shared, dedicated, rx, chunk.min(PARK_CHUNK), last).await {
+        Step::Parked => {
+            if last {
+                dedicated.wait_timeout = Some(LAST_IDLE_SECS);
+            }
+            Next::Again
+        }
+        Step::Command(command) => Next::Command(command),
+        Step::Finish => Next::Finish,
+        Step::Lost(error, command) => Next::Lost(error, command),
+    }
+}
+
+/// Runs one parked chunk of `chunk` on the connection until it ends or a command comes (then
+/// stops it first). The `last` chunk of a lease leaves the server's idle limit at
+/// [`LAST_IDLE_SECS`] when it runs to its end.
+async fn park(
+    shared: &Shared,
+    dedicated: &mut Dedicated,
+    rx: &mut mpsc::Receiver<Command>,
+    chunk: Duration,
+    last: bool,
+) -> Step {
+    let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
+    // `DO 0` first: its answer tells the client the server is inside the batch, where a
+    // `KILL QUERY` stops the rest of it (one sent before the batch starts is lost).
+    let park = format!(
+        "DO 0; SET @lock_mysql_parked = SLEEP({}.{:06}); \
+         SET SESSION wait_timeout = IF(@lock_mysql_parked = 0, {}, {big})",
+        chunk.as_secs(),
+        chunk.subsec_micros(),
+        if last { LAST_IDLE_SECS } else { big },
+    );
+    let id = dedicated.id;
+    let (started_tx, started) = oneshot::channel();
+    let conn = &mut dedicated.conn;
+    let mut parked = Box::pin(async move {
+        let mut answers = sqlx::raw_sql(AssertSqlSafe(park)).execute_many(conn);
+        let mut started_tx = Some(started_tx);
+        while let Some(answer) = answers.next().await {
+            answer?;
+            if let Some(tx) = started_tx.take() {
+                let _ = tx.send(());
+            }
+        }
+        Ok::<_, sqlx::Error>(())
+    });
+    tokio::select! {
+        result = &mut parked => match result {
+            Ok(()) => Step::Parked,
+            Err(error) => Step::Lost(error, None),
+        },
+        command = rx.recv() => {
+            // Stop the chunk before using the connection.
+            let until = Instant::now() + shared.statement_timeout;
+            match unpark(shared, id, parked.as_mut(), started, until).await {
+                Ok(()) => command.map_or(Step::Finish, Step::Command),
+                Err(error) => Step::Lost(error, command),
+            }
+        }
+    }
+}
+
+/// Rolls the hold back for a release and gives the connection back (or closes it).
+async fn release(
+    shared: &Shared,
+    hold: &Hold,
+    mut dedicated: Dedicated,
+    reply: oneshot::Sender<Result<(), LockError>>,
+) -> End {
+    shared.forget(&hold.token);
+    let until = Instant::now() + shared.statement_timeout;
+    let answer = match within(until, run(&mut dedicated.conn, "ROLLBACK")).await {
+        Ok(_) => {
+            shared.keep(dedicated);
+            Ok(())
+        }
+        Err(error) => {
+            shared.discard(dedicated);
+            Err(release_error(&hold.name, error))
+        }
+    };
+    let _ = reply.send(answer);
+    End::Done
 }
 
 /// The hold's connection failed with `error`: the hold is over (or cannot be trusted: a

@@ -62,10 +62,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::{
     TableName,
     error::lock_error,
-    lease_strategy::ANSWER_GRACE,
+    lease::ANSWER_GRACE,
     local_queue::LocalQueue,
-    lock_row::{HOLD_COLUMNS, HoldRow, HoldState},
-    script::{hex, run_pooled, tagged},
+    rows::{HOLD_COLUMNS, HoldRow, HoldState},
+    sql::{hex, run_pooled, tagged},
 };
 use connections::Dedicated;
 

@@ -51,7 +51,7 @@
 
 use std::time::Duration;
 
-use crate::{TableName, lock_row::LEASE_TAKEABLE, script::hex};
+use crate::{TableName, rows::LEASE_TAKEABLE, sql::hex};
 
 /// The margin of a waiter's turn beyond its longest sleep.
 pub(crate) const HANDOFF: Duration = Duration::from_millis(100);
@@ -109,7 +109,7 @@ pub(crate) fn allowed(q: &TableName) -> String {
 /// - take or keep the caller's place for `place` with its `turn`;
 /// - cut the first waiter's place to its own turn when the lease is free and the first is
 ///   someone else;
-/// - read the lease row (`'row'`, [`LEASE_COLUMNS`](crate::lock_row::LEASE_COLUMNS)) and how
+/// - read the lease row (`'row'`, [`LEASE_COLUMNS`](crate::rows::LEASE_COLUMNS)) and how
 ///   many live places come before the caller's (`'ahead'`: 0, 1, or 2 for two or more; counted
 ///   from the head, so a try reads a few places whatever the length of the queue).
 pub(crate) fn busy_batch(
@@ -211,7 +211,7 @@ pub(crate) fn release_alone(table: &TableName) -> String {
          WHERE name = ? AND {} AND NOT EXISTS (SELECT 1 FROM {} q \
          WHERE q.name = ? AND q.until_at > NOW(6))",
         table.quoted(),
-        crate::lock_row::lease_current("?", "?"),
+        crate::rows::lease_current("?", "?"),
         table.queue().quoted()
     )
 }
@@ -225,7 +225,7 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 pub(crate) fn release_batch(table: &TableName, name: &[u8], token: &[u8], fence: u64) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
-    let current = crate::lock_row::lease_current(&k, &fence.to_string());
+    let current = crate::rows::lease_current(&k, &fence.to_string());
     // Handed over only below the fence maximum (as an acquire would take it). Every
     // assignment reads `fence` before it changes (it is assigned last), so the row's update is
     // the same whichever order the server evaluates assignments in.

@@ -1,0 +1,395 @@
+//! The lease strategy's acquisition: one statement per try, a place in the waiters' queue
+//! when busy, parking on a pooled connection until a release hands the lease over.
+
+use std::{
+    sync::atomic::{AtomicBool, AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use lock_core::{
+    Fence, Lease, LockError, LockName,
+    backend::{AcquireRequest, Attempt, Grant, LeaseToken, local_deadline, poll_until_acquired},
+};
+use sqlx::{AssertSqlSafe, Row, mysql::MySqlQueryResult};
+
+use super::{ANSWER_GRACE, Arg, LeaseStrategy, MIN_TRY, micros, queue};
+use crate::{
+    error::{Class, classify, lock_error},
+    rows::{LEASE_COLUMNS, LeaseRow, LeaseState},
+    sql::{retry_deadlocks, run, run_pooled, tagged, within},
+};
+
+/// Takes an abandoned `acquire` call's place out of the queue, in the background, when the
+/// call is dropped before it answered (see [`LeaseStrategy::leave`]).
+struct PlaceGuard<'a> {
+    strategy: &'a LeaseStrategy,
+    name: &'a LockName,
+    token: &'a LeaseToken,
+    queued: &'a AtomicBool,
+    armed: bool,
+}
+
+impl Drop for PlaceGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed || !self.queued.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to run it on: the place lapses.
+            return;
+        };
+        let (pool, until) = (self.strategy.pool.clone(), self.strategy.statement_until());
+        let sql = queue::leave_batch(
+            &self.strategy.table,
+            self.name.as_str().as_bytes(),
+            self.token.as_str().as_bytes(),
+        );
+        let name = self.name.clone();
+        drop(runtime.spawn(async move {
+            if let Err(error) = run_pooled(&pool, sql, until).await {
+                tracing::debug!(lock = %name, %error, "leaving the waiters' queue failed; the place lapses");
+            }
+        }));
+    }
+}
+
+/// The outcome of one acquire try.
+enum Try {
+    Granted(Grant),
+    /// Busy; the holder's time left, when known.
+    Busy(Option<Duration>),
+    /// Busy; the caller parked until woken or its park ended: try again at once.
+    Parked,
+    /// Busy, and the caller is first in line: try again soon (or, if the holder's time left is
+    /// shorter, then).
+    First(Option<Duration>),
+}
+
+impl LeaseStrategy {
+    /// Acquires by polling: one statement per try, jittered back-off between tries bounded by
+    /// the holder's remaining TTL as the server reports it.
+    /// A busy try takes a place in the waiters' queue (see [`queue`]); the first waiter
+    /// tries again at short intervals.
+    pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
+        // One token for every try of this call: it names the call's place in the queue.
+        let token = LeaseToken::random();
+        let place = queue::place_for(request.backoff().max);
+        let turn = queue::turn_for(request.backoff().max);
+        let streak = AtomicU32::new(0);
+        let queued = AtomicBool::new(false);
+        // If this future is dropped while it may have a place, the place (and a lease handed
+        // to it meanwhile) goes in the background.
+        let mut dropped = PlaceGuard {
+            strategy: self,
+            name: request.name(),
+            token: &token,
+            queued: &queued,
+            armed: true,
+        };
+        let result = poll_until_acquired(request, || async {
+            let mut outcome = self
+                .try_once(request, &token, (place, turn), &queued)
+                .await?;
+            // After a park (woken, or its time up) try again at once, while the budget lasts.
+            while matches!(outcome, Try::Parked) && Instant::now() < request.deadline() {
+                outcome = self
+                    .try_once(request, &token, (place, turn), &queued)
+                    .await?;
+            }
+            Ok(match outcome {
+                Try::Granted(grant) => Attempt::Acquired(grant),
+                Try::Parked => Attempt::Busy {
+                    expires_in: Some(Duration::ZERO),
+                },
+                Try::Busy(expires_in) => {
+                    streak.store(0, Ordering::Relaxed);
+                    Attempt::Busy { expires_in }
+                }
+                Try::First(expires_in) => {
+                    let n = streak.fetch_add(1, Ordering::Relaxed);
+                    let soon = queue::first_delay(n);
+                    Attempt::Busy {
+                        expires_in: Some(expires_in.map_or(soon, |left| left.min(soon))),
+                    }
+                }
+            })
+        })
+        .await;
+        dropped.armed = false;
+        if queued.load(Ordering::Relaxed) {
+            self.leave(request.name(), &token, result.is_ok()).await;
+        }
+        result
+    }
+
+    /// Takes the place of `token` out of the queue: in the background after a grant (the
+    /// grant need not wait for it: while the lease is held the place stands in nobody's way,
+    /// and a release that comes first takes it out itself, see
+    /// [`queue::release_alone`]), else before answering. A place that cannot be deleted
+    /// lapses.
+    async fn leave(&self, name: &LockName, token: &LeaseToken, granted: bool) {
+        let pool = self.pool.clone();
+        let sql = if granted {
+            // The lease is the caller's now: only the place goes.
+            queue::leave_place(
+                &self.table,
+                name.as_str().as_bytes(),
+                token.as_str().as_bytes(),
+            )
+        } else {
+            queue::leave_batch(
+                &self.table,
+                name.as_str().as_bytes(),
+                token.as_str().as_bytes(),
+            )
+        };
+        let until = self.statement_until();
+        let name = name.clone();
+        let leave = async move {
+            if let Err(error) = run_pooled(&pool, sql, until).await {
+                tracing::debug!(lock = %name, %error, "leaving the waiters' queue failed; the place lapses");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if granted => drop(runtime.spawn(leave)),
+            _ => leave.await,
+        }
+    }
+
+    /// One try: insert the row, or take it over if it is released or expired and nobody
+    /// queues ahead. The try ends by the wait budget (at least [`MIN_TRY`]): a row another
+    /// transaction keeps locked makes it busy then, whatever `innodb_lock_wait_timeout` says.
+    /// A busy try takes (or keeps) the caller's place in the queue and tells whether it is
+    /// first (`queued` is set once it may have one).
+    async fn try_once(
+        &self,
+        request: &AcquireRequest,
+        token: &LeaseToken,
+        turns: (Duration, Duration),
+        queued: &AtomicBool,
+    ) -> Result<Try, LockError> {
+        let name = request.name();
+        let sent = Instant::now();
+        let limit = request
+            .deadline()
+            .saturating_duration_since(sent)
+            .max(MIN_TRY);
+        // The server stops the statement at `limit`; its answer gets a little longer to come.
+        let until = sent + limit + ANSWER_GRACE;
+        let taken = match self.send_acquire(request, token, limit, until).await {
+            Ok(done) => done.last_insert_id(),
+            // Someone kept the row locked past the try's limit: busy, try again later.
+            Err(error) if matches!(classify(&error), Class::LockWait | Class::StatementTimeout) => {
+                return Ok(Try::Busy(None));
+            }
+            Err(error) => return Err(lock_error(&format!("acquiring `{name}`"), error)),
+        };
+        let grant = if taken > 0 {
+            Lease::new(
+                name.clone(),
+                token.clone(),
+                Fence::new(taken),
+                request.ttl(),
+            )
+        } else {
+            queued.store(true, Ordering::Relaxed);
+            match self.busy(request, token, turns, until).await? {
+                Ok(lease) => lease,
+                Err(outcome) => return Ok(outcome),
+            }
+        };
+        if Instant::now() >= local_deadline(sent, request.ttl()) {
+            // The answer came too late to be of use: the caller's hold would be over before it
+            // began. Give the row back and try again (or time out).
+            tracing::debug!(lock = %name, "a grant came back past its local deadline; releasing it");
+            let _ = self.release(&grant).await;
+            return Ok(Try::Busy(Some(Duration::ZERO)));
+        }
+        Ok(Try::Granted(Grant::new(grant, sent)))
+    }
+
+    /// The acquire statement of one try, stopped by the server after `limit` when that is
+    /// shorter than the sessions' own lock-wait limit, its answer awaited until `until`.
+    async fn send_acquire(
+        &self,
+        request: &AcquireRequest,
+        token: &LeaseToken,
+        limit: Duration,
+        until: Instant,
+    ) -> Result<MySqlQueryResult, sqlx::Error> {
+        let name = request.name();
+        let ttl = micros(request.ttl());
+        let server_bound = limit < self.limits.lock_wait;
+        retry_deadlocks(|| async {
+            let k = token.as_str().as_bytes();
+            let mut conn = within(until, self.pool.acquire()).await?;
+            let result = if server_bound {
+                let sql = self.bounded_acquire(name.as_str().as_bytes(), k, ttl, limit);
+                within(until, sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *conn)).await
+            } else {
+                let mut query = sqlx::query(AssertSqlSafe(self.sql.acquire.clone()));
+                for arg in &self.sql.acquire_args {
+                    query = match arg {
+                        Arg::Name => query.bind(name.as_str().as_bytes()),
+                        Arg::Token => query.bind(k),
+                        Arg::Ttl => query.bind(ttl),
+                    };
+                }
+                within(until, query.execute(&mut *conn)).await
+            };
+            if result
+                .as_ref()
+                .is_err_and(|e| classify(e) == Class::Connection)
+            {
+                conn.close_on_drop();
+            }
+            result
+        })
+        .await
+    }
+
+    /// Nothing taken over: either the row was new (and is the caller's), or it is someone
+    /// else's, or nobody's but someone queues ahead. Takes (or keeps) a place in the queue and
+    /// judges the row: the lease when it is new and the caller's, else what the try says
+    /// (parking on the way when it may).
+    async fn busy(
+        &self,
+        request: &AcquireRequest,
+        token: &LeaseToken,
+        turns: (Duration, Duration),
+        until: Instant,
+    ) -> Result<Result<Lease, Try>, LockError> {
+        let name = request.name();
+        let (state, ahead) = self.queue_up(name, token, turns, until).await?;
+        // Without a park, the first two poll fast: the second is first once the first is
+        // served.
+        let first = ahead <= 1;
+        let budget = request.deadline().saturating_duration_since(Instant::now());
+        if let Some(foreign) = state
+            .as_ref()
+            .and_then(|state| state.exhausted(&self.table, name))
+        {
+            return Err(foreign);
+        }
+        let busy = |left| {
+            if first {
+                Try::First(left)
+            } else {
+                Try::Busy(left)
+            }
+        };
+        Ok(Err(match state {
+            // A new row: the insert took it (fence 1, the caller's TTL) without a fence in its
+            // reply.
+            Some(LeaseState::Held {
+                token: held,
+                fence,
+                remaining_us,
+            }) if held == *token && fence.get() == 1 && remaining_us > 0 => {
+                return Ok(Ok(Lease::new(
+                    name.clone(),
+                    token.clone(),
+                    fence,
+                    request.ttl(),
+                )));
+            }
+            // A lease handed to this caller since its try (a fence above 1): it lasts only the
+            // caller's turn. The next try takes it for the caller's TTL, with a fence of its
+            // own. Or the row was removed in between. Either way: try again at once.
+            Some(LeaseState::Held { token: held, .. }) if held == *token => {
+                Try::Busy(Some(Duration::ZERO))
+            }
+            None => Try::Busy(Some(Duration::ZERO)),
+            Some(LeaseState::Held { remaining_us, .. }) => {
+                let left = Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0));
+                if self.park(name, token, left.min(budget)).await {
+                    Try::Parked
+                } else {
+                    busy(Some(left))
+                }
+            }
+            // Free, and this caller is next: come again at once.
+            Some(_) if ahead == 0 => Try::Busy(Some(Duration::ZERO)),
+            // Free, but someone else is next: wait for its turn.
+            Some(_) => {
+                if self.park(name, token, budget).await {
+                    Try::Parked
+                } else {
+                    busy(None)
+                }
+            }
+        }))
+    }
+
+    /// Parks the caller for at most `at_most` (and [`queue::PARK_MAX`]) on a pooled
+    /// connection, until a release hands it the lease and wakes it (see [`queue`]).
+    /// False, without waiting, when no park permit is free or there is no time to park.
+    async fn park(&self, name: &LockName, token: &LeaseToken, at_most: Duration) -> bool {
+        let park = at_most.min(queue::PARK_MAX);
+        if park < Duration::from_millis(1) {
+            return false;
+        }
+        let Ok(_permit) = self.parking.clone().try_acquire_owned() else {
+            return false;
+        };
+        let until = Instant::now() + park + ANSWER_GRACE;
+        let sql = queue::park_batch(
+            &self.table,
+            name.as_str().as_bytes(),
+            token.as_str().as_bytes(),
+            park,
+        );
+        let Ok(mut conn) = within(until, self.pool.acquire()).await else {
+            return false;
+        };
+        match within(until, run(&mut conn, AssertSqlSafe(sql))).await {
+            Ok(_) => {}
+            // Woken by the release's `KILL QUERY`.
+            Err(error) if classify(&error) == Class::Interrupted => {}
+            Err(error) => {
+                tracing::debug!(lock = %name, %error, "parking failed; trying again");
+                conn.close_on_drop();
+            }
+        }
+        true
+    }
+
+    /// A busy try's queue work in one round trip (see [`queue::busy_batch`]): the judged
+    /// lease row of `name` (`None` when there is none) and how many waiters are ahead of
+    /// `token` (0, 1, or 2 for two or more).
+    async fn queue_up(
+        &self,
+        name: &LockName,
+        token: &LeaseToken,
+        (place, turn): (Duration, Duration),
+        until: Instant,
+    ) -> Result<(Option<LeaseState>, i64), LockError> {
+        let what = || format!("queueing for `{name}`");
+        let sql = queue::busy_batch(
+            &self.table,
+            name.as_str().as_bytes(),
+            token.as_str().as_bytes(),
+            place,
+            turn,
+            LEASE_COLUMNS,
+        );
+        let rows = retry_deadlocks(|| run_pooled(&self.pool, sql.clone(), until))
+            .await
+            .map_err(|e| lock_error(&what(), e))?;
+        let state = tagged(&rows, "row")
+            .next()
+            .map(|row| {
+                LeaseRow::read(row, 1)
+                    .map_err(|e| lock_error(&what(), e))?
+                    .judge(&self.table, name)
+            })
+            .transpose()?;
+        let ahead = tagged(&rows, "ahead")
+            .next()
+            .map(|row| row.try_get::<i64, _>(1))
+            .transpose()
+            .map_err(|e| lock_error(&what(), e))?
+            .unwrap_or(0);
+        Ok((state, ahead))
+    }
+}

@@ -1,0 +1,237 @@
+//! The lease strategy: one row per lock with the holder's token, fence and expiry.
+//!
+//! - **Acquire** is one statement: `INSERT ... ON DUPLICATE KEY UPDATE` inserts the row, or
+//!   locks the existing one exclusively (the X lock a `SELECT ... FOR UPDATE` takes) for the
+//!   statement's transaction and takes it over only if the server finds it released or
+//!   expired by `NOW(6)`, bumping its fence.
+//! - **Outcome**: when it takes a row over, the statement also evaluates
+//!   `LAST_INSERT_ID(fence + 1)` on that row, so the server's reply carries the fence it now
+//!   holds; a statement that took nothing carries 0 (the value is per statement, set only when
+//!   the expression runs). This is a value read from the row inside the locked statement, not
+//!   the `rows_affected` count that `CLIENT_FOUND_ROWS` makes ambiguous for upserts. Every
+//!   other outcome (a new row, a busy or foreign one) is judged by reading the row back.
+//!   Release and the renewal of one lease work the same way with `LAST_INSERT_ID(fence)`.
+//!   Renewals of several leases are batched in one transaction and judged by reading the rows
+//!   back in it.
+//! - **Clock**: every time comparison and expiry is computed by the server from `NOW(6)`;
+//!   the client sends only the TTL as a number of microseconds.
+//! - Released rows stay, with token and expiry NULL, so the fence never goes back.
+
+mod acquire;
+pub(crate) mod queue;
+mod release;
+mod renew;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use lock_core::{Lease, LockError, LockInfo, LockName};
+use sqlx::{AssertSqlSafe, MySqlPool, mysql::MySqlQueryResult};
+
+use crate::{
+    TableName,
+    error::lock_error,
+    rows::{LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState, lease_current},
+    sql::{fetch_optional_within, hex},
+};
+
+/// Leases renewed by one batch at most (a longer list is split).
+const RENEW_BATCH: usize = 100;
+
+/// The least time one acquire try gets (a zero budget is one try, and a try needs a round
+/// trip): the statement is stopped on the server after this long.
+pub(crate) const MIN_TRY: Duration = Duration::from_millis(100);
+
+/// How long after its own time limit a statement's answer may take to arrive before the
+/// connection counts as gone.
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(250);
+
+/// The lease strategy over one pool and table.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseStrategy {
+    pool: MySqlPool,
+    table: TableName,
+    sql: Arc<Statements>,
+    limits: Limits,
+    /// Permits to park a waiter on a pooled connection (half the pool, at least one).
+    parking: Arc<tokio::sync::Semaphore>,
+}
+
+/// How long statements may take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// The bound of calls without a wait budget ([`crate::MySqlConfig::statement_timeout`]).
+    pub(crate) statement: Duration,
+    /// The pooled sessions' `innodb_lock_wait_timeout`: the longest a statement waits for a
+    /// row on its own.
+    pub(crate) lock_wait: Duration,
+    /// Whether the server is MariaDB (`SET STATEMENT max_statement_time = ... FOR`), else
+    /// MySQL (the `SET_VAR(innodb_lock_wait_timeout = ...)` hint, whole seconds).
+    pub(crate) mariadb: bool,
+}
+
+/// The statements of one table, built once (and prepared once per connection by sqlx).
+#[derive(Debug)]
+struct Statements {
+    acquire: Arc<str>,
+    /// Release when nobody queues ([`queue::release_alone`]).
+    release_alone: Arc<str>,
+    /// What each `?` of `acquire` stands for, in order.
+    acquire_args: Vec<Arg>,
+    read: Arc<str>,
+    renew: Arc<str>,
+}
+
+/// What a placeholder of the acquire statement stands for.
+#[derive(Debug, Clone, Copy)]
+enum Arg {
+    /// The lock name's bytes.
+    Name,
+    /// The caller's token.
+    Token,
+    /// The TTL in microseconds.
+    Ttl,
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Self {
+        let t = table.quoted();
+        // Free, and nobody queues ahead of the caller (see `queue`; its condition's
+        // placeholders are name, token, token).
+        let takeable = format!("({LEASE_TAKEABLE}) AND {}", queue::allowed(&table.queue()));
+        let takeable_args = [Arg::Name, Arg::Token, Arg::Token];
+        // The first assignment decides on the row as it was; the others follow it whichever
+        // order the server evaluates assignments in (MariaDB's SIMULTANEOUS_ASSIGNMENT mode
+        // included): `token = ?` is true afterwards only if the row was taken.
+        let taken = format!("({takeable}) OR token = ?");
+        let taken_args = [&takeable_args[..], &[Arg::Token]].concat();
+        let acquire_args = [
+            &[Arg::Name, Arg::Token, Arg::Ttl][..],
+            &takeable_args,
+            &[Arg::Token],
+            &taken_args,
+            &taken_args,
+            &[Arg::Ttl],
+            &taken_args,
+        ]
+        .concat();
+        Self {
+            acquire: format!(
+                "INSERT INTO {t} (name, token, fence, expires_at, acquired_at) \
+                 VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, NOW(6)) \
+                 ON DUPLICATE KEY UPDATE \
+                 token = IF({takeable}, ?, token), \
+                 fence = IF({taken}, LAST_INSERT_ID(fence + 1), fence), \
+                 expires_at = IF({taken}, NOW(6) + INTERVAL ? MICROSECOND, expires_at), \
+                 acquired_at = IF({taken}, NOW(6), acquired_at)"
+            )
+            .into(),
+            acquire_args,
+            release_alone: queue::release_alone(table).into(),
+            read: format!("SELECT {LEASE_COLUMNS} FROM {t} WHERE name = ?").into(),
+            renew: format!(
+                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND, \
+                 fence = LAST_INSERT_ID(fence) \
+                 WHERE name = ? AND {}",
+                lease_current("?", "?")
+            )
+            .into(),
+        }
+    }
+}
+
+impl LeaseStrategy {
+    pub(crate) fn new(pool: MySqlPool, table: TableName, limits: Limits) -> Self {
+        let parking = (pool.options().get_max_connections() / 2).max(1);
+        Self {
+            parking: Arc::new(tokio::sync::Semaphore::new(parking as usize)),
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table,
+            limits,
+        }
+    }
+
+    /// The acquire statement for one try with its values written in, stopped by the server
+    /// after `limit`: `SET STATEMENT max_statement_time` on MariaDB; on MySQL the row-lock wait
+    /// is bounded by `SET_VAR(innodb_lock_wait_timeout)`, whole seconds, rounded up.
+    fn bounded_acquire(&self, name: &[u8], token: &[u8], ttl_us: u64, limit: Duration) -> String {
+        let (n, k, ttl) = (hex(name), hex(token), ttl_us.to_string());
+        let mut sql = String::new();
+        for (i, part) in self.sql.acquire.split('?').enumerate() {
+            sql.push_str(part);
+            if let Some(arg) = self.sql.acquire_args.get(i) {
+                sql.push_str(match arg {
+                    Arg::Name => &n,
+                    Arg::Token => &k,
+                    Arg::Ttl => &ttl,
+                });
+            }
+        }
+        if self.limits.mariadb {
+            format!(
+                "SET STATEMENT max_statement_time = {}.{:06} FOR {sql}",
+                limit.as_secs(),
+                limit.subsec_micros()
+            )
+        } else {
+            let seconds = crate::config::ceil_secs(limit).max(1);
+            sql.replacen(
+                "INSERT INTO",
+                &format!("INSERT /*+ SET_VAR(innodb_lock_wait_timeout = {seconds}) */ INTO"),
+                1,
+            )
+        }
+    }
+
+    /// When a call without a wait budget must have its answer.
+    fn statement_until(&self) -> Instant {
+        Instant::now() + self.limits.statement
+    }
+
+    /// The judged row of `name`, `None` when there is none; read by `until`.
+    async fn read(&self, name: &LockName, until: Instant) -> Result<Option<LeaseState>, LockError> {
+        let what = || format!("reading the row of `{name}`");
+        let query =
+            || sqlx::query(AssertSqlSafe(self.sql.read.clone())).bind(name.as_str().as_bytes());
+        let row = fetch_optional_within(&self.pool, until, query)
+            .await
+            .map_err(|e| lock_error(&what(), e))?;
+        row.map(|row| {
+            LeaseRow::read(&row, 0)
+                .map_err(|e| lock_error(&what(), e))?
+                .judge(&self.table, name)
+        })
+        .transpose()
+    }
+
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        Ok(match self.read(name, self.statement_until()).await? {
+            Some(LeaseState::Held {
+                token,
+                fence,
+                remaining_us,
+            }) if remaining_us > 0 => Some(LockInfo::new(
+                name.clone(),
+                token,
+                fence,
+                Some(Duration::from_micros(remaining_us.unsigned_abs())),
+            )),
+            _ => None,
+        })
+    }
+}
+
+/// Whether a statement setting `fence = LAST_INSERT_ID(fence)` on the row of `lease` if, and
+/// only if, it is current changed that row: its reply then carries the lease's fence (fences
+/// start at 1); a statement that matched no row carries 0.
+fn changed_current(done: &MySqlQueryResult, lease: &Lease) -> bool {
+    done.last_insert_id() > 0 && done.last_insert_id() == lease.fence().get()
+}
+
+/// A TTL in whole microseconds (TTLs are at most a day: no overflow).
+fn micros(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX)
+}

@@ -8,6 +8,7 @@
 //! * `cargo xtask compare` runs the comparison.
 
 mod compare;
+mod msrv;
 mod services;
 mod test_cmd;
 

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: services up, then fmt, clippy and the test suite.
+//! `cargo xtask test`: the rust-version check, services up, then fmt, clippy, docs (warnings
+//! denied) and the test suite.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -24,6 +25,8 @@ pub(crate) struct Step {
     pub(crate) name: &'static str,
     /// Arguments after `cargo`.
     pub(crate) args: Vec<&'static str>,
+    /// Variables set for this step only.
+    pub(crate) env: Vec<(&'static str, &'static str)>,
 }
 
 /// The cargo steps, in order.
@@ -32,6 +35,7 @@ pub(crate) fn steps() -> Vec<Step> {
         Step {
             name: "fmt",
             args: vec!["fmt", "--all", "--", "--check"],
+            env: Vec::new(),
         },
         Step {
             name: "clippy",
@@ -43,10 +47,17 @@ pub(crate) fn steps() -> Vec<Step> {
                 "-D",
                 "warnings",
             ],
+            env: Vec::new(),
+        },
+        Step {
+            name: "doc",
+            args: vec!["doc", "--workspace", "--no-deps"],
+            env: vec![("RUSTDOCFLAGS", "-D warnings")],
         },
         Step {
             name: "test",
             args: vec!["test", "--workspace"],
+            env: Vec::new(),
         },
     ]
 }
@@ -62,7 +73,8 @@ pub(crate) fn command(step: &Step, root: &Path) -> Command {
     let mut cmd = Command::new(cargo());
     cmd.args(&step.args)
         .current_dir(root)
-        .envs(services::env_vars());
+        .envs(services::env_vars())
+        .envs(step.env.iter().copied());
     cmd
 }
 
@@ -109,6 +121,15 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     let begun = Instant::now();
     let mut times: Vec<(&str, Duration, bool)> = Vec::new();
 
+    eprintln!("==> rust-version");
+    let t = Instant::now();
+    let msrv = crate::msrv::check(&root);
+    times.push(("msrv", t.elapsed(), msrv.is_ok()));
+    if let Err(err) = msrv {
+        summary(&times, begun.elapsed());
+        return Err(err);
+    }
+
     eprintln!("==> services up");
     let t = Instant::now();
     let up = services::up(false);
@@ -146,13 +167,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn steps_are_fmt_clippy_test() {
+    fn steps_are_fmt_clippy_doc_test() {
         let lines: Vec<String> = steps().iter().map(|s| s.args.join(" ")).collect();
         assert_eq!(
             lines,
             [
                 "fmt --all -- --check",
                 "clippy --workspace --all-targets -- -D warnings",
+                "doc --workspace --no-deps",
                 "test --workspace",
             ]
         );
@@ -161,7 +183,7 @@ mod tests {
     #[test]
     fn commands_carry_the_service_env() {
         let root = crate::workspace_root();
-        let cmd = command(&steps()[2], &root);
+        let cmd = command(&steps()[3], &root);
         let names: Vec<String> = cmd
             .get_envs()
             .map(|(k, _)| k.to_string_lossy().into_owned())

@@ -5,7 +5,7 @@
 //! - [`poll_until`]: wait for a condition, with a deadline instead of a fixed sleep;
 //! - [`unique_name`], [`env_var`]: a fresh lock name per case, and the test environment's
 //!   variables with the message that says how to set them;
-//! - [`fail`], [`err`]: any error as a [`Failure`](crate::Failure);
+//! - [`fail`], [`err`]: any error as a [`Failure`];
 //! - [`Relay`]: a TCP relay between a client and its server that can watch, cut, drop or
 //!   stall the traffic; a backend adds its wire format through a [`Hook`].
 //!

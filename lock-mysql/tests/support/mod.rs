@@ -10,11 +10,15 @@
 
 pub mod admin;
 pub mod proxy;
+pub mod wire;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{CaseFuture, Failure, TestStore};
+use conformance_tests::{
+    CaseFuture, Failure, TestStore,
+    faults::{env_var, poll_every},
+};
 use lock_core::{LockClient, LockError, LockName};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
 use sqlx::{
@@ -27,7 +31,7 @@ pub const URL_VAR: &str = "LOCK_TEST_MYSQL_URL";
 
 /// The test server's URL, or the error every MySQL test reports without it.
 pub fn url() -> Result<String, String> {
-    std::env::var(URL_VAR).map_err(|_| format!("{URL_VAR} is not set; run `cargo xtask test`"))
+    env_var(URL_VAR).map_err(|Failure(why)| why)
 }
 
 /// This run's table for `strategy` (the parent's, in a conformance holder process).
@@ -341,28 +345,50 @@ impl TestStore for MySqlStore {
 /// How many statements whose text contains `name`'s hex run on the server now, besides the
 /// probe itself.
 pub async fn statements_on(admin: &MySqlPool, name: &LockName) -> Result<i64, String> {
+    statements_mentioning(admin, &hex(name.as_str())).await
+}
+
+/// How many statements whose text contains `text` run on the server now, besides the probe.
+pub async fn statements_mentioning(admin: &MySqlPool, text: &str) -> Result<i64, String> {
     sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
          WHERE ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'",
     )
-    .bind(format!("%{}%", hex(name.as_str())))
+    .bind(format!("%{text}%"))
     .fetch_one(admin)
     .await
     .map_err(|e| format!("reading the process list: {e}"))
 }
 
-/// Waits (polling every 5 ms, 2 s at most) until a statement on `name` runs on the server: a
-/// waiter has entered InnoDB's queue.
+/// Polls the statements on `name` every 5 ms until `done` holds for their count, for `limit`
+/// at most; the error says what did not happen and the last count.
+async fn until_statements(
+    admin: &MySqlPool,
+    name: &LockName,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(i64) -> bool,
+) -> Result<(), String> {
+    let mut count = 0;
+    let polled = poll_every(Duration::from_millis(5), limit, what, async || {
+        count = statements_on(admin, name).await.map_err(Failure)?;
+        Ok(done(count))
+    })
+    .await;
+    polled.map_err(|Failure(why)| format!("{why} ({count} statements on `{name}` run)"))
+}
+
+/// Waits (2 s at most) until a statement on `name` runs on the server: a waiter has entered
+/// InnoDB's queue.
 pub async fn until_waiting(admin: &MySqlPool, name: &LockName) -> Result<(), String> {
-    for _ in 0..400 {
-        if statements_on(admin, name).await? > 0 {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Err(format!(
-        "no statement on `{name}` started waiting within 2 s"
-    ))
+    let what = format!("a statement on `{name}` waiting on the server");
+    until_statements(admin, name, Duration::from_secs(2), &what, |n| n > 0).await
+}
+
+/// Waits (1 s at most) until no statement on `name` runs on the server.
+pub async fn until_no_statement(admin: &MySqlPool, name: &LockName) -> Result<(), String> {
+    let what = format!("the statements on `{name}` ending");
+    until_statements(admin, name, Duration::from_secs(1), &what, |n| n == 0).await
 }
 
 /// The clean-up after a binary's cases (`Cases::finally`): drops this run's tables (nothing

@@ -1,54 +1,59 @@
-//! A TCP proxy in front of the test server that can blackhole its connections: after
-//! [`Proxy::blackhole`] nothing more is forwarded either way and the sockets stay open, as on a
-//! half-open connection (a peer gone without a reset, a firewall dropping packets).
+//! A TCP proxy in front of the test server (the fault kit's [`Relay`]) that can blackhole its
+//! connections: after [`Proxy::blackhole`] nothing more is forwarded either way and the sockets
+//! stay open, as on a half-open connection (a peer gone without a reset, a firewall dropping
+//! packets); or that records what the client sends ([`Recording`]).
 
 use std::{
     net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex},
 };
 
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+use conformance_tests::{
+    Failure,
+    faults::{Flow, Hook, Relay},
 };
 
-/// A running proxy.
+use super::wire;
+
+/// A running proxy; it closes its connections once its last clone drops.
 #[derive(Debug, Clone)]
 pub struct Proxy {
     /// Where clients connect.
     pub addr: SocketAddr,
-    dark: Arc<AtomicBool>,
+    relay: Arc<Relay>,
 }
 
 impl Proxy {
     /// Starts a proxy to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Result<Self, String> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| e.to_string())?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let dark = Arc::new(AtomicBool::new(false));
-        let flag = dark.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    continue;
-                };
-                let (client_rx, client_tx) = client.into_split();
-                let (server_rx, server_tx) = server.into_split();
-                tokio::spawn(pump(client_rx, server_tx, flag.clone()));
-                tokio::spawn(pump(server_rx, client_tx, flag.clone()));
+        Self::new(Relay::start(upstream).await)
+    }
+
+    /// Starts a proxy to `upstream` that records what clients send into `recording`.
+    pub async fn recording(upstream: SocketAddr, recording: &Recording) -> Result<Self, String> {
+        let streams = recording.0.clone();
+        let relay = Relay::with_hook(upstream, move || {
+            let log = Stream::default();
+            if let Ok(mut all) = streams.lock() {
+                all.push(log.clone());
             }
-        });
-        Ok(Self { addr, dark })
+            Recorder(log)
+        })
+        .await;
+        Self::new(relay)
+    }
+
+    fn new(relay: Result<Relay, Failure>) -> Result<Self, String> {
+        let relay = relay.map_err(|Failure(why)| why)?;
+        Ok(Self {
+            addr: relay.addr(),
+            relay: Arc::new(relay),
+        })
     }
 
     /// From now on, nothing is forwarded (bytes read are dropped); connections stay open.
     pub fn blackhole(&self) {
-        self.dark.store(true, Ordering::SeqCst);
+        self.relay.blackhole();
     }
 
     /// `url` with its host and port replaced by the proxy's, TLS off (the proxy only forwards).
@@ -74,29 +79,36 @@ pub fn upstream(url: &str) -> Result<SocketAddr, String> {
     .map_err(|e: std::net::AddrParseError| e.to_string())
 }
 
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    dark: Arc<AtomicBool>,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if dark.load(Ordering::SeqCst) {
-                    continue;
-                }
-                if to.write_all(&buf[..n]).await.is_err() {
-                    break;
-                }
-            }
+/// The client-to-server bytes of one connection.
+type Stream = Arc<Mutex<Vec<u8>>>;
+
+/// Everything the clients of a recording [`Proxy`] sent, per connection.
+#[derive(Debug, Clone, Default)]
+pub struct Recording(Arc<Mutex<Vec<Stream>>>);
+
+impl Recording {
+    /// Every command the clients sent: statement texts (`COM_QUERY`, `COM_STMT_PREPARE`) and
+    /// the payloads of `COM_STMT_EXECUTE`, which carry the bound parameter values.
+    pub fn commands(&self) -> (Vec<String>, Vec<Vec<u8>>) {
+        let streams = self.0.lock().map(|s| s.clone()).unwrap_or_default();
+        let (mut texts, mut executes) = (Vec::new(), Vec::new());
+        for stream in streams {
+            let bytes = stream.lock().map(|b| b.clone()).unwrap_or_default();
+            wire::commands(&bytes, &mut texts, &mut executes);
         }
+        (texts, executes)
     }
-    if !dark.load(Ordering::SeqCst) {
-        let _ = to.shutdown().await;
-    } else {
-        // Half-open: the other side never learns that this one ended.
-        std::future::pending::<()>().await;
+}
+
+/// The hook of one recorded connection.
+struct Recorder(Stream);
+
+impl Hook for Recorder {
+    fn client_sent(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Flow {
+        if let Ok(mut log) = self.0.lock() {
+            log.extend_from_slice(bytes);
+        }
+        out.extend_from_slice(bytes);
+        Flow::Forward
     }
 }

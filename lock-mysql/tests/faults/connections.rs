@@ -1,0 +1,200 @@
+//! Connections that end or never start: a holder's connection killed (row lock: the hold
+//! ends with it; lease: it does not), an unreachable server, a refused login.
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::{
+    Failure, Outcome, ensure,
+    faults::{err, unique_name},
+};
+use lock_core::{LockClient, LockError, LockOptions, LossReason};
+use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
+
+use super::{
+    client, kill_connection, spawn_acquire,
+    support::{self, MySqlStore},
+    until_waiting,
+};
+
+/// Row lock: killing the holder's connection rolls its transaction back: the waiter queued in
+/// InnoDB gets the lock at once, with a larger fence, and the holder's `lost()` fires.
+pub(super) async fn row_lock_kill_holder() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let name = unique_name("kill-row")?;
+    let ttl = Duration::from_secs(2);
+    let options = LockOptions::new().ttl(ttl).wait(Duration::ZERO);
+    let held = a.lock_with(&name, &options).await.map_err(err)?;
+    let waiter = spawn_acquire(&b, &name, options.clone().wait(Duration::from_secs(20)));
+    until_waiting(&store, &name).await?;
+    let id = store
+        .holder_connection(&name)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| Failure("the holder recorded no connection id".into()))?;
+    kill_connection(id).await?;
+    let killed = Instant::now();
+    let next = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    let handed = killed.elapsed();
+    ensure!(
+        handed <= Duration::from_millis(500),
+        "the waiter got the lock {handed:?} after the holder's connection was killed"
+    );
+    ensure!(
+        next.fence() > held.fence(),
+        "fence {} after {}",
+        next.fence(),
+        held.fence()
+    );
+    let reason = tokio::time::timeout(ttl, held.lost())
+        .await
+        .map_err(|_| Failure(format!("lost() did not fire within {ttl:?} of the kill")))?;
+    ensure!(reason == LossReason::SessionEnded, "lost() said {reason:?}");
+    ensure!(!held.is_held(), "is_held() after the connection was killed");
+    let late = held.release().await;
+    ensure!(
+        matches!(late, Err(LockError::Lost { .. })),
+        "release after the kill: {late:?}"
+    );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// The connection id of the only connection of a one-connection pool.
+pub(super) async fn pool_connection_id(backend: &MySqlBackend) -> Result<u64, Failure> {
+    let mut last = String::new();
+    for _ in 0..3 {
+        match sqlx::query_scalar::<_, u64>("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
+            .fetch_one(backend.pool())
+            .await
+        {
+            Ok(id) => return Ok(id),
+            // A connection killed earlier is found dead on first use and replaced.
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(Failure(last))
+}
+
+/// Lease: the hold does not live in a connection. Killed, its holder's connection takes
+/// nothing with it: the lease lasts until its TTL (watchdog off) or for as long as the
+/// watchdog renews it through a new connection.
+pub(super) async fn lease_kill_holder() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let single = store.config().clone().pool_size(1);
+    let backend = MySqlBackend::connect(&single).await.map_err(err)?;
+    let a = LockClient::new(backend.clone());
+    let b = client(store.config()).await?;
+    let ttl = Duration::from_secs(2);
+
+    let name1 = unique_name("kill-lease")?;
+    let start = Instant::now();
+    let held = a
+        .lock_with(&name1, &LockOptions::new().ttl(ttl).watchdog(false))
+        .await
+        .map_err(err)?;
+    kill_connection(pool_connection_id(&backend).await?).await?;
+    let busy = b
+        .try_lock_with(&name1, &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(err)?;
+    ensure!(
+        busy.is_none(),
+        "the lease ended with its holder's connection"
+    );
+    let info = b.inspect(&name1).await.map_err(err)?;
+    ensure!(
+        info.is_some_and(|i| i.token == *held.lease().token()),
+        "inspect does not show the holder after the kill"
+    );
+    let next = b
+        .lock_with(&name1, &LockOptions::new().ttl(ttl).wait(ttl * 3))
+        .await
+        .map_err(err)?;
+    let took = start.elapsed();
+    ensure!(
+        took >= ttl.mul_f64(0.95),
+        "the lease ended after {took:?}, before its {ttl:?} TTL"
+    );
+    ensure!(
+        took <= ttl + Duration::from_millis(800),
+        "the lease ended only after {took:?}"
+    );
+    ensure!(
+        next.fence() > held.fence(),
+        "fence {} after {}",
+        next.fence(),
+        held.fence()
+    );
+    next.release().await.map_err(err)?;
+    drop(held);
+
+    let name2 = unique_name("kill-lease-renewed")?;
+    let ttl = Duration::from_secs(1);
+    let renewed = a
+        .lock_with(&name2, &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(err)?;
+    kill_connection(pool_connection_id(&backend).await?).await?;
+    let start = Instant::now();
+    while start.elapsed() < ttl * 3 {
+        ensure!(
+            renewed.is_held(),
+            "lost {:?} after its connection was killed",
+            start.elapsed()
+        );
+        tokio::time::sleep(ttl / 4).await;
+    }
+    let busy = b
+        .try_lock_with(&name2, &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(err)?;
+    ensure!(
+        busy.is_none(),
+        "another client got a lease the watchdog kept renewing"
+    );
+    renewed.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// A server nobody listens on is `Unavailable` (retryable) within the connect timeout; a
+/// refused login is a `Backend` error (retrying will not help).
+pub(super) async fn unreachable_and_refused() -> Outcome {
+    // A port just bound and released: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(err)?
+        .port();
+    let timeout = Duration::from_secs(1);
+    let down = MySqlConfig::new(format!("mysql://lock:x@127.0.0.1:{port}/locktest"))
+        .connect_timeout(timeout);
+    let start = Instant::now();
+    let result = MySqlBackend::connect(&down).await;
+    let took = start.elapsed();
+    ensure!(
+        matches!(&result, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+        "an unreachable server gave {result:?}"
+    );
+    ensure!(
+        took <= timeout + Duration::from_millis(500),
+        "took {took:?}"
+    );
+    let mut url = url::Url::parse(&support::url().map_err(Failure)?).map_err(err)?;
+    url.set_password(Some("wrong-password"))
+        .map_err(|()| Failure("cannot set a password".into()))?;
+    let refused =
+        MySqlBackend::connect(&MySqlConfig::new(url.as_str()).connect_timeout(timeout)).await;
+    ensure!(
+        matches!(&refused, Err(LockError::Backend { .. })),
+        "a refused login gave {refused:?}"
+    );
+    let shown = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    ensure!(
+        !shown.contains("wrong-password"),
+        "the error shows the password: {shown}"
+    );
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! Foreign transactions on the lease table: a row locked past the lock-wait timeout (1205),
+//! and a renewal batch chosen as a deadlock victim (1213).
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::{
+    Failure, Outcome, ensure,
+    faults::{err, unique_name},
+};
+use lock_core::{LockBackend, LockClient, LockError, LockName, LockOptions};
+use lock_mysql::{MySqlBackend, Strategy};
+use sqlx::AssertSqlSafe;
+
+use super::{
+    admin_conn, client, spawn_acquire,
+    support::{MySqlStore, hex},
+    until_waiting,
+};
+
+/// A foreign transaction keeps the lease row locked past `innodb_lock_wait_timeout` (1205):
+/// a renewal reports `Unavailable` (retryable) and changes nothing; a waiter keeps polling
+/// within its budget and gets the lock once the row is free and the lease expired.
+pub(super) async fn lease_lock_wait_timeout() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let mut config = store.config().clone();
+    config.lock_wait_timeout = Duration::from_secs(1);
+    let (a, b) = (client(&config).await?, client(&config).await?);
+    let name = unique_name("lock-wait")?;
+    let ttl = Duration::from_secs(2);
+    let start = Instant::now();
+    let held = a
+        .lock_with(&name, &LockOptions::new().ttl(ttl).watchdog(false))
+        .await
+        .map_err(err)?;
+    let mut admin = admin_conn().await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "START TRANSACTION; SELECT fence FROM `{}` WHERE name = X'{}' FOR UPDATE",
+        config.table(),
+        hex(name.as_str())
+    )))
+    .execute(&mut admin)
+    .await
+    .map_err(err)?;
+    let renewed = a.renew_lease(&held.lease(), ttl).await;
+    ensure!(
+        matches!(&renewed, Err(e @ LockError::Unavailable { .. }) if e.is_retryable()),
+        "a renewal blocked past the lock-wait timeout returned {renewed:?}, expected Unavailable"
+    );
+    let waiter = spawn_acquire(
+        &b,
+        &name,
+        LockOptions::new().ttl(ttl).wait(Duration::from_secs(8)),
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let next = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    ensure!(
+        start.elapsed() >= ttl,
+        "the waiter got the lock before the TTL"
+    );
+    ensure!(
+        next.fence() > held.fence(),
+        "fence {} after {}",
+        next.fence(),
+        held.fence()
+    );
+    next.release().await.map_err(err)?;
+    drop(held);
+    Ok(())
+}
+
+/// A renewal batch chosen as a deadlock victim (1213) is run again and succeeds.
+pub(super) async fn lease_deadlock_retried() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let config = store.config().clone();
+    let table = config.table();
+    let backend = MySqlBackend::connect(&config).await.map_err(err)?;
+    let a = LockClient::new(backend.clone());
+    let base = unique_name("deadlock")?;
+    // The batch locks rows in name order: x before y.
+    let (x, y) = (
+        LockName::new(format!("{base}/x")).map_err(err)?,
+        LockName::new(format!("{base}/y")).map_err(err)?,
+    );
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .watchdog(false);
+    let gx = a.lock_with(&x, &options).await.map_err(err)?;
+    let gy = a.lock_with(&y, &options).await.map_err(err)?;
+    let mut admin = admin_conn().await?;
+    // The administrator's transaction writes rows first, so InnoDB picks the batch (one row
+    // changed) as the victim; then it locks y.
+    let mut setup = String::from("START TRANSACTION; ");
+    for i in 0..5 {
+        setup.push_str(&format!(
+            "INSERT INTO `{table}` (name, fence) VALUES (X'{}', 0); ",
+            hex(&format!("{base}/weight{i}"))
+        ));
+    }
+    setup.push_str(&format!(
+        "SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
+        hex(y.as_str())
+    ));
+    sqlx::raw_sql(AssertSqlSafe(setup))
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let leases = vec![gx.lease(), gy.lease()];
+    let batch = tokio::spawn({
+        let backend = backend.clone();
+        async move { backend.renew_many(&leases).await }
+    });
+    until_waiting(&store, &y).await?;
+    // Now the batch holds x and waits for y: asking for x closes the cycle.
+    let closing = sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
+        hex(x.as_str())
+    )))
+    .execute(&mut admin)
+    .await;
+    ensure!(
+        closing.is_ok(),
+        "the administrator's transaction was the deadlock victim ({closing:?}); the batch's retry was not exercised"
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    let results = batch.await.map_err(err)?;
+    ensure!(results.len() == 2, "{} results for 2 leases", results.len());
+    for result in results {
+        ensure!(
+            result.is_ok(),
+            "a renewal of the retried batch failed: {result:?}"
+        );
+    }
+    gx.release().await.map_err(err)?;
+    gy.release().await.map_err(err)?;
+    Ok(())
+}

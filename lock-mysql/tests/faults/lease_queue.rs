@@ -1,0 +1,185 @@
+//! The lease's waiters' queue: a waiter that died first in line stalls the lease only for its
+//! turn, a released holder's own place stops no one, and places locked behind the first
+//! waiter do not hold it up.
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::{
+    Failure, Outcome, ensure,
+    faults::{err, unique_name},
+};
+use lock_core::{LockName, LockOptions};
+use lock_mysql::Strategy;
+use sqlx::AssertSqlSafe;
+
+use super::{
+    client, spawn_acquire,
+    support::{MySqlStore, hex},
+    until_waiting,
+};
+
+/// A waiter that died while first in line (a place planted for a minute, with a turn of
+/// 300 ms) gets the lease handed to it at the release, and stalls the next waiter only for
+/// its turn: the next waiter is served after the turn, not before (the order held) and not
+/// much after (at most one park of the next waiter more).
+pub(super) async fn lease_dead_waiter() -> Outcome {
+    const TURN: Duration = Duration::from_millis(300);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let name = unique_name("dead-waiter")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = a.lock_with(&name, &long).await.map_err(err)?;
+    plant_place(&store, &name, "0123456789abcdef0123456789abcdef", TURN).await?;
+    let waiter = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(10)));
+    until_waiting(&store, &name).await?;
+    let released = Instant::now();
+    let before = held.fence();
+    held.release().await.map_err(err)?;
+    let next = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter behind the dead one failed: {e}")))?;
+    let waited = released.elapsed();
+    ensure!(
+        waited >= TURN.mul_f64(0.9),
+        "the waiter behind the dead one got the lease {waited:?} after the release, before the dead waiter's turn of {TURN:?} ran out"
+    );
+    let bound = TURN + Duration::from_secs(1) + Duration::from_millis(500);
+    ensure!(
+        waited <= bound,
+        "a dead waiter stalled the lease {waited:?} (bound {bound:?})"
+    );
+    ensure!(
+        next.fence().get() >= before.get() + 2,
+        "fence {} after {before}: the hand-off to the dead waiter took no fence",
+        next.fence(),
+    );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Plants a place in `name`'s waiters' queue for `token`, arrived a second ago and kept for a
+/// minute, with a turn of `turn` (over a place `token` may still have: a holder that queued
+/// before its grant takes its place out in the background).
+pub(super) async fn plant_place(
+    store: &MySqlStore,
+    name: &LockName,
+    token: &str,
+    turn: Duration,
+) -> Outcome {
+    let queue = format!("`{}_queue`", store.config().table().as_str());
+    let plant = format!(
+        "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
+         VALUES (X'{}', '{token}', NOW(6) - INTERVAL 1 SECOND, NOW(6) + INTERVAL 1 MINUTE, {turn}) \
+         ON DUPLICATE KEY UPDATE arrived_at = VALUES(arrived_at), until_at = VALUES(until_at), \
+         turn_us = VALUES(turn_us)",
+        hex(name.as_str()),
+        turn = turn.as_micros()
+    );
+    sqlx::raw_sql(AssertSqlSafe(plant))
+        .execute(store.admin())
+        .await
+        .map_err(|e| Failure(format!("planting a place: {e}")))?;
+    Ok(())
+}
+
+/// A thousand waiters refresh their places all the time; a try must not lock places it does
+/// not need. Here a foreign transaction keeps the places of two waiters *behind* the first
+/// one locked (as a refresh in flight would, for longer) when the lease expires (a holder that
+/// died: a lease row planted for 500 ms): the first waiter's try reads the queue only up to
+/// its own place, so it takes the lease soon after. (Before, the acquire statement's queue
+/// condition read, and locked, every place of the name, and waited for that lock past the
+/// waiter's budget.)
+pub(super) async fn lease_locked_place_behind() -> Outcome {
+    const LEFT: Duration = Duration::from_millis(500);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let b = client(store.config()).await?;
+    let name = unique_name("locked-place")?;
+    let table = format!("`{}`", store.config().table().as_str());
+    let queue = format!("`{}_queue`", store.config().table().as_str());
+    let n = hex(name.as_str());
+    let planted = Instant::now();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {table} (name, token, fence, expires_at, acquired_at) \
+         VALUES (X'{n}', 'abcdefabcdefabcdefabcdefabcdefab', 1, NOW(6) + INTERVAL {} MICROSECOND, NOW(6))",
+        LEFT.as_micros()
+    )))
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("planting a lease: {e}")))?;
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let waiter = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(4)));
+    until_waiting(&store, &name).await?;
+    // Two places behind, with the lowest and the highest token, so a scan of the queue in key
+    // order meets one of them before or after the waiter's own.
+    let behind = [
+        "00000000000000000000000000000000",
+        "fedcba9876543210fedcba9876543210",
+    ];
+    for token in behind {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
+             VALUES (X'{n}', '{token}', NOW(6) + INTERVAL 1 MINUTE, NOW(6) + INTERVAL 2 MINUTE, 300000)"
+        )))
+        .execute(store.admin())
+        .await
+        .map_err(|e| Failure(format!("planting a place behind: {e}")))?;
+    }
+    // Each place locked by its key: one `FOR UPDATE` over both would read the queue along
+    // `by_arrival` and lock the waiter's own place too.
+    let mut foreign = store.admin().acquire().await.map_err(err)?;
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut *foreign)
+        .await
+        .map_err(err)?;
+    for token in behind {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "SELECT token FROM {queue} WHERE name = X'{n}' AND token = '{token}' FOR UPDATE"
+        )))
+        .execute(&mut *foreign)
+        .await
+        .map_err(|e| Failure(format!("locking a place behind: {e}")))?;
+    }
+    let next = waiter.await.map_err(err)?;
+    let waited = planted.elapsed();
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *foreign)
+        .await
+        .map_err(err)?;
+    drop(foreign);
+    let next = next.map_err(|e| {
+        Failure(format!(
+            "the first waiter did not get the expired lease while a place behind it was locked: {e}"
+        ))
+    })?;
+    let bound = LEFT + Duration::from_secs(1);
+    ensure!(
+        waited <= bound,
+        "the first waiter got the lease {waited:?} after it was planted for {LEFT:?} (bound {bound:?}): it waited for a lock on a place behind it"
+    );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// A holder that queued before its grant takes its place out in the background; its release
+/// may land first. The place must then stop no one: after the release a newcomer's single
+/// try gets the lease (the holder's own place is planted, as if its removal were late).
+pub(super) async fn lease_own_place_after_release() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let name = unique_name("own-place")?;
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = a.lock_with(&name, &options).await.map_err(err)?;
+    let token = held.lease().token().as_str().to_owned();
+    plant_place(&store, &name, &token, Duration::from_millis(300)).await?;
+    held.release().await.map_err(err)?;
+    let next = b.try_lock_with(&name, &options).await.map_err(err)?;
+    ensure!(
+        next.is_some(),
+        "after its holder released it, a single try found the lease busy: the released holder's own place in the queue stood in the way"
+    );
+    if let Some(next) = next {
+        next.release().await.map_err(err)?;
+    }
+    Ok(())
+}

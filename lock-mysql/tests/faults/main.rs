@@ -1,0 +1,151 @@
+//! Faults specific to MySQL/MariaDB, run one after another (some restart the server):
+//!
+//! - `KILL CONNECTION` of a holder's connection: row lock: `lost()` fires and a waiter gets the
+//!   lock at once; lease: the lock survives until its TTL (and, renewed, beyond);
+//! - a row locked by a long foreign transaction (lock-wait timeout 1205) and a renewal batch
+//!   chosen as a deadlock victim (1213): classified, retried where safe;
+//! - wait budgets below a second on the row-lock strategy: on time, and no statement is left
+//!   waiting on the server; a waiting `acquire` dropped mid-wait leaves nothing behind;
+//! - one client's waiters for a name: only one waits in InnoDB, the others (and their budgets)
+//!   in the client; a fence issued by someone else between a grant and its bump is recorded
+//!   as the fence the holder really got;
+//! - the lease's waiters' queue: a dead waiter, the holder's own place, places locked behind;
+//! - an unreachable server and a refused login: typed errors;
+//! - a server restart while locks are held and waited for: typed errors, then recovery with
+//!   no manual clean-up;
+//! - the client clock: every statement the library sends is captured on the wire, and none
+//!   carries a time computed by the client: expiry is `NOW(6) + INTERVAL <ttl>` on the server;
+//!   and clients run under `faketime` 10 minutes behind and ahead never get a lock another
+//!   holds, while a killed holder's lease still ends after its TTL by the server's clock.
+//!
+//! Needs `LOCK_TEST_MYSQL_URL`, `LOCK_TEST_SERVICES_DIR` and `LOCK_TEST_FAKETIME` (`cargo
+//! xtask test` sets them; `cargo xtask services up` installs `faketime`);
+//! without them every case fails. Arguments filter cases by substring.
+//!
+//! This file holds the `main` and what the cases share; each topic has a file of its own, and
+//! the MySQL wire format is in `tests/support/wire.rs`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod clock;
+mod connections;
+mod foreign_transactions;
+mod lease_queue;
+mod restart;
+mod row_lock_fences;
+mod row_lock_waits;
+mod sent_times;
+mod skewed;
+
+use std::{process::ExitCode, time::Duration};
+
+use conformance_tests::{Cases, Failure, Outcome, faults::err, holder_process};
+use lock_core::{LockClient, LockError, LockGuard, LockName, LockOptions};
+use lock_mysql::{MySqlBackend, MySqlConfig};
+use sqlx::{AssertSqlSafe, MySqlConnection};
+use support::MySqlStore;
+
+fn main() -> ExitCode {
+    if let Some(role) = holder_process::role() {
+        return skewed::child(&role);
+    }
+    Cases::<Failure>::new("faults")
+        .limit(Duration::from_secs(120))
+        .case("row_lock/kill_holder_connection", || {
+            Box::pin(connections::row_lock_kill_holder())
+        })
+        .case("lease/kill_holder_connection", || {
+            Box::pin(connections::lease_kill_holder())
+        })
+        .case("lease/row_locked_by_long_transaction", || {
+            Box::pin(foreign_transactions::lease_lock_wait_timeout())
+        })
+        .case("lease/a_dead_waiter_stalls_the_lease_briefly", || {
+            Box::pin(lease_queue::lease_dead_waiter())
+        })
+        .case("lease/own_place_blocks_nobody_after_release", || {
+            Box::pin(lease_queue::lease_own_place_after_release())
+        })
+        .case("lease/a_locked_place_behind_stalls_no_waiter", || {
+            Box::pin(lease_queue::lease_locked_place_behind())
+        })
+        .case("lease/renewal_batch_deadlock_is_retried", || {
+            Box::pin(foreign_transactions::lease_deadlock_retried())
+        })
+        .case("row_lock/sub_second_budgets", || {
+            Box::pin(row_lock_waits::row_lock_sub_second_budgets())
+        })
+        .case("row_lock/dropped_waiter_leaves_nothing", || {
+            Box::pin(row_lock_waits::row_lock_dropped_waiter())
+        })
+        .case("row_lock/one_waiter_per_name_per_client", || {
+            Box::pin(row_lock_waits::row_lock_one_waiter_per_client())
+        })
+        .case("row_lock/fence_bumped_between_grant_and_bump", || {
+            Box::pin(row_lock_fences::row_lock_fence_bumped_in_between())
+        })
+        .case("row_lock/fence_counter_at_maximum_is_foreign", || {
+            Box::pin(row_lock_fences::row_lock_fence_at_maximum())
+        })
+        .case("errors/unreachable_and_refused", || {
+            Box::pin(connections::unreachable_and_refused())
+        })
+        .case("restart/held_and_waited_locks", || {
+            Box::pin(restart::restart_with_locks())
+        })
+        .case("clock/client_sends_no_time", || {
+            Box::pin(clock::client_sends_no_time())
+        })
+        .case("clock/skewed_clients_never_double_grant", || {
+            Box::pin(skewed::never_double_grant())
+        })
+        .case("clock/source_never_reads_the_wall_clock", || {
+            Box::pin(clock::source_never_reads_wall_clock())
+        })
+        .finally(support::drop_tables_after_cases)
+        .main()
+}
+
+/// A waiter: `client` acquires `name` for a new holder in the background.
+fn spawn_acquire(
+    client: &LockClient,
+    name: &LockName,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    let (client, name) = (client.clone(), name.clone());
+    tokio::spawn(async move { client.lock_with(&name, &options).await })
+}
+
+async fn client(config: &MySqlConfig) -> Result<LockClient, Failure> {
+    Ok(LockClient::new(
+        MySqlBackend::connect(config).await.map_err(err)?,
+    ))
+}
+
+async fn admin_conn() -> Result<MySqlConnection, Failure> {
+    support::admin_conn().await.map_err(Failure)
+}
+
+async fn kill_connection(id: u64) -> Outcome {
+    let mut admin = admin_conn().await?;
+    sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+        .execute(&mut admin)
+        .await
+        .map_err(|e| Failure(format!("KILL CONNECTION {id}: {e}")))?;
+    Ok(())
+}
+
+/// Waits until a statement mentioning `name` is waiting on `store`'s server.
+async fn until_waiting(store: &MySqlStore, name: &LockName) -> Outcome {
+    support::until_waiting(store.admin(), name)
+        .await
+        .map_err(Failure)
+}
+
+/// Waits up to a second for no statement on `name` to run on `store`'s server.
+async fn until_no_statement(store: &MySqlStore, name: &LockName) -> Outcome {
+    support::until_no_statement(store.admin(), name)
+        .await
+        .map_err(Failure)
+}

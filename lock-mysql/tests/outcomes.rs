@@ -11,10 +11,10 @@ mod support;
 
 use std::time::Duration;
 
-use conformance_tests::{Cases, Failure, Outcome, ensure};
+use conformance_tests::{Cases, Failure, Outcome, ensure, faults::unique_name as name};
 use lock_core::{
     Fence, Lease, LockBackend, LockError, LockName, LockOptions,
-    backend::{AcquireRequest, LeaseToken},
+    backend::{AcquireRequest, Grant, LeaseToken},
 };
 use lock_mysql::{MySqlBackend, Strategy};
 use sqlx::AssertSqlSafe;
@@ -91,13 +91,6 @@ async fn expire(store: &MySqlStore, name: &LockName) -> Outcome {
     Ok(())
 }
 
-fn name(tag: &str) -> Result<LockName, Failure> {
-    Ok(LockName::new(format!(
-        "outcomes/{tag}/{:016x}",
-        rand::random::<u64>()
-    ))?)
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {
     Acquired(u64),
@@ -107,12 +100,11 @@ enum Expect {
 
 const VALID: &str = "'0123456789abcdef0123456789abcdef'";
 
-async fn acquire_matches_row() -> Outcome {
-    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let backend = MySqlBackend::connect(store.config()).await?;
-    let table = store.config().table();
+/// The rows `acquire` meets, each as the values after `name` in an `INSERT` (none: no row),
+/// and what it must answer.
+fn acquire_cases() -> [(&'static str, Option<String>, Expect); 11] {
     let past = "NOW(6) - INTERVAL 1 SECOND";
-    let cases: [(&str, Option<String>, Expect); 11] = [
+    [
         ("missing row", None, Expect::Acquired(1)),
         (
             "released",
@@ -166,11 +158,17 @@ async fn acquire_matches_row() -> Outcome {
             Some("NULL, 18446744073709551615, NULL, NULL".into()),
             Expect::Foreign,
         ),
-    ];
+    ]
+}
+
+async fn acquire_matches_row() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let backend = MySqlBackend::connect(store.config()).await?;
+    let table = store.config().table();
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::ZERO);
-    for (label, setup, expect) in cases {
+    for (label, setup, expect) in acquire_cases() {
         let name = name("acquire")?;
         if let Some(values) = setup {
             sqlx::query(AssertSqlSafe(format!(
@@ -185,39 +183,62 @@ async fn acquire_matches_row() -> Outcome {
         let request = AcquireRequest::new(name.clone(), &options)?;
         let answer = backend.acquire(&request).await;
         let after = snapshot(&store, &name).await?;
-        match (&answer, expect) {
-            (Ok(grant), Expect::Acquired(fence)) => {
-                ensure!(
-                    grant.lease.fence() == Fence::new(fence),
-                    "{label}: granted fence {}, expected {fence}",
-                    grant.lease.fence()
-                );
-                let shows = after.as_ref().is_some_and(|(token, f, _, acquired, live)| {
-                    token.as_deref() == Some(hex(grant.lease.token().as_str()).as_str())
-                        && *f == fence
-                        && acquired.is_some()
-                        && *live == Some(1)
-                });
-                ensure!(
-                    shows,
-                    "{label}: granted, but the row shows {after:?} (before {before:?})"
-                );
-            }
-            (Err(LockError::Timeout { .. }), Expect::Busy)
-            | (Err(LockError::Foreign { .. }), Expect::Foreign) => {
-                ensure!(
-                    after == before,
-                    "{label}: refused ({answer:?}), but the row changed from {before:?} to {after:?}"
-                );
-            }
-            _ => {
-                return Err(Failure(format!(
-                    "{label}: answered {answer:?}, expected {expect:?}; row {before:?} -> {after:?}"
-                )));
-            }
+        judge_acquire(label, &answer, expect, &before, &after)?;
+    }
+    Ok(())
+}
+
+/// An acquire's `answer` against what was `expect`ed and the row `before` and `after` it: a
+/// grant with the expected fence that the row shows, or a refusal that left the row as it was.
+fn judge_acquire(
+    label: &str,
+    answer: &Result<Grant, LockError>,
+    expect: Expect,
+    before: &Snapshot,
+    after: &Snapshot,
+) -> Outcome {
+    match (answer, expect) {
+        (Ok(grant), Expect::Acquired(fence)) => {
+            ensure!(
+                grant.lease.fence() == Fence::new(fence),
+                "{label}: granted fence {}, expected {fence}",
+                grant.lease.fence()
+            );
+            let shows = after.as_ref().is_some_and(|(token, f, _, acquired, live)| {
+                token.as_deref() == Some(hex(grant.lease.token().as_str()).as_str())
+                    && *f == fence
+                    && acquired.is_some()
+                    && *live == Some(1)
+            });
+            ensure!(
+                shows,
+                "{label}: granted, but the row shows {after:?} (before {before:?})"
+            );
+        }
+        (Err(LockError::Timeout { .. }), Expect::Busy)
+        | (Err(LockError::Foreign { .. }), Expect::Foreign) => {
+            ensure!(
+                after == before,
+                "{label}: refused ({answer:?}), but the row changed from {before:?} to {after:?}"
+            );
+        }
+        _ => {
+            return Err(Failure(format!(
+                "{label}: answered {answer:?}, expected {expect:?}; row {before:?} -> {after:?}"
+            )));
         }
     }
     Ok(())
+}
+
+/// A lease of `name` from `backend` (no watchdog: these cases call the backend directly).
+async fn acquire_lease(
+    backend: &MySqlBackend,
+    name: &LockName,
+    options: &LockOptions,
+) -> Result<Lease, Failure> {
+    let request = AcquireRequest::new(name.clone(), options)?;
+    Ok(backend.acquire(&request).await?.lease)
 }
 
 async fn release_matches_row() -> Outcome {
@@ -226,11 +247,6 @@ async fn release_matches_row() -> Outcome {
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::ZERO);
-    let acquire = |name: &LockName, options: &LockOptions| {
-        let request = AcquireRequest::new(name.clone(), options);
-        let backend = backend.clone();
-        async move { Ok::<_, Failure>(backend.acquire(&request?).await?.lease) }
-    };
     // Each release must answer NotHeld and leave the row as it was, or answer Ok and leave
     // it released with the same fence.
     async fn check(
@@ -256,7 +272,7 @@ async fn release_matches_row() -> Outcome {
     }
 
     let name1 = name("release")?;
-    let lease = acquire(&name1, &options).await?;
+    let lease = acquire_lease(&backend, &name1, &options).await?;
     let forged = Lease::new(
         name1.clone(),
         LeaseToken::random(),
@@ -275,14 +291,14 @@ async fn release_matches_row() -> Outcome {
     check(&store, &backend, "released again", &lease, false).await?;
 
     let name2 = name("release-expired")?;
-    let expired = acquire(&name2, &options).await?;
+    let expired = acquire_lease(&backend, &name2, &options).await?;
     expire(&store, &name2).await?;
     check(&store, &backend, "expired lease", &expired, false).await?;
 
     let name3 = name("release-taken-over")?;
-    let old = acquire(&name3, &options).await?;
+    let old = acquire_lease(&backend, &name3, &options).await?;
     expire(&store, &name3).await?;
-    let new = acquire(&name3, &options).await?;
+    let new = acquire_lease(&backend, &name3, &options).await?;
     ensure!(new.fence() > old.fence(), "no takeover after expiry");
     check(&store, &backend, "lease taken over", &old, false).await?;
     check(&store, &backend, "the new holder's lease", &new, true).await?;
@@ -304,47 +320,101 @@ async fn renew_matches_row() -> Outcome {
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::ZERO);
-    let acquire = |name: &LockName| {
-        let request = AcquireRequest::new(name.clone(), &options);
-        let backend = backend.clone();
-        async move { Ok::<_, Failure>(backend.acquire(&request?).await?.lease) }
+    let companion = acquire_lease(&backend, &name("renew-companion")?, &options).await?;
+    let renewing = Renewing {
+        store,
+        backend,
+        companion,
+        options,
     };
-    // Renewed beside each lease in a batch; it must be renewed every time.
-    let companion = acquire(&name("renew-companion")?).await?;
-    // Each renewal must answer NotHeld and leave the row as it was, or answer Ok and leave it
-    // with the same token and fence and a later, live expiry.
-    let check = async |how: Renewal, label: &str, lease: &Lease, ok: bool| -> Outcome {
+    for how in [Renewal::One, Renewal::Many, Renewal::Batch] {
+        renewing.every_lease(how).await?;
+    }
+    renewing.backend.release(&renewing.companion).await?;
+    Ok(())
+}
+
+/// What the renewal checks share.
+struct Renewing {
+    store: MySqlStore,
+    backend: MySqlBackend,
+    /// Renewed beside each lease in a batch; it must be renewed every time.
+    companion: Lease,
+    /// How leases are acquired.
+    options: LockOptions,
+}
+
+impl Renewing {
+    async fn acquire(&self, name: &LockName) -> Result<Lease, Failure> {
+        acquire_lease(&self.backend, name, &self.options).await
+    }
+
+    /// Renews (`how`) every lease a caller may present: forged, of the wrong fence, current,
+    /// released, expired, taken over, the new holder's, and one whose row another writer
+    /// overwrote; only the current ones are renewed.
+    async fn every_lease(&self, how: Renewal) -> Outcome {
+        let name1 = name("renew")?;
+        let lease = self.acquire(&name1).await?;
+        let forged = Lease::new(
+            name1.clone(),
+            LeaseToken::random(),
+            lease.fence(),
+            lease.ttl(),
+        );
+        self.check(how, "forged token", &forged, false).await?;
+        let wrong_fence = Lease::new(
+            name1.clone(),
+            lease.token().clone(),
+            Fence::new(lease.fence().get() + 1),
+            lease.ttl(),
+        );
+        self.check(how, "wrong fence", &wrong_fence, false).await?;
+        self.check(how, "current lease", &lease, true).await?;
+        self.backend.release(&lease).await?;
+        self.check(how, "released lease", &lease, false).await?;
+
+        let name2 = name("renew-expired")?;
+        let expired = self.acquire(&name2).await?;
+        expire(&self.store, &name2).await?;
+        self.check(how, "expired lease", &expired, false).await?;
+
+        let name3 = name("renew-taken-over")?;
+        let old = self.acquire(&name3).await?;
+        expire(&self.store, &name3).await?;
+        let new = self.acquire(&name3).await?;
+        ensure!(new.fence() > old.fence(), "no takeover after expiry");
+        self.check(how, "lease taken over", &old, false).await?;
+        self.check(how, "the new holder's lease", &new, true)
+            .await?;
+
+        // Another writer put its own value in the row while the lease was live.
+        let name4 = name("renew-overwritten")?;
+        let overwritten = self.acquire(&name4).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE `{}` SET token = 'not-a-lock-mysql-token' WHERE name = ?",
+            self.store.config().table()
+        )))
+        .bind(name4.as_str().as_bytes())
+        .execute(self.store.admin())
+        .await
+        .map_err(|e| Failure(format!("overwriting the row: {e}")))?;
+        self.check(
+            how,
+            "row overwritten by another writer",
+            &overwritten,
+            false,
+        )
+        .await
+    }
+
+    /// Each renewal must answer NotHeld and leave the row as it was, or (`ok`) answer Ok and
+    /// leave it with the same token and fence and a later, live expiry.
+    async fn check(&self, how: Renewal, label: &str, lease: &Lease, ok: bool) -> Outcome {
         let label = format!("{how:?}: {label}");
         let ttl = Duration::from_secs(60);
-        let before = snapshot(&store, lease.name()).await?;
-        let answer = match how {
-            Renewal::One => backend.renew(lease, ttl).await,
-            Renewal::Many | Renewal::Batch => {
-                let mut leases = vec![lease.clone().with_ttl(ttl)];
-                if how == Renewal::Batch {
-                    leases.insert(0, companion.clone().with_ttl(ttl));
-                }
-                let mut answers = backend.renew_many(&leases).await;
-                ensure!(
-                    answers.len() == leases.len(),
-                    "{label}: {} answers for {} leases",
-                    answers.len(),
-                    leases.len()
-                );
-                if how == Renewal::Batch {
-                    ensure!(
-                        answers[0].is_ok(),
-                        "{label}: the current companion lease was not renewed: {:?}",
-                        answers[0]
-                    );
-                }
-                let Some(answer) = answers.pop() else {
-                    return Err(Failure(format!("{label}: no answer")));
-                };
-                answer
-            }
-        };
-        let after = snapshot(&store, lease.name()).await?;
+        let before = snapshot(&self.store, lease.name()).await?;
+        let answer = self.renew(how, &label, lease, ttl).await?;
+        let after = snapshot(&self.store, lease.name()).await?;
         if ok {
             ensure!(
                 answer.as_ref().is_ok_and(|grant| grant.lease.ttl() == ttl
@@ -366,89 +436,50 @@ async fn renew_matches_row() -> Outcome {
             refused_unchanged(&label, &answer, &before, &after)?;
         }
         Ok(())
-    };
-
-    for how in [Renewal::One, Renewal::Many, Renewal::Batch] {
-        let name1 = name("renew")?;
-        let lease = acquire(&name1).await?;
-        let forged = Lease::new(
-            name1.clone(),
-            LeaseToken::random(),
-            lease.fence(),
-            lease.ttl(),
-        );
-        check(how, "forged token", &forged, false).await?;
-        let wrong_fence = Lease::new(
-            name1.clone(),
-            lease.token().clone(),
-            Fence::new(lease.fence().get() + 1),
-            lease.ttl(),
-        );
-        check(how, "wrong fence", &wrong_fence, false).await?;
-        check(how, "current lease", &lease, true).await?;
-        backend.release(&lease).await?;
-        check(how, "released lease", &lease, false).await?;
-
-        let name2 = name("renew-expired")?;
-        let expired = acquire(&name2).await?;
-        expire(&store, &name2).await?;
-        check(how, "expired lease", &expired, false).await?;
-
-        let name3 = name("renew-taken-over")?;
-        let old = acquire(&name3).await?;
-        expire(&store, &name3).await?;
-        let new = acquire(&name3).await?;
-        ensure!(new.fence() > old.fence(), "no takeover after expiry");
-        check(how, "lease taken over", &old, false).await?;
-        check(how, "the new holder's lease", &new, true).await?;
-
-        // Another writer put its own value in the row while the lease was live.
-        let name4 = name("renew-overwritten")?;
-        let overwritten = acquire(&name4).await?;
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE `{}` SET token = 'not-a-lock-mysql-token' WHERE name = ?",
-            store.config().table()
-        )))
-        .bind(name4.as_str().as_bytes())
-        .execute(store.admin())
-        .await
-        .map_err(|e| Failure(format!("overwriting the row: {e}")))?;
-        check(
-            how,
-            "row overwritten by another writer",
-            &overwritten,
-            false,
-        )
-        .await?;
     }
-    backend.release(&companion).await?;
-    Ok(())
+
+    /// Renews `lease` for `ttl` the way `how` says; the answer for `lease`.
+    async fn renew(
+        &self,
+        how: Renewal,
+        label: &str,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Result<Grant, LockError>, Failure> {
+        if how == Renewal::One {
+            return Ok(self.backend.renew(lease, ttl).await);
+        }
+        let mut leases = vec![lease.clone().with_ttl(ttl)];
+        if how == Renewal::Batch {
+            leases.insert(0, self.companion.clone().with_ttl(ttl));
+        }
+        let mut answers = self.backend.renew_many(&leases).await;
+        ensure!(
+            answers.len() == leases.len(),
+            "{label}: {} answers for {} leases",
+            answers.len(),
+            leases.len()
+        );
+        if how == Renewal::Batch {
+            ensure!(
+                answers[0].is_ok(),
+                "{label}: the current companion lease was not renewed: {:?}",
+                answers[0]
+            );
+        }
+        answers
+            .pop()
+            .ok_or_else(|| Failure(format!("{label}: no answer")))
+    }
 }
 
 /// One judgment of a row in every path: a row `acquire` calls foreign is never renewed nor
 /// released (single or batched: `NotHeld`, the row unchanged), whoever presents a lease
 /// matching it; and a lease of ours at the top fence is a lease, for `inspect` as for renewal.
 async fn every_path_judges_alike() -> Outcome {
-    let new_name = name;
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let backend = MySqlBackend::connect(store.config()).await?;
-    let table = store.config().table();
-    let ttl = Duration::from_secs(30);
     let live = "NOW(6) + INTERVAL 1 HOUR";
-    let plant = |name: &LockName, values: String| {
-        let sql = format!(
-            "INSERT INTO `{table}` (name, token, fence, expires_at, acquired_at) VALUES (?, {values})"
-        );
-        let name = name.clone();
-        let admin = store.admin().clone();
-        async move {
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(name.as_str().as_bytes())
-                .execute(&admin)
-                .await
-                .map_err(|e| Failure(format!("planting a row: {e}")))
-        }
-    };
     // Rows acquire calls foreign, each with the lease a caller could present for it.
     let foreign: [(&str, String, &str, u64); 2] = [
         (
@@ -465,72 +496,104 @@ async fn every_path_judges_alike() -> Outcome {
         ),
     ];
     for (label, values, token, fence) in foreign {
-        let lock = new_name("judge")?;
-        let name = &lock;
-        plant(name, values).await?;
-        let request = AcquireRequest::new(name.clone(), &LockOptions::new().ttl(ttl))?;
-        let acquired = backend.acquire(&request).await;
-        ensure!(
-            matches!(acquired, Err(LockError::Foreign { .. })),
-            "{label}: acquire answered {acquired:?}, expected Foreign"
-        );
+        let name = name("judge")?;
+        plant(&store, &name, &values).await?;
         let lease = Lease::new(
-            name.clone(),
+            name,
             LeaseToken::from_store(token),
             Fence::new(fence),
-            ttl,
+            Duration::from_secs(30),
         );
-        let before = snapshot(&store, name).await?;
-        let renewed = backend.renew(&lease, ttl).await;
-        refused_unchanged(
-            &format!("{label}: renew"),
-            &renewed,
-            &before,
-            &snapshot(&store, name).await?,
-        )?;
-        // In a batch with a lease of ours.
-        let other = new_name("judge-ours")?;
-        let ours = backend
-            .acquire(&AcquireRequest::new(
-                other.clone(),
-                &LockOptions::new().ttl(ttl),
-            )?)
-            .await?;
-        let batch = backend
-            .renew_many(&[lease.clone(), ours.lease.clone()])
-            .await;
-        ensure!(
-            batch.len() == 2,
-            "{label}: {} answers for 2 leases",
-            batch.len()
-        );
-        refused_unchanged(
-            &format!("{label}: batched renewal"),
-            &batch[0],
-            &before,
-            &snapshot(&store, name).await?,
-        )?;
-        ensure!(
-            batch[1].is_ok(),
-            "{label}: our lease in the same batch: {:?}",
-            batch[1]
-        );
-        let released = backend.release(&lease).await;
-        refused_unchanged(
-            &format!("{label}: release"),
-            &released,
-            &before,
-            &snapshot(&store, name).await?,
-        )?;
-        backend.release(&ours.lease).await?;
+        foreign_row_is_nobodys(&store, &backend, label, &lease).await?;
     }
+    top_fence_is_a_lease(&store, &backend).await
+}
 
-    // Our own lease at the top fence (taken over from fence max - 1).
-    let name = new_name("top-fence")?;
+/// Plants a row for `name` with `values` (token, fence, expires_at, acquired_at).
+async fn plant(store: &MySqlStore, name: &LockName, values: &str) -> Outcome {
+    let table = store.config().table();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO `{table}` (name, token, fence, expires_at, acquired_at) VALUES (?, {values})"
+    )))
+    .bind(name.as_str().as_bytes())
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("planting a row: {e}")))?;
+    Ok(())
+}
+
+/// The planted row of `lease`'s name is foreign to `acquire`; so the `lease` that matches it
+/// is refused by `renew`, by a batched renewal beside a lease of ours (which is renewed) and
+/// by `release`, each `NotHeld` with the row unchanged.
+async fn foreign_row_is_nobodys(
+    store: &MySqlStore,
+    backend: &MySqlBackend,
+    label: &str,
+    lease: &Lease,
+) -> Outcome {
+    let (name, ttl) = (lease.name(), lease.ttl());
+    let request = AcquireRequest::new(name.clone(), &LockOptions::new().ttl(ttl))?;
+    let acquired = backend.acquire(&request).await;
+    ensure!(
+        matches!(acquired, Err(LockError::Foreign { .. })),
+        "{label}: acquire answered {acquired:?}, expected Foreign"
+    );
+    let before = snapshot(store, name).await?;
+    let renewed = backend.renew(lease, ttl).await;
+    refused_unchanged(
+        &format!("{label}: renew"),
+        &renewed,
+        &before,
+        &snapshot(store, name).await?,
+    )?;
+    // In a batch with a lease of ours.
+    let other = crate::name("judge-ours")?;
+    let ours = backend
+        .acquire(&AcquireRequest::new(
+            other.clone(),
+            &LockOptions::new().ttl(ttl),
+        )?)
+        .await?;
+    let batch = backend
+        .renew_many(&[lease.clone(), ours.lease.clone()])
+        .await;
+    ensure!(
+        batch.len() == 2,
+        "{label}: {} answers for 2 leases",
+        batch.len()
+    );
+    refused_unchanged(
+        &format!("{label}: batched renewal"),
+        &batch[0],
+        &before,
+        &snapshot(store, name).await?,
+    )?;
+    ensure!(
+        batch[1].is_ok(),
+        "{label}: our lease in the same batch: {:?}",
+        batch[1]
+    );
+    let released = backend.release(lease).await;
+    refused_unchanged(
+        &format!("{label}: release"),
+        &released,
+        &before,
+        &snapshot(store, name).await?,
+    )?;
+    backend.release(&ours.lease).await?;
+    Ok(())
+}
+
+/// Our own lease at the top fence (taken over from fence max - 1) is a lease, for `inspect`
+/// as for renewal; released there, no fence is left to issue, so acquire refuses it.
+async fn top_fence_is_a_lease(store: &MySqlStore, backend: &MySqlBackend) -> Outcome {
+    let ttl = Duration::from_secs(30);
+    let name = name("top-fence")?;
     let past = "NOW(6) - INTERVAL 1 SECOND";
     plant(
+        store,
         &name,
-        format!("{VALID}, 18446744073709551614, {past}, {past}"),
+        &format!("{VALID}, 18446744073709551614, {past}, {past}"),
     )
     .await?;
     let grant = backend

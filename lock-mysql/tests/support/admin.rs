@@ -8,11 +8,12 @@
 
 use std::{path::PathBuf, process::Command};
 
+use conformance_tests::{Failure, faults::Instance};
+
 /// The server's socket, where `root` logs in without a password.
 fn socket() -> Result<PathBuf, String> {
-    let dir = std::env::var_os("LOCK_TEST_SERVICES_DIR")
-        .ok_or("LOCK_TEST_SERVICES_DIR is not set; run `cargo xtask test`")?;
-    let path = PathBuf::from(dir).join("mariadb").join("mysqld.sock");
+    let mariadb = Instance::named("mariadb").map_err(|Failure(why)| why)?;
+    let path = mariadb.dir().join("mysqld.sock");
     if !path.exists() {
         return Err(format!("{} does not exist", path.display()));
     }

@@ -20,7 +20,7 @@ use crate::{
     keys::RedisKeys as Keys,
     ops::{self, Queueing, Try},
     scripts::{self, Mark},
-    waiters::{Waiters, WakeUp},
+    waiters::{Registration, Waiters, WakeUp},
 };
 
 /// Locks on one Redis server (optionally waiting for replica acknowledgements) or on a Redis
@@ -131,6 +131,93 @@ impl RedisBackend {
             ops::Tell::Everyone
         } else {
             ops::Tell::Clients
+        }
+    }
+
+    /// The contended path of `acquire`: a place in the waiters' queue, a subscription to the
+    /// release messages, and a try each time this waiter is woken (or its fallback timer runs
+    /// out), until granted or the budget is over.
+    async fn wait_in_line(
+        &self,
+        mut conn: Conn,
+        request: &AcquireRequest,
+        keys: &Keys,
+        token: &LeaseToken,
+        mut holder_left: Option<Duration>,
+    ) -> Result<Grant, LockError> {
+        // From here on every busy try keeps this waiter's place in the queue, for the rest of
+        // its budget and a grace; a waiter that gives up leaves it.
+        let queue = Queued {
+            conn: conn.clone(),
+            keys,
+            token,
+            served: false,
+        };
+        let waiters = &self.inner.waiters;
+        let registration = waiters.register(&waiters.channel(&keys.channel), token.as_str());
+        let mut fallback = request.backoff().delays();
+        // Declared after the registration, so dropped before it.
+        let mut woken: Option<WakeUp<'_>> = None;
+        // How long this turn waits for its subscription: the response time-out within the
+        // budget; once a subscription failed or was late, later turns of this wait only check
+        // whether it has come through since (it goes on in the background) and retry without.
+        let deadline = request.deadline();
+        let mut subscribe_by = Instant::now()
+            .checked_add(self.inner.config.response_timeout)
+            .map_or(deadline, |by| by.min(deadline));
+        loop {
+            let push = registration.ensure(subscribe_by).await;
+            if !push {
+                subscribe_by = Instant::now();
+            }
+            let notified = registration.notify().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Try again now that we are subscribed: a release may have come in between. When
+            // busy, the try also marks the lock as waited for, so its release publishes; when
+            // other waiters of this client wait too, a grant marks it for them.
+            let mark = match (push, registration.others_wait()) {
+                (false, _) => Mark::No,
+                (true, false) => Mark::WhenBusy,
+                (true, true) => Mark::Always,
+            };
+            let place = request.deadline().saturating_duration_since(Instant::now()) + PLACE_GRACE;
+            let tried = self
+                .try_once(&mut conn, request, keys, token, mark, place)
+                .await?;
+            if let Some(wake_up) = woken.take() {
+                wake_up.done();
+            }
+            match tried {
+                Ok(grant) => {
+                    queue.served();
+                    return Ok(grant);
+                }
+                Err(busy) => {
+                    holder_left = busy.left.or(holder_left);
+                    if busy.queued && registration.others_wait() {
+                        // The turn is someone else's, maybe a sibling's that the one release
+                        // message did not wake: pass the wake-up on to the next sibling (this
+                        // waiter goes to the back of the line first, so it is not the one
+                        // woken), which passes it on in turn until the first in the queue
+                        // has it.
+                        notified.set(registration.notify().notified());
+                        notified.as_mut().enable();
+                        registration.notify().notify_one();
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(request.timeout_error());
+            }
+            let step = fallback.next().unwrap_or(request.backoff().max);
+            let mut until = now + holder_left.unwrap_or(step) + Duration::from_millis(1);
+            if !push {
+                until = until.min(now + step);
+            }
+            woken = sleep_turn(&registration, notified.as_mut(), until, deadline).await;
+            holder_left = None;
         }
     }
 
@@ -272,7 +359,7 @@ impl LockBackend for RedisBackend {
         let token = LeaseToken::random();
         let mut conn = self.inner.conn.clone();
         // The uncontended path: one round trip, no subscription.
-        let mut holder_left = match self
+        let holder_left = match self
             .try_once(&mut conn, request, &keys, &token, Mark::No, Duration::ZERO)
             .await?
         {
@@ -282,93 +369,8 @@ impl LockBackend for RedisBackend {
         if Instant::now() >= request.deadline() {
             return Err(request.timeout_error());
         }
-        // From here on every busy try keeps this waiter's place in the queue, for the rest of
-        // its budget and a grace; a waiter that gives up leaves it.
-        let queue = Queued {
-            conn: conn.clone(),
-            keys: &keys,
-            token: &token,
-            served: false,
-        };
-        let waiters = &self.inner.waiters;
-        let registration = waiters.register(&waiters.channel(&keys.channel), token.as_str());
-        let mut fallback = request.backoff().delays();
-        // Declared after the registration, so dropped before it.
-        let mut woken: Option<WakeUp<'_>> = None;
-        // How long this turn waits for its subscription: the response time-out within the
-        // budget; once a subscription failed or was late, later turns of this wait only check
-        // whether it has come through since (it goes on in the background) and retry without.
-        let deadline = request.deadline();
-        let mut subscribe_by = Instant::now()
-            .checked_add(self.inner.config.response_timeout)
-            .map_or(deadline, |by| by.min(deadline));
-        loop {
-            let push = registration.ensure(subscribe_by).await;
-            if !push {
-                subscribe_by = Instant::now();
-            }
-            let notified = registration.notify().notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // Try again now that we are subscribed: a release may have come in between. When
-            // busy, the try also marks the lock as waited for, so its release publishes; when
-            // other waiters of this client wait too, a grant marks it for them.
-            let mark = match (push, registration.others_wait()) {
-                (false, _) => Mark::No,
-                (true, false) => Mark::WhenBusy,
-                (true, true) => Mark::Always,
-            };
-            let place = request.deadline().saturating_duration_since(Instant::now()) + PLACE_GRACE;
-            let tried = self
-                .try_once(&mut conn, request, &keys, &token, mark, place)
-                .await?;
-            if let Some(wake_up) = woken.take() {
-                wake_up.done();
-            }
-            match tried {
-                Ok(grant) => {
-                    queue.served();
-                    return Ok(grant);
-                }
-                Err(busy) => {
-                    holder_left = busy.left.or(holder_left);
-                    if busy.queued && registration.others_wait() {
-                        // The turn is someone else's, maybe a sibling's that the one release
-                        // message did not wake: pass the wake-up on to the next sibling (this
-                        // waiter goes to the back of the line first, so it is not the one
-                        // woken), which passes it on in turn until the first in the queue
-                        // has it.
-                        notified.set(registration.notify().notified());
-                        notified.as_mut().enable();
-                        registration.notify().notify_one();
-                    }
-                }
-            }
-            let now = Instant::now();
-            let deadline = request.deadline();
-            if now >= deadline {
-                return Err(request.timeout_error());
-            }
-            let step = fallback.next().unwrap_or(request.backoff().max);
-            let mut until = now + holder_left.unwrap_or(step) + Duration::from_millis(1);
-            if !push {
-                until = until.min(now + step);
-            }
-            // Woken when the turn is ours (or nobody queues); when a release names this
-            // waiter second in line, it steps in once the first one's turn is over.
-            loop {
-                let second = registration.second().notified();
-                tokio::select! {
-                    () = notified.as_mut() => {
-                        woken = Some(registration.took_wake_up());
-                        break;
-                    }
-                    () = tokio::time::sleep_until(until.min(deadline).into()) => break,
-                    () = second => until = until.min(Instant::now() + SECOND_STEPS_IN),
-                }
-            }
-            holder_left = None;
-        }
+        self.wait_in_line(conn, request, &keys, &token, holder_left)
+            .await
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
@@ -438,5 +440,24 @@ impl LockBackend for RedisBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
         let mut conn = self.inner.conn.clone();
         ops::inspect(&mut conn, name, &self.keys(name)).await
+    }
+}
+
+/// Sleeps until this waiter is woken (its turn, or nobody queues: the wake-up is returned),
+/// until `until` (or the `deadline`), or, when a release names it second in line, until
+/// [`SECOND_STEPS_IN`] after that, when it steps in for a first waiter whose turn is over.
+async fn sleep_turn<'r>(
+    registration: &'r Registration,
+    mut notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+    mut until: Instant,
+    deadline: Instant,
+) -> Option<WakeUp<'r>> {
+    loop {
+        let second = registration.second().notified();
+        tokio::select! {
+            () = notified.as_mut() => return Some(registration.took_wake_up()),
+            () = tokio::time::sleep_until(until.min(deadline).into()) => return None,
+            () = second => until = until.min(Instant::now() + SECOND_STEPS_IN),
+        }
     }
 }

@@ -107,7 +107,10 @@ impl LockBackend for DelayingBackend {
         }
     }
 
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let slow = self
             .delays()
             .renew
@@ -116,12 +119,13 @@ impl LockBackend for DelayingBackend {
             Some((_, delay)) => {
                 let sent = Instant::now();
                 self.hold_back(delay).await;
-                self.inner
+                Ok(self
+                    .inner
                     .renew_many(leases)
-                    .await
+                    .await?
                     .into_iter()
                     .map(|result| result.map(|grant| Grant::new(grant.lease, sent)))
-                    .collect()
+                    .collect())
             }
             None => self.inner.renew_many(leases).await,
         }

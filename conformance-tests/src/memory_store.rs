@@ -49,10 +49,7 @@ pub struct Unreachable;
 impl Unreachable {
     /// The error every call gets while the store is down.
     pub fn error() -> LockError {
-        LockError::Unavailable {
-            message: "the in-memory store is down (simulated outage)".into(),
-            source: None,
-        }
+        LockError::unavailable_msg("the in-memory store is down (simulated outage)")
     }
 }
 
@@ -90,9 +87,12 @@ impl LockBackend for Switched {
         self.inner.renew(lease, ttl).await
     }
 
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         if self.down.load(Ordering::SeqCst) {
-            return leases.iter().map(|_| Err(Unreachable::error())).collect();
+            return Err(Unreachable::error());
         }
         self.inner.renew_many(leases).await
     }

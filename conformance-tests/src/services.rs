@@ -24,9 +24,10 @@ impl Services {
     /// # Errors
     /// [`LockError::Unavailable`] when the variable is not set.
     pub fn from_env() -> Result<Self, LockError> {
-        let root = std::env::var_os(SERVICES_DIR_VAR).ok_or_else(|| LockError::Unavailable {
-            message: format!("{SERVICES_DIR_VAR} is not set; run `cargo xtask test`"),
-            source: None,
+        let root = std::env::var_os(SERVICES_DIR_VAR).ok_or_else(|| {
+            LockError::unavailable_msg(format!(
+                "{SERVICES_DIR_VAR} is not set; run `cargo xtask test`"
+            ))
         })?;
         Ok(Self { root: root.into() })
     }
@@ -67,9 +68,6 @@ impl Services {
         Instance::in_root(&self.root, instance)
             .run(script)
             .await
-            .map_err(|Failure(message)| LockError::Unavailable {
-                message,
-                source: None,
-            })
+            .map_err(|Failure(message)| LockError::unavailable_msg(message))
     }
 }

@@ -26,9 +26,7 @@ pub trait TestStore: Send + Sync + 'static {
     /// removes it.
     async fn plant_foreign(&self, name: &LockName) -> Result<(), LockError> {
         let _ = name;
-        Err(LockError::Unsupported {
-            what: "planting foreign values".into(),
-        })
+        Err(LockError::unsupported("planting foreign values"))
     }
 
     /// Whether [`TestStore::plant_foreign`] is possible (a typed in-process store cannot hold
@@ -41,16 +39,12 @@ pub trait TestStore: Send + Sync + 'static {
     /// majority of them) until [`TestStore::end_outage`]. Only called when
     /// [`TestStore::can_fail`] is true.
     async fn begin_outage(&self) -> Result<(), LockError> {
-        Err(LockError::Unsupported {
-            what: "outages".into(),
-        })
+        Err(LockError::unsupported("outages"))
     }
 
     /// Brings the store back from [`TestStore::begin_outage`] and waits until it serves.
     async fn end_outage(&self) -> Result<(), LockError> {
-        Err(LockError::Unsupported {
-            what: "outages".into(),
-        })
+        Err(LockError::unsupported("outages"))
     }
 
     /// Whether [`TestStore::begin_outage`] is possible, and why not.

@@ -65,14 +65,22 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// The default renews one by one; stores that can batch (pipelines, scripts) override it
     /// so the watchdog spends one round trip on many locks.
     ///
+    /// # Errors
+    /// The outer error is the batch failing as a whole (a transaction or pipeline that got no
+    /// usable answer): then the watchdog retries each lease soon. A lease that is not current
+    /// is an inner [`LockError::NotHeld`].
+    ///
     /// # Cancel safety
     /// As [`LockBackend::renew`], for each lease.
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
             out.push(self.renew(lease, lease.ttl()).await);
         }
-        out
+        Ok(out)
     }
 
     /// Releases `lease` if, and only if, it is the lock's current lease, and wakes waiters.
@@ -110,7 +118,10 @@ macro_rules! forward_backend {
             async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
                 (**self).renew(lease, ttl).await
             }
-            async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+            async fn renew_many(
+                &self,
+                leases: &[Lease],
+            ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
                 (**self).renew_many(leases).await
             }
             async fn release(&self, lease: &Lease) -> Result<(), LockError> {

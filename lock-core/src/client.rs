@@ -53,8 +53,14 @@ impl LockClient {
     /// A client over `backend`, with [`LockOptions::default`] for [`lock`](Self::lock) and
     /// [`try_lock`](Self::try_lock). A shared backend (`Arc<dyn LockBackend>`, a store chosen
     /// at run time) is a backend too.
-    pub fn new(backend: impl LockBackend) -> Self {
-        let backend: Arc<dyn LockBackend> = Arc::new(backend);
+    pub fn new<B: LockBackend>(backend: B) -> Self {
+        // A shared backend is kept as it is (no second `Arc` around it), so `backend()` hands
+        // back the very one given.
+        let any: &dyn std::any::Any = &backend;
+        let backend: Arc<dyn LockBackend> = match any.downcast_ref::<Arc<dyn LockBackend>>() {
+            Some(shared) => shared.clone(),
+            None => Arc::new(backend),
+        };
         Self {
             watchdog: Watchdog::new(backend.clone()),
             backend,
@@ -180,9 +186,9 @@ impl LockClient {
         let name = name.into_lock_name()?;
         let request = AcquireRequest::new(name, options)?;
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(LockError::Unsupported {
-                what: "acquiring outside a Tokio runtime (lock-core's watchdog needs one)".into(),
-            });
+            return Err(LockError::unsupported(
+                "acquiring outside a Tokio runtime (lock-core's watchdog needs one)",
+            ));
         }
         let span =
             tracing::debug_span!("lock.acquire", lock = %request.name(), holder = %holder.id());
@@ -245,13 +251,10 @@ impl LockClient {
             let answer = match tokio::time::timeout_at(cut.into(), backend.acquire(request)).await
             {
                 Ok(answer) => answer,
-                Err(_) => Err(last.take().unwrap_or_else(|| LockError::Unavailable {
-                    message: format!(
+                Err(_) => Err(last.take().unwrap_or_else(|| LockError::unavailable_msg(format!(
                         "the store did not answer within the wait budget of {:?} and {ANSWER_GRACE:?} more",
                         request.wait()
-                    ),
-                    source: None,
-                })),
+                    )))),
             };
             let error = match answer {
                 Ok(grant) if !grant.is_past_deadline() => return Ok(grant),
@@ -366,6 +369,14 @@ impl fmt::Debug for LockClient {
 mod tests {
     use super::*;
     use crate::{LockName, MemoryBackend};
+
+    /// A shared backend is used as it is, not wrapped again.
+    #[test]
+    fn a_shared_backend_is_not_wrapped_again() {
+        let shared: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+        let client = LockClient::new(shared.clone());
+        assert!(Arc::ptr_eq(client.backend(), &shared));
+    }
 
     /// A holder keeps a slot per name only while it holds or waits for that name: failed,
     /// timed-out and cancelled acquisitions leave nothing behind.

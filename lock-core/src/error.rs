@@ -69,7 +69,7 @@ pub enum LockError {
     },
     /// The backend cannot do what was asked (for example renewing a non-portable lease from
     /// another process).
-    #[error("not supported by this backend: {what}")]
+    #[error("not supported: {what}")]
     Unsupported {
         /// What was asked.
         what: String,
@@ -124,68 +124,50 @@ impl LockError {
         }
     }
 
-    /// A copy of this error, for reporting one failure once per item of a batch (a batched
-    /// renewal that failed as a whole): the same variant, fields and message; a source error
-    /// is kept as its text.
-    pub fn duplicate(&self) -> Self {
-        let source = |source: &Option<BoxError>| -> Option<BoxError> {
-            source
-                .as_ref()
-                .map(|e| Box::new(SourceText(e.to_string())) as BoxError)
-        };
-        match self {
-            Self::Timeout { name, waited } => Self::Timeout {
-                name: name.clone(),
-                waited: *waited,
-            },
-            Self::NotHeld { name } => Self::NotHeld { name: name.clone() },
-            Self::Lost { name, reason } => Self::Lost {
-                name: name.clone(),
-                reason: *reason,
-            },
-            Self::InvalidName { reason } => Self::InvalidName {
-                reason: reason.clone(),
-            },
-            Self::InvalidOptions { reason } => Self::InvalidOptions {
-                reason: reason.clone(),
-            },
-            Self::InvalidLease { reason } => Self::InvalidLease {
-                reason: reason.clone(),
-            },
-            Self::Foreign { name, found } => Self::Foreign {
-                name: name.clone(),
-                found: found.clone(),
-            },
-            Self::Unsupported { what } => Self::Unsupported { what: what.clone() },
-            Self::Unavailable { message, source: s } => Self::Unavailable {
-                message: message.clone(),
-                source: source(s),
-            },
-            Self::Backend { message, source: s } => Self::Backend {
-                message: message.clone(),
-                source: source(s),
-            },
+    /// A [`LockError::Unavailable`] without a source error (retryable).
+    pub fn unavailable_msg(message: impl Into<String>) -> Self {
+        Self::Unavailable {
+            message: message.into(),
+            source: None,
         }
     }
 
-    pub(crate) fn invalid_options(reason: impl Into<String>) -> Self {
+    /// A [`LockError::Backend`] without a source error.
+    pub fn backend_msg(message: impl Into<String>) -> Self {
+        Self::Backend {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`LockError::Lost`] for `name`.
+    pub fn lost(name: impl fmt::Display, reason: LossReason) -> Self {
+        Self::Lost {
+            name: name.to_string(),
+            reason,
+        }
+    }
+
+    /// A [`LockError::Foreign`]: the store holds, for `name`, what `found` describes.
+    pub fn foreign(name: impl fmt::Display, found: impl Into<String>) -> Self {
+        Self::Foreign {
+            name: name.to_string(),
+            found: found.into(),
+        }
+    }
+
+    /// A [`LockError::InvalidOptions`]: `reason` says what is wrong and what is allowed.
+    pub fn invalid_options(reason: impl Into<String>) -> Self {
         Self::InvalidOptions {
             reason: reason.into(),
         }
     }
-}
 
-/// A source error kept as its text (see [`LockError::duplicate`]).
-#[derive(Debug)]
-struct SourceText(String);
-
-impl fmt::Display for SourceText {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+    /// A [`LockError::Unsupported`]: `what` names the operation that is not supported.
+    pub fn unsupported(what: impl Into<String>) -> Self {
+        Self::Unsupported { what: what.into() }
     }
 }
-
-impl std::error::Error for SourceText {}
 
 /// Why a hold can no longer be trusted (the value [`LockGuard::lost`](crate::LockGuard::lost)
 /// resolves to).
@@ -223,18 +205,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn duplicates_keep_variant_message_and_source_text() {
-        let original = LockError::backend("table dropped", SourceText("no such table".into()));
-        let copy = original.duplicate();
-        assert!(matches!(copy, LockError::Backend { .. }));
-        assert!(!copy.is_retryable());
-        assert_eq!(copy.to_string(), original.to_string());
-        let source = std::error::Error::source(&copy).map(ToString::to_string);
-        assert_eq!(source.as_deref(), Some("no such table"));
-        assert!(
-            LockError::unavailable("down", SourceText("refused".into()))
-                .duplicate()
-                .is_retryable()
+    fn constructors_build_the_variants_they_name() {
+        assert!(LockError::unavailable_msg("down").is_retryable());
+        assert!(matches!(
+            LockError::backend_msg("odd"),
+            LockError::Backend { source: None, .. }
+        ));
+        let lost = LockError::lost("jobs/1", LossReason::Expired);
+        assert_eq!(
+            lost.to_string(),
+            "lock `jobs/1` was lost: the lease expired before a renewal was confirmed"
         );
+        assert!(matches!(
+            LockError::foreign("jobs/1", "a string key"),
+            LockError::Foreign { found, .. } if found == "a string key"
+        ));
+        assert!(matches!(
+            LockError::invalid_options("ttl 0"),
+            LockError::InvalidOptions { .. }
+        ));
+        assert!(matches!(
+            LockError::unsupported("x"),
+            LockError::Unsupported { .. }
+        ));
     }
 }

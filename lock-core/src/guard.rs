@@ -167,10 +167,7 @@ impl LockGuard {
 }
 
 fn lost(lease: &Lease, reason: LossReason) -> LockError {
-    LockError::Lost {
-        name: lease.name().to_string(),
-        reason,
-    }
+    LockError::lost(lease.name().to_string(), reason)
 }
 
 /// A renewal request of `extend` on its way: abandoned if dropped before its answer.

@@ -184,12 +184,15 @@ async fn renew(backend: Arc<dyn LockBackend>, round: Round) {
             .unwrap_or_default()
             .max(Duration::from_millis(1));
         match tokio::time::timeout(limit, backend.renew_many(&leases)).await {
-            Ok(results) if results.len() == round.batch.len() => {
+            Ok(Ok(results)) if results.len() == round.batch.len() => {
                 for ((hold, _, _), result) in round.batch.iter().zip(results) {
                     hold.apply_renewal(result, false, sent);
                 }
             }
-            Ok(_) => {
+            Ok(answer) => {
+                // The batch failed as a whole, or answered for the wrong number of leases.
+                let error = answer.err().map(|e| e.to_string());
+                tracing::debug!(?error, "a batched renewal failed; its locks retry soon");
                 for (hold, _, _) in &round.batch {
                     hold.retry_soon(sent);
                 }

@@ -38,10 +38,7 @@ impl Fault for Outage {
             if self.hangs {
                 std::future::pending::<()>().await;
             }
-            return Err(LockError::Unavailable {
-                message: "connection refused".into(),
-                source: None,
-            });
+            return Err(LockError::unavailable_msg("connection refused"));
         }
         store.acquire(request).await
     }

@@ -32,10 +32,7 @@ impl Fault for Unrenewable {
         _ttl: Duration,
     ) -> Result<Grant, LockError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
-        Err(LockError::Unavailable {
-            message: "store unreachable".into(),
-            source: None,
-        })
+        Err(LockError::unavailable_msg("store unreachable"))
     }
 }
 

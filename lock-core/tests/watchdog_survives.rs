@@ -59,7 +59,7 @@ impl Fault for PanicsOnce {
         &self,
         store: &MemoryBackend,
         leases: &[Lease],
-    ) -> Vec<Result<Grant, LockError>> {
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         if !self.hang_releases && !self.panicked.swap(true, Ordering::SeqCst) {
             #[allow(clippy::panic)] // the backend bug this test is about
             {

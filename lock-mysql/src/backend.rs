@@ -77,7 +77,7 @@ impl MySqlBackend {
     /// Dropping the future leaves nothing behind but, possibly, the created table.
     pub async fn connect(config: &MySqlConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let table = config.table();
+        let table = config.table_name();
         let options = config.connect_options()?;
         let url = crate::config::redact(&config.url);
         let server = Server::probe(&options, config.connect_timeout, &url).await?;
@@ -211,7 +211,7 @@ impl LockBackend for MySqlBackend {
                 self.inner.fencing,
                 Expiry::Ttl,
                 Wakeup::Poll,
-                // Waiters queue in `<table>_queue` (see `lease_queue`).
+                // Waiters queue in `<table>_queue` (see `lease::queue`).
                 WaitOrder::Fifo,
                 Clock::Server,
             )
@@ -250,7 +250,10 @@ impl LockBackend for MySqlBackend {
         }
     }
 
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         match &self.inner.imp {
             Imp::Lease(s) => s.renew_many(leases).await,
             Imp::RowLock(s) => s.renew_many(leases).await,

@@ -57,9 +57,9 @@ impl FromStr for Strategy {
         match s {
             "lease" => Ok(Self::Lease),
             "row-lock" | "rowlock" | "row_lock" => Ok(Self::RowLock),
-            other => Err(LockError::InvalidOptions {
-                reason: format!("strategy is {other:?}; it must be `lease` or `row-lock`"),
-            }),
+            other => Err(LockError::invalid_options(format!(
+                "strategy is {other:?}; it must be `lease` or `row-lock`"
+            ))),
         }
     }
 }
@@ -76,7 +76,7 @@ impl FromStr for Strategy {
 ///     "mysql://app:secret@db.internal:3306/app?strategy=row-lock&table=job_locks&pool_size=4"
 ///         .parse()?;
 /// assert_eq!(config.strategy, Strategy::RowLock);
-/// assert_eq!(config.table().as_str(), "job_locks");
+/// assert_eq!(config.table_name().as_str(), "job_locks");
 /// assert_eq!(config.pool_size, 4);
 /// assert!(!format!("{config:?}").contains("secret"));
 /// # Ok::<(), lock_core::LockError>(())
@@ -211,7 +211,7 @@ impl MySqlConfig {
     }
 
     /// Sets the lock table.
-    pub fn with_table(mut self, table: TableName) -> Self {
+    pub fn table(mut self, table: TableName) -> Self {
         self.table = Some(table);
         self
     }
@@ -240,8 +240,8 @@ impl MySqlConfig {
         self
     }
 
-    /// The lock table in force: [`MySqlConfig::table`] or the strategy's default.
-    pub fn table(&self) -> TableName {
+    /// The lock table in force: [`MySqlConfig::table`] (the setter) or the strategy's default.
+    pub fn table_name(&self) -> TableName {
         self.table
             .clone()
             .unwrap_or_else(|| self.strategy.default_table())
@@ -344,7 +344,7 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 }
 
 fn invalid(reason: String) -> LockError {
-    LockError::InvalidOptions { reason }
+    LockError::invalid_options(reason)
 }
 
 fn number<T: FromStr>(key: &str, value: &str) -> Result<T, LockError> {
@@ -363,15 +363,15 @@ mod tests {
     fn defaults_and_tables() {
         let config = MySqlConfig::new(URL);
         config.validate().unwrap();
-        assert_eq!(config.table().as_str(), "lock_leases");
+        assert_eq!(config.table_name().as_str(), "lock_leases");
         let row = config.clone().strategy(Strategy::RowLock);
-        assert_eq!(row.table().as_str(), "lock_row_locks");
+        assert_eq!(row.table_name().as_str(), "lock_row_locks");
         for strategy in [Strategy::Lease, Strategy::RowLock] {
             let table = strategy.default_table();
             assert_eq!(TableName::new(table.as_str()).unwrap(), table);
         }
-        let named = config.with_table(TableName::new("mine").unwrap());
-        assert_eq!(named.table().as_str(), "mine");
+        let named = config.table(TableName::new("mine").unwrap());
+        assert_eq!(named.table_name().as_str(), "mine");
     }
 
     #[test]
@@ -381,7 +381,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(config.strategy, Strategy::RowLock);
-        assert_eq!(config.table().as_str(), "t1");
+        assert_eq!(config.table_name().as_str(), "t1");
         assert_eq!(config.pool_size, 3);
         assert_eq!(config.connect_timeout, Duration::from_millis(1500));
         assert_eq!(config.statement_timeout, Duration::from_millis(700));

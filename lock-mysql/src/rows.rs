@@ -75,12 +75,9 @@ impl LeaseState {
             } if *remaining_us <= 0 => fence.get(),
             Self::Held { .. } => return None,
         };
-        (fence == u64::MAX).then(|| LockError::Foreign {
-            name: name.to_string(),
-            found: format!(
+        (fence == u64::MAX).then(|| LockError::foreign(name.to_string(), format!(
                 "the row of table `{table}` has its fence at the maximum (18446744073709551615): no fence is left to issue"
-            ),
-        })
+            )))
     }
 }
 
@@ -109,10 +106,10 @@ impl LeaseRow {
         name: &LockName,
     ) -> Result<LeaseState, LockError> {
         let foreign = |what: String| {
-            Err(LockError::Foreign {
-                name: name.to_string(),
-                found: format!("the row of table `{table}` {what}"),
-            })
+            Err(LockError::foreign(
+                name.to_string(),
+                format!("the row of table `{table}` {what}"),
+            ))
         };
         match (&self.token, self.expires_null) {
             (None, true) => Ok(LeaseState::Free { fence: self.fence }),
@@ -194,13 +191,13 @@ impl HoldRow {
             || "no token".to_owned(),
             |t| format!("the token {}", describe(t)),
         );
-        Err(LockError::Foreign {
-            name: name.to_string(),
-            found: format!(
+        Err(LockError::foreign(
+            name.to_string(),
+            format!(
                 "the row of table `{table}` has committed values (fence {}, {token}); this library never commits a hold",
                 self.fence
             ),
-        })
+        ))
     }
 
     /// Judges a row read with `READ UNCOMMITTED`: the current holder's record, if any.
@@ -219,13 +216,13 @@ impl HoldRow {
                     token,
                     fence: Fence::new(self.fence),
                 }),
-                None => Err(LockError::Foreign {
-                    name: name.to_string(),
-                    found: format!(
+                None => Err(LockError::foreign(
+                    name.to_string(),
+                    format!(
                         "the row of table `{table}` has the owner token {} (not 32 lowercase hex digits)",
                         describe(raw)
                     ),
-                }),
+                )),
             },
         }
     }

@@ -181,10 +181,7 @@ fn check(
     comment: Option<&str>,
 ) -> Result<(), LockError> {
     let expected = kind(strategy, part);
-    let fail = |message: String| LockError::Backend {
-        message,
-        source: None,
-    };
+    let fail = |message: String| LockError::backend_msg(message);
     let Some(comment) = comment else {
         return Err(fail(format!(
             "the lock table `{table}` does not exist; create it with lock_mysql::create_table_sql or set create_table"

@@ -63,9 +63,8 @@ impl Server {
         let what = format!("connecting to {url}");
         let mut conn = tokio::time::timeout(connect_timeout, options.connect())
             .await
-            .map_err(|_| LockError::Unavailable {
-                message: format!("{what}: no answer within {connect_timeout:?}"),
-                source: None,
+            .map_err(|_| {
+                LockError::unavailable_msg(format!("{what}: no answer within {connect_timeout:?}"))
             })?
             .map_err(|e| lock_error(&what, e))?;
         let names: Vec<String> = SESSION_KILLERS
@@ -98,11 +97,10 @@ impl Server {
         let read = tokio::time::timeout(connect_timeout, read).await;
         let _ = tokio::time::timeout(connect_timeout, conn.close()).await;
         let (version, variables) = read
-            .map_err(|_| LockError::Unavailable {
-                message: format!(
+            .map_err(|_| {
+                LockError::unavailable_msg(format!(
                     "{what}: the server did not describe itself within {connect_timeout:?}"
-                ),
-                source: None,
+                ))
             })?
             .map_err(|e| lock_error(&format!("reading the server's variables ({url})"), e))?;
         Ok(Self::from_variables(version, &variables))
@@ -169,15 +167,13 @@ impl Server {
     pub(crate) fn check_row_lock(&self) -> Result<(), LockError> {
         match self.kill_idle_transaction.as_deref() {
             None | Some("0") => Ok(()),
-            Some(seconds) => Err(LockError::Unsupported {
-                what: format!(
-                    "the row-lock strategy on this server ({}): {GLOBAL_KILLER} is {seconds}, so \
+            Some(seconds) => Err(LockError::unsupported(format!(
+                "the row-lock strategy on this server ({}): {GLOBAL_KILLER} is {seconds}, so \
                      the server ends a row-lock hold (an idle transaction) after {seconds} s, \
                      before the lease's local deadline, and no session can turn it off; set it \
                      to 0 or use the lease strategy",
-                    self.version
-                ),
-            }),
+                self.version
+            ))),
         }
     }
 }

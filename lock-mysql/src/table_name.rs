@@ -39,11 +39,7 @@ impl TableName {
             "table names are 1 to {} lowercase ASCII letters, digits or underscores, starting with a letter or an underscore",
             Self::MAX_LEN
         );
-        let invalid = |what: String| {
-            Err(LockError::InvalidOptions {
-                reason: format!("{what}; {allowed}"),
-            })
-        };
+        let invalid = |what: String| Err(LockError::invalid_options(format!("{what}; {allowed}")));
         if name.is_empty() {
             return invalid("the table name is empty".into());
         }

@@ -71,7 +71,7 @@ async fn lock_row_foreign(
     let mut admin = support::admin_conn().await.map_err(Failure)?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "START TRANSACTION; SELECT * FROM `{}` WHERE name = X'{}' FOR UPDATE",
-        store.config().table(),
+        store.config().table_name(),
         hex(name.as_str())
     )))
     .execute(&mut admin)
@@ -216,7 +216,7 @@ async fn row_lock_grant_past_deadline() -> Outcome {
     let mut admin = support::admin_conn().await.map_err(Failure)?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "START TRANSACTION; UPDATE `{}_fences` SET fence = fence + 1 WHERE name = X'{}'",
-        store.config().table().as_str(),
+        store.config().table_name().as_str(),
         hex(name.as_str())
     )))
     .execute(&mut admin)

@@ -49,7 +49,7 @@ type Snapshot = Option<(
 )>;
 
 async fn snapshot(store: &MySqlStore, name: &LockName) -> Result<Snapshot, Failure> {
-    let table = store.config().table();
+    let table = store.config().table_name();
     sqlx::query_as(AssertSqlSafe(format!(
         "SELECT LOWER(HEX(token)), fence, CAST(expires_at AS CHAR(26)), \
          CAST(acquired_at AS CHAR(26)), expires_at > NOW(6) FROM `{table}` WHERE name = ?"
@@ -82,7 +82,7 @@ fn refused_unchanged<T: std::fmt::Debug>(
 async fn expire(store: &MySqlStore, name: &LockName) -> Outcome {
     sqlx::query(AssertSqlSafe(format!(
         "UPDATE `{}` SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE name = ?",
-        store.config().table()
+        store.config().table_name()
     )))
     .bind(name.as_str().as_bytes())
     .execute(store.admin())
@@ -164,7 +164,7 @@ fn acquire_cases() -> [(&'static str, Option<String>, Expect); 11] {
 async fn acquire_matches_row() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let backend = MySqlBackend::connect(store.config()).await?;
-    let table = store.config().table();
+    let table = store.config().table_name();
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::ZERO);
@@ -392,7 +392,7 @@ impl Renewing {
         let overwritten = self.acquire(&name4).await?;
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE `{}` SET token = 'not-a-lock-mysql-token' WHERE name = ?",
-            self.store.config().table()
+            self.store.config().table_name()
         )))
         .bind(name4.as_str().as_bytes())
         .execute(self.store.admin())
@@ -453,7 +453,17 @@ impl Renewing {
         if how == Renewal::Batch {
             leases.insert(0, self.companion.clone().with_ttl(ttl));
         }
-        let mut answers = self.backend.renew_many(&leases).await;
+        let mut answers = match self.backend.renew_many(&leases).await {
+            Ok(answers) => answers,
+            // A batch of one that failed as a whole: that is the lease's answer. Beside a
+            // current companion, the batch must not fail as a whole.
+            Err(error) if how != Renewal::Batch => return Ok(Err(error)),
+            Err(error) => {
+                return Err(Failure(format!(
+                    "{label}: the batch with a current companion failed as a whole: {error}"
+                )));
+            }
+        };
         ensure!(
             answers.len() == leases.len(),
             "{label}: {} answers for {} leases",
@@ -511,7 +521,7 @@ async fn every_path_judges_alike() -> Outcome {
 
 /// Plants a row for `name` with `values` (token, fence, expires_at, acquired_at).
 async fn plant(store: &MySqlStore, name: &LockName, values: &str) -> Outcome {
-    let table = store.config().table();
+    let table = store.config().table_name();
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO `{table}` (name, token, fence, expires_at, acquired_at) VALUES (?, {values})"
     )))
@@ -556,7 +566,8 @@ async fn foreign_row_is_nobodys(
         .await?;
     let batch = backend
         .renew_many(&[lease.clone(), ours.lease.clone()])
-        .await;
+        .await
+        .map_err(|e| Failure(format!("{label}: the batch failed as a whole: {e}")))?;
     ensure!(
         batch.len() == 2,
         "{label}: {} answers for 2 leases",

@@ -273,7 +273,10 @@ async fn batching(report: &mut Report, backend: &RedisBackend) -> Result<(), Str
     }
     let leases: Vec<_> = guards.iter().map(|g| g.lease()).collect();
     let batched = bench::time_op(100, || async {
-        let results = backend.renew_many(&leases).await;
+        let results = backend
+            .renew_many(&leases)
+            .await
+            .map_err(|e| e.to_string())?;
         results
             .into_iter()
             .try_for_each(|r| r.map(drop))
@@ -307,7 +310,7 @@ async fn run() -> Result<(), String> {
     let raw = Raw::new(raw_connection(&url).await?);
     let counters = Counters::new(std::slice::from_ref(&url)).await?;
     let mut report = Report::new("redis");
-    let backend = RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("bench"))
+    let backend = RedisBackend::connect(RedisConfig::single(&url).key_prefix("bench"))
         .await
         .map_err(|e| e.to_string())?;
     lock_numbers(&mut report, &LockClient::new(backend.clone()), &raw, true).await?;
@@ -316,7 +319,7 @@ async fn run() -> Result<(), String> {
     bench::fleet_report(
         &mut report,
         bench::each_own(
-            RedisConfig::single(&url).with_key_prefix("bench"),
+            RedisConfig::single(&url).key_prefix("bench"),
             RedisBackend::connect,
         ),
         rtt,
@@ -338,7 +341,7 @@ async fn run() -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let backend =
-        RedisBackend::connect(RedisConfig::cluster(cluster_urls.clone()).with_key_prefix("bench"))
+        RedisBackend::connect(RedisConfig::cluster(cluster_urls.clone()).key_prefix("bench"))
             .await
             .map_err(|e| e.to_string())?;
     let cluster_raw = Raw::new(cluster_raw);
@@ -347,7 +350,7 @@ async fn run() -> Result<(), String> {
     bench::fleet_report(
         &mut report,
         bench::each_own(
-            RedisConfig::cluster(cluster_urls.clone()).with_key_prefix("bench"),
+            RedisConfig::cluster(cluster_urls.clone()).key_prefix("bench"),
             RedisBackend::connect,
         ),
         rtt,
@@ -364,7 +367,7 @@ async fn run() -> Result<(), String> {
         .collect();
     let mut report = Report::new("redlock(5)");
     let backend =
-        RedlockBackend::connect(RedlockConfig::new(redlock_urls.clone()).with_key_prefix("bench"))
+        RedlockBackend::connect(RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"))
             .await
             .map_err(|e| e.to_string())?;
     lock_numbers(&mut report, &LockClient::new(backend), &raw, false).await?;
@@ -372,7 +375,7 @@ async fn run() -> Result<(), String> {
     bench::fleet_report(
         &mut report,
         bench::each_own(
-            RedlockConfig::new(redlock_urls.clone()).with_key_prefix("bench"),
+            RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"),
             RedlockBackend::connect,
         ),
         rtt,

@@ -105,15 +105,12 @@ impl RedisBackend {
         }
         let _ = ops::release(conn, &self.keys(lease.name()), lease.token(), self.tell()).await;
         Err(match acked {
-            Ok(acked) => LockError::Unavailable {
-                message: format!(
-                    "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
-                    config.replica_acks,
-                    lease.name(),
-                    config.replica_timeout
-                ),
-                source: None,
-            },
+            Ok(acked) => LockError::unavailable_msg(format!(
+                "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
+                config.replica_acks,
+                lease.name(),
+                config.replica_timeout
+            )),
             Err(error) => classify(
                 &format!(
                     "WAIT for replicas of lock `{}` (the lock was released)",
@@ -252,16 +249,13 @@ impl RedisBackend {
                 // lost while the store still holds the lock: undo it and say so.
                 if !ops::within_deadline(sent, request.ttl()) {
                     let _ = ops::release(conn, keys, token, self.tell()).await;
-                    return Err(LockError::Unavailable {
-                        message: format!(
-                            "lock `{}` was granted {:?} after the request, past its {:?} TTL less \
+                    return Err(LockError::unavailable_msg(format!(
+                        "lock `{}` was granted {:?} after the request, past its {:?} TTL less \
                              the drift margin; it was released",
-                            request.name(),
-                            sent.elapsed(),
-                            request.ttl()
-                        ),
-                        source: None,
-                    });
+                        request.name(),
+                        sent.elapsed(),
+                        request.ttl()
+                    )));
                 }
                 Ok(Ok(Grant::new(lease, sent)))
             }
@@ -383,14 +377,17 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         if self.inner.config.cluster {
             // A cluster refuses pipelines that span slots; concurrent requests on the
             // multiplexed connection still go out back to back, one round-trip wait in all.
-            return futures::future::join_all(
+            return Ok(futures::future::join_all(
                 leases.iter().map(|lease| self.renew(lease, lease.ttl())),
             )
-            .await;
+            .await);
         }
         let batch: Vec<_> = leases
             .iter()
@@ -398,27 +395,25 @@ impl LockBackend for RedisBackend {
             .collect();
         let mut conn = self.inner.conn.clone();
         let sent = Instant::now();
-        match ops::renew_batch(&mut conn, &batch).await {
-            Ok(replies) if replies.len() == leases.len() => leases
-                .iter()
-                .zip(replies)
-                .map(|(lease, reply)| match ops::renewed_at(&reply) {
-                    Some(server_ms) => Ok(Grant::new(
-                        ops::renewed(lease, lease.ttl(), server_ms),
-                        sent,
-                    )),
-                    None => Err(LockError::not_held(lease.name())),
-                })
-                .collect(),
-            Ok(replies) => {
-                let error = LockError::Backend {
-                    message: format!("{} replies to {} renewals", replies.len(), leases.len()),
-                    source: None,
-                };
-                leases.iter().map(|_| Err(error.duplicate())).collect()
-            }
-            Err(error) => leases.iter().map(|_| Err(error.duplicate())).collect(),
+        let replies = ops::renew_batch(&mut conn, &batch).await?;
+        if replies.len() != leases.len() {
+            return Err(LockError::backend_msg(format!(
+                "redis answered a pipeline of {} renewals with {} replies",
+                leases.len(),
+                replies.len()
+            )));
         }
+        Ok(leases
+            .iter()
+            .zip(replies)
+            .map(|(lease, reply)| match ops::renewed_at(&reply) {
+                Some(server_ms) => Ok(Grant::new(
+                    ops::renewed(lease, lease.ttl(), server_ms),
+                    sent,
+                )),
+                None => Err(LockError::not_held(lease.name())),
+            })
+            .collect())
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {

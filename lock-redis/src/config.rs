@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 /// use lock_core::LockError;
 /// use lock_redis::RedisConfig;
 ///
-/// let config = RedisConfig::single("redis://:secret@127.0.0.1:6379").with_key_prefix("app:locks");
+/// let config = RedisConfig::single("redis://:secret@127.0.0.1:6379").key_prefix("app:locks");
 /// assert!(!format!("{config:?}").contains("secret"));
-/// assert!(matches!(config.with_key_prefix("bad{prefix").validate(), Err(LockError::InvalidOptions { .. })));
+/// assert!(matches!(config.key_prefix("bad{prefix").validate(), Err(LockError::InvalidOptions { .. })));
 /// ```
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -73,13 +73,13 @@ impl RedisConfig {
     }
 
     /// Sets the key prefix.
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
     }
 
     /// Requires `replicas` replicas to acknowledge each acquisition.
-    pub fn with_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_acks = replicas;
         self.replica_timeout = timeout;
         self
@@ -174,13 +174,13 @@ impl RedlockConfig {
     }
 
     /// Sets the key prefix.
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
     }
 
     /// Sets the per-server time-out.
-    pub fn with_node_timeout(mut self, timeout: Duration) -> Self {
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
     }
@@ -219,7 +219,7 @@ impl fmt::Debug for RedlockConfig {
 }
 
 fn invalid(reason: String) -> LockError {
-    LockError::InvalidOptions { reason }
+    LockError::invalid_options(reason)
 }
 
 fn validate_prefix(prefix: &str) -> Result<(), LockError> {
@@ -265,28 +265,28 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         let err = RedisConfig::single("redis://h")
-            .with_key_prefix("a}b")
+            .key_prefix("a}b")
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("key prefix"));
         let err = RedisConfig::cluster(["redis://h"])
-            .with_replica_acks(1, Duration::from_secs(1))
+            .replica_acks(1, Duration::from_secs(1))
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("replica_acks"));
         let err = RedisConfig::single("redis://h")
-            .with_replica_acks(1, Duration::from_secs(2))
+            .replica_acks(1, Duration::from_secs(2))
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("below response_timeout"), "{err}");
         let err = RedisConfig::single("redis://h")
-            .with_replica_acks(1, Duration::ZERO)
+            .replica_acks(1, Duration::ZERO)
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("at least 1 ms"), "{err}");
         assert!(
             RedisConfig::single("redis://h")
-                .with_replica_acks(1, Duration::from_millis(500))
+                .replica_acks(1, Duration::from_millis(500))
                 .validate()
                 .is_ok()
         );

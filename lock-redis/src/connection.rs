@@ -96,12 +96,10 @@ impl Conn {
 }
 
 fn invalid_url(url: &str, error: redis::RedisError) -> LockError {
-    LockError::InvalidOptions {
-        reason: format!(
-            "bad redis URL {:?}: {error}",
-            crate::config::redacted(&[url.to_owned()]).join("")
-        ),
-    }
+    LockError::invalid_options(format!(
+        "bad redis URL {:?}: {error}",
+        crate::config::redacted(&[url.to_owned()]).join("")
+    ))
 }
 
 impl ConnectionLike for Conn {

@@ -33,8 +33,5 @@ pub(crate) fn classify(what: &str, error: RedisError) -> LockError {
 
 /// A request that did not answer within its time-out.
 pub(crate) fn timed_out(what: &str) -> LockError {
-    LockError::Unavailable {
-        message: format!("redis {what} timed out"),
-        source: None,
-    }
+    LockError::unavailable_msg(format!("redis {what} timed out"))
 }

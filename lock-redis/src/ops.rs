@@ -140,17 +140,11 @@ fn shorten(mut s: String) -> String {
 }
 
 fn foreign(name: &LockName, found: String) -> LockError {
-    LockError::Foreign {
-        name: name.to_string(),
-        found,
-    }
+    LockError::foreign(name.to_string(), found)
 }
 
 fn unexpected(what: &str, reply: &[Value]) -> LockError {
-    LockError::Backend {
-        message: format!("unexpected reply to {what}: {reply:?}"),
-        source: None,
-    }
+    LockError::backend_msg(format!("unexpected reply to {what}: {reply:?}"))
 }
 
 /// Checks that a value found under a lock key is one of ours.

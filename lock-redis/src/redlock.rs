@@ -304,13 +304,10 @@ impl RedlockBackend {
         }
         let nodes = self.inner.nodes.len();
         if failed > nodes - self.quorum() && Instant::now() >= request.deadline() {
-            return Err(LockError::Unavailable {
-                message: format!(
-                    "lock `{name}`: {failed} of {nodes} servers failed to answer; a majority of {} is needed",
-                    self.quorum()
-                ),
-                source: None,
-            });
+            return Err(LockError::unavailable_msg(format!(
+                "lock `{name}`: {failed} of {nodes} servers failed to answer; a majority of {} is needed",
+                self.quorum()
+            )));
         }
         Ok(Err(wait))
     }
@@ -321,13 +318,10 @@ impl RedlockBackend {
         lease: &Lease,
         ttl: Duration,
         start: Instant,
-        votes: Vec<Vote<Option<u64>>>,
+        votes: Vec<Option<Option<u64>>>,
     ) -> Result<Grant, LockError> {
-        let renewed: Vec<u64> = votes
-            .iter()
-            .filter_map(|v| v.as_ref().ok().copied().flatten())
-            .collect();
-        let refused = votes.iter().filter(|v| matches!(v, Ok(None))).count();
+        let renewed: Vec<u64> = votes.iter().filter_map(|v| v.flatten()).collect();
+        let refused = votes.iter().filter(|v| matches!(v, Some(None))).count();
         if renewed.len() >= self.quorum() && Self::validity(ttl, start).is_some() {
             let server_ms = renewed.iter().copied().max().unwrap_or_else(ops::now_ms);
             return Ok(Grant::new(ops::renewed(lease, ttl, server_ms), start));
@@ -335,16 +329,13 @@ impl RedlockBackend {
         if refused > self.inner.nodes.len() - self.quorum() {
             return Err(LockError::not_held(lease.name()));
         }
-        Err(LockError::Unavailable {
-            message: format!(
-                "renewal of `{}` reached {} of {} servers; {} needed",
-                lease.name(),
-                renewed.len(),
-                self.inner.nodes.len(),
-                self.quorum()
-            ),
-            source: None,
-        })
+        Err(LockError::unavailable_msg(format!(
+            "renewal of `{}` reached {} of {} servers; {} needed",
+            lease.name(),
+            renewed.len(),
+            self.inner.nodes.len(),
+            self.quorum()
+        )))
     }
 }
 
@@ -414,10 +405,14 @@ impl LockBackend for RedlockBackend {
                 async move { ops::renew(&mut conn, keys, lease.token(), ttl).await }
             })
             .await;
+        let votes = votes.into_iter().map(Result::ok).collect();
         self.judge_renewal(lease, ttl, start, votes)
     }
 
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let batch: Vec<_> = leases
             .iter()
             .map(|l| (self.keys(l.name()), l.token(), l.ttl()))
@@ -429,20 +424,22 @@ impl LockBackend for RedlockBackend {
                 ops::renew_batch(&mut conn, batch).await
             })
             .await;
-        leases
+        // A node that failed votes for no lease (`None`); the others, lease by lease.
+        Ok(leases
             .iter()
             .enumerate()
             .map(|(i, lease)| {
                 let votes = per_node
                     .iter()
-                    .map(|node| match node {
-                        Ok(replies) => Ok(replies.get(i).and_then(ops::renewed_at)),
-                        Err(e) => Err(e.duplicate()),
+                    .map(|node| {
+                        node.as_ref()
+                            .ok()
+                            .map(|r| r.get(i).and_then(ops::renewed_at))
                     })
                     .collect();
                 self.judge_renewal(lease, lease.ttl(), start, votes)
             })
-            .collect()
+            .collect())
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
@@ -455,10 +452,10 @@ impl LockBackend for RedlockBackend {
         if votes.iter().all(Result::is_ok) {
             return Err(LockError::not_held(lease.name()));
         }
-        Err(LockError::Unavailable {
-            message: format!("release of `{}` could not reach every server", lease.name()),
-            source: None,
-        })
+        Err(LockError::unavailable_msg(format!(
+            "release of `{}` could not reach every server",
+            lease.name()
+        )))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {

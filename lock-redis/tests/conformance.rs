@@ -56,7 +56,7 @@ impl RedisStore {
 
     async fn single() -> Result<Self, String> {
         let url = var("LOCK_TEST_REDIS_URL")?;
-        let config = RedisConfig::single(&url).with_key_prefix(PREFIX);
+        let config = RedisConfig::single(&url).key_prefix(PREFIX);
         RedisBackend::connect(config.clone())
             .await
             .map_err(|e| e.to_string())?;
@@ -69,7 +69,7 @@ impl RedisStore {
 
     async fn cluster() -> Result<Self, String> {
         let urls = urls("LOCK_TEST_REDIS_CLUSTER_URLS")?;
-        let config = RedisConfig::cluster(urls.clone()).with_key_prefix(PREFIX);
+        let config = RedisConfig::cluster(urls.clone()).key_prefix(PREFIX);
         RedisBackend::connect(config.clone())
             .await
             .map_err(|e| e.to_string())?;
@@ -87,7 +87,7 @@ impl RedisStore {
 
     async fn redlock() -> Result<Self, String> {
         let urls = urls("LOCK_TEST_REDLOCK_URLS")?;
-        let config = RedlockConfig::new(urls.clone()).with_key_prefix(PREFIX);
+        let config = RedlockConfig::new(urls.clone()).key_prefix(PREFIX);
         Ok(Self {
             raw: Self::servers(&urls).await?,
             kind: Kind::Redlock(config),
@@ -107,10 +107,7 @@ impl RedisStore {
 
     /// Waits until every cluster node reports `cluster_state:ok` again (up to 30 s).
     async fn cluster_ok() -> Result<(), LockError> {
-        let urls = urls("LOCK_TEST_REDIS_CLUSTER_URLS").map_err(|e| LockError::Unavailable {
-            message: e,
-            source: None,
-        })?;
+        let urls = urls("LOCK_TEST_REDIS_CLUSTER_URLS").map_err(LockError::unavailable_msg)?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         for url in urls {
             loop {
@@ -127,10 +124,9 @@ impl RedisStore {
                     break;
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    return Err(LockError::Unavailable {
-                        message: format!("cluster node {url} not ok 30 s after its restart"),
-                        source: None,
-                    });
+                    return Err(LockError::unavailable_msg(format!(
+                        "cluster node {url} not ok 30 s after its restart"
+                    )));
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }

@@ -132,10 +132,7 @@ impl ZkBackend {
 }
 
 fn session_ended(name: &LockName) -> LockError {
-    LockError::Lost {
-        name: name.to_string(),
-        reason: LossReason::SessionEnded,
-    }
+    LockError::lost(name.to_string(), LossReason::SessionEnded)
 }
 
 #[async_trait]
@@ -195,13 +192,10 @@ impl LockBackend for ZkBackend {
         let held = self.held(lease)?;
         let conn = self.session_of(&held)?;
         if conn.state() == SessionState::Disconnected {
-            return Err(LockError::Unavailable {
-                message: format!(
-                    "disconnected from ZooKeeper; the session holding `{}` may still be alive",
-                    held.name
-                ),
-                source: None,
-            });
+            return Err(LockError::unavailable_msg(format!(
+                "disconnected from ZooKeeper; the session holding `{}` may still be alive",
+                held.name
+            )));
         }
         let sent = Instant::now();
         // `sync` first, pipelined with the check (one round trip): the server answers the
@@ -236,8 +230,14 @@ impl LockBackend for ZkBackend {
 
     /// Renews every lease at once: the checks are sent together and answered in one round
     /// trip.
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
-        futures::future::join_all(leases.iter().map(|lease| self.renew(lease, lease.ttl()))).await
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
+        Ok(
+            futures::future::join_all(leases.iter().map(|lease| self.renew(lease, lease.ttl())))
+                .await,
+        )
     }
 
     /// Deletes the lease's node (retried until it is gone or the session is).
@@ -281,12 +281,9 @@ impl LockBackend for ZkBackend {
         let lock_path = self.lock_path(name);
         match tokio::time::timeout(limit, recipe::inspect(&conn, &lock_path, name)).await {
             Ok(info) => info,
-            Err(_) => Err(LockError::Unavailable {
-                message: format!(
-                    "ZooKeeper did not answer within {limit:?} while inspecting `{name}`"
-                ),
-                source: None,
-            }),
+            Err(_) => Err(LockError::unavailable_msg(format!(
+                "ZooKeeper did not answer within {limit:?} while inspecting `{name}`"
+            ))),
         }
     }
 }

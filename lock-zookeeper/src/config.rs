@@ -178,7 +178,7 @@ impl ZkConfig {
     /// # Errors
     /// [`LockError::InvalidOptions`] naming the value, what it was and what is allowed.
     pub fn validate(&self) -> Result<(), LockError> {
-        let invalid = |reason: String| Err(LockError::InvalidOptions { reason });
+        let invalid = |reason: String| Err(LockError::invalid_options(reason));
         if self.host_count() == 0 {
             return invalid(format!(
                 "ZooKeeper hosts {:?} name no server; expected `host:port[,host:port...]`",

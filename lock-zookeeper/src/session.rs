@@ -300,13 +300,10 @@ async fn open(config: &ZkConfig, counters: &Arc<Counters>) -> Result<Conn, LockE
             format!("cannot establish a ZooKeeper session with `{hosts}`: {error}"),
             error,
         )),
-        Err(_) => Err(LockError::Unavailable {
-            message: format!(
-                "cannot establish a ZooKeeper session with `{hosts}` within {:?}",
-                config.connect_timeout
-            ),
-            source: None,
-        }),
+        Err(_) => Err(LockError::unavailable_msg(format!(
+            "cannot establish a ZooKeeper session with `{hosts}` within {:?}",
+            config.connect_timeout
+        ))),
     }
 }
 

@@ -149,7 +149,7 @@ async fn store_batches(ctx: &Ctx, locks: usize) -> Outcome {
         backend.renew(&leases[0], leases[0].ttl()).await?;
         single = single.min(start.elapsed());
         let start = Instant::now();
-        let results = backend.renew_many(&leases).await;
+        let results = backend.renew_many(&leases).await?;
         batch = batch.min(start.elapsed());
         ensure!(
             results.iter().all(Result::is_ok),

@@ -241,10 +241,7 @@ impl LockBackend for Broken {
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         if self.down.load(Ordering::SeqCst) {
             return Err(if self.fault == Fault::OutageIsFinal {
-                LockError::Backend {
-                    message: "the store is down".into(),
-                    source: None,
-                }
+                LockError::backend_msg("the store is down")
             } else {
                 Unreachable::error()
             });
@@ -337,12 +334,15 @@ impl LockBackend for Broken {
 
     /// One by one through [`Broken::renew`], so every fault of a renewal applies to batches
     /// too (and `RenewsOneByOne` is what it says).
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
             out.push(self.renew(lease, lease.ttl()).await);
         }
-        out
+        Ok(out)
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {

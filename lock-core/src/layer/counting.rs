@@ -126,10 +126,15 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         result
     }
 
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         self.renew_many_calls.fetch_add(1, Ordering::SeqCst);
         let results = self.inner.renew_many(leases).await;
-        self.add_renewed(results.iter().filter(|r| r.is_ok()).count());
+        if let Ok(results) = &results {
+            self.add_renewed(results.iter().filter(|r| r.is_ok()).count());
+        }
         results
     }
 

@@ -33,12 +33,12 @@ pub(crate) trait Fault: Send + Sync + fmt::Debug + 'static {
         &self,
         store: &MemoryBackend,
         leases: &[Lease],
-    ) -> Vec<Result<Grant, LockError>> {
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
             out.push(self.renew(store, lease, lease.ttl()).await);
         }
-        out
+        Ok(out)
     }
 
     async fn release(&self, store: &MemoryBackend, lease: &Lease) -> Result<(), LockError> {
@@ -75,7 +75,10 @@ impl<F: Fault> LockBackend for Faulty<F> {
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
         self.fault.renew(&self.store, lease, ttl).await
     }
-    async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         self.fault.renew_many(&self.store, leases).await
     }
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {

@@ -62,7 +62,10 @@ impl LeaseStrategy {
 
     /// Renews every lease for its own TTL: one statement for a single lease (the watchdog's
     /// usual batch), else batches of one transaction each.
-    pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
+    pub(crate) async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let mut out = Vec::with_capacity(leases.len());
         for chunk in leases.chunks(RENEW_BATCH) {
             let mut valid = Vec::with_capacity(chunk.len());
@@ -81,9 +84,20 @@ impl LeaseStrategy {
                 [lease] => vec![self.renew_one(lease, lease.ttl()).await],
                 many => match self.renew_batch(many).await {
                     Ok(results) => results,
-                    // The batch failed as a whole: each lease reports the failure, with its
-                    // variant (a refused statement stays a Backend error, not a retryable one).
-                    Err(error) => many.iter().map(|_| Err(error.duplicate())).collect(),
+                    // A batch that failed as a whole fails the call, unless other chunks were
+                    // or will be answered: then each lease of this chunk reports the failure
+                    // (a refused statement stays a Backend error, not a retryable one).
+                    Err(error) if leases.len() > RENEW_BATCH => {
+                        let copy = || {
+                            if error.is_retryable() {
+                                LockError::unavailable_msg(error.to_string())
+                            } else {
+                                LockError::backend_msg(error.to_string())
+                            }
+                        };
+                        many.iter().map(|_| Err(copy())).collect()
+                    }
+                    Err(error) => return Err(error),
                 },
             }
             .into_iter();
@@ -96,7 +110,7 @@ impl LeaseStrategy {
                 });
             }
         }
-        out
+        Ok(out)
     }
 
     /// One transaction extending each lease (for its own TTL) that is still current, judged as

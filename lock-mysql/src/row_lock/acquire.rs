@@ -102,14 +102,15 @@ impl Shared {
         tx: &mut Answer,
     ) -> Result<Grant, Failed> {
         let name = request.name();
-        let place = self.take_turn(request, tx).await?;
+        // Kept until the connection is dealt with, unless `record_hold` gives it up first.
+        let mut place = Some(self.take_turn(request, tx).await?);
         let (mut dedicated, fresh) = self.checkout().await.map_err(Failed::Error)?;
         let token = LeaseToken::random();
         let steps = async {
             let expected = self
                 .wait_for_row(&mut dedicated, fresh, request, tx)
                 .await?;
-            self.record_hold(&mut dedicated, name, &token, expected, place)
+            self.record_hold(&mut dedicated, name, &token, expected, &mut place)
                 .await
         };
         let (fence, valid_from) = match steps.await {
@@ -240,7 +241,11 @@ impl Shared {
         nowait: bool,
         seconds: u64,
     ) -> String {
-        let (t, f, h) = self.tables();
+        let (t, f, h) = (
+            self.table.quoted(),
+            self.table.fences().quoted(),
+            self.table.holds().quoted(),
+        );
         let n = hex(request.name().as_str().as_bytes());
         let mut sql = dedicated.wait_timeout_for(request.ttl());
         if !nowait && dedicated.lock_wait != seconds {
@@ -267,7 +272,7 @@ impl Shared {
         request: &AcquireRequest,
         tx: &mut Answer,
     ) -> Result<(), Step> {
-        let (t, _, _) = self.tables();
+        let t = self.table.quoted();
         let name = request.name();
         let n = hex(name.as_str().as_bytes());
         let create = format!("ROLLBACK; INSERT IGNORE INTO {t} (name) VALUES ({n})");
@@ -301,20 +306,19 @@ impl Shared {
         }
         let counter = fence_counter(rows)
             .ok_or_else(|| {
-                Step::close(Failed::Error(LockError::Backend {
-                    message: format!("granting `{name}`: the server returned no fence counter"),
-                    source: None,
-                }))
+                Step::close(Failed::Error(LockError::backend_msg(format!(
+                    "granting `{name}`: the server returned no fence counter"
+                ))))
             })?
             .map_err(|e| read_failed("reading the fence counter", e))?;
         counter.checked_add(1).ok_or_else(|| {
-            Step::rollback(Failed::Error(LockError::Foreign {
-                name: name.to_string(),
-                found: format!(
+            Step::rollback(Failed::Error(LockError::foreign(
+                name.to_string(),
+                format!(
                     "the row of table `{}` has its fence at the maximum ({counter})",
                     self.table.fences()
                 ),
-            }))
+            )))
         })
     }
 
@@ -330,9 +334,9 @@ impl Shared {
         name: &LockName,
         token: &LeaseToken,
         expected: u64,
-        place: Place<'_>,
+        place: &mut Option<Place<'_>>,
     ) -> Result<(Fence, Instant), Step> {
-        let (_, _, h) = self.tables();
+        let h = self.table.holds().quoted();
         let n = hex(name.as_str().as_bytes());
         let valid_from = Instant::now();
         let record = format!(
@@ -346,7 +350,7 @@ impl Shared {
         );
         let fence = bumped.map_err(|e| Step::rollback(Failed::Error(e)))?;
         // Out of InnoDB's queue: the next of this client's waiters may enter it.
-        drop(place);
+        drop(place.take());
         let mut recorded = recorded.map(drop);
         if recorded.is_ok() && fence.get() != expected {
             // Another bump landed between the read and ours (one whose client gave up
@@ -361,13 +365,13 @@ impl Shared {
             // 1062: a record was committed for the name after the read before (no hold of
             // this library commits one).
             Err(error) if server_code(&error) == Some(1062) => {
-                Err(Step::rollback(Failed::Error(LockError::Foreign {
-                    name: name.to_string(),
-                    found: format!(
+                Err(Step::rollback(Failed::Error(LockError::foreign(
+                    name.to_string(),
+                    format!(
                         "table `{}` has a committed record for the name; this library never commits a hold",
                         self.table.holds()
                     ),
-                })))
+                ))))
             }
             Err(error) => {
                 let what = format!("recording the hold of `{name}`");
@@ -397,15 +401,6 @@ impl Shared {
         );
         let lease = Lease::new(name, token, fence, ttl);
         Grant::new(lease, valid_from).with_end(signal)
-    }
-
-    /// The quoted lock, fence and holds tables.
-    fn tables(&self) -> (String, String, String) {
-        (
-            self.table.quoted(),
-            self.table.fences().quoted(),
-            self.table.holds().quoted(),
-        )
     }
 
     /// Issues the next fence for `name`: an autocommitted bump of its counter row, whose new
@@ -439,10 +434,9 @@ impl Shared {
         }
         .map_err(|e| lock_error(&what, e))?;
         match done.last_insert_id() {
-            0 => Err(LockError::Backend {
-                message: format!("{what}: the server returned no fence"),
-                source: None,
-            }),
+            0 => Err(LockError::backend_msg(format!(
+                "{what}: the server returned no fence"
+            ))),
             fence => Ok(Fence::new(fence)),
         }
     }

@@ -86,9 +86,11 @@ impl Shared {
         let what = "opening a connection for a row lock";
         let mut conn = tokio::time::timeout(self.connect_timeout, self.connect.connect())
             .await
-            .map_err(|_| LockError::Unavailable {
-                message: format!("{what}: no answer within {:?}", self.connect_timeout),
-                source: None,
+            .map_err(|_| {
+                LockError::unavailable_msg(format!(
+                    "{what}: no answer within {:?}",
+                    self.connect_timeout
+                ))
             })?
             .map_err(|e| lock_error(what, e))?;
         // The hold is an idle transaction: no server-side idle killer or statement time limit
@@ -107,12 +109,9 @@ impl Shared {
         )
         .await
         .map_err(|e| lock_error(what, e))?;
-        let row = tagged(&rows, "id")
-            .next()
-            .ok_or_else(|| LockError::Backend {
-                message: format!("{what}: CONNECTION_ID() returned nothing"),
-                source: None,
-            })?;
+        let row = tagged(&rows, "id").next().ok_or_else(|| {
+            LockError::backend_msg(format!("{what}: CONNECTION_ID() returned nothing"))
+        })?;
         let id: u64 = row.try_get(1).map_err(|e| lock_error(what, e))?;
         let lock_wait: u64 = row.try_get(2).map_err(|e| lock_error(what, e))?;
         Ok(Dedicated {

@@ -103,18 +103,6 @@ pub(super) fn spawn(
     tx
 }
 
-/// What happened while a chunk was parked.
-enum Step {
-    /// The chunk ran to its end.
-    Parked,
-    /// A command came (the chunk has been stopped).
-    Command(Command),
-    /// Every handle was dropped (the chunk has been stopped).
-    Finish,
-    /// The connection failed (with the command that came meanwhile, if one did).
-    Lost(sqlx::Error, Option<Command>),
-}
-
 /// How the connection ended its service.
 enum End {
     /// It closed (or stopped answering): the hold is over on the server.
@@ -221,18 +209,14 @@ async fn next(
             Err(_) => Next::Again,
         };
     }
-    let last = chunk <= PARK_CHUNK;
-    match park(shared, dedicated, rx, chunk.min(PARK_CHUNK), last).await {
-        Step::Parked => {
-            if last {
-                dedicated.wait_timeout = Some(LAST_IDLE_SECS);
-            }
-            Next::Again
-        }
-        Step::Command(command) => Next::Command(command),
-        Step::Finish => Next::Finish,
-        Step::Lost(error, command) => Next::Lost(error, command),
-    }
+    park(
+        shared,
+        dedicated,
+        rx,
+        chunk.min(PARK_CHUNK),
+        chunk <= PARK_CHUNK,
+    )
+    .await
 }
 
 /// Runs one parked chunk of `chunk` on the connection until it ends or a command comes (then
@@ -244,7 +228,7 @@ async fn park(
     rx: &mut mpsc::Receiver<Command>,
     chunk: Duration,
     last: bool,
-) -> Step {
+) -> Next {
     let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
     // `DO 0` first: its answer tells the client the server is inside the batch, where a
     // `KILL QUERY` stops the rest of it (one sent before the batch starts is lost).
@@ -269,20 +253,25 @@ async fn park(
         }
         Ok::<_, sqlx::Error>(())
     });
-    tokio::select! {
+    let next = tokio::select! {
         result = &mut parked => match result {
-            Ok(()) => Step::Parked,
-            Err(error) => Step::Lost(error, None),
+            Ok(()) => Next::Again,
+            Err(error) => return Next::Lost(error, None),
         },
         command = rx.recv() => {
             // Stop the chunk before using the connection.
             let until = Instant::now() + shared.statement_timeout;
-            match unpark(shared, id, parked.as_mut(), started, until).await {
-                Ok(()) => command.map_or(Step::Finish, Step::Command),
-                Err(error) => Step::Lost(error, command),
-            }
+            return match unpark(shared, id, parked.as_mut(), started, until).await {
+                Ok(()) => command.map_or(Next::Finish, Next::Command),
+                Err(error) => Next::Lost(error, command),
+            };
         }
+    };
+    drop(parked);
+    if last {
+        dedicated.wait_timeout = Some(LAST_IDLE_SECS);
     }
+    next
 }
 
 /// Rolls the hold back for a release and gives the connection back (or closes it).
@@ -331,10 +320,7 @@ async fn finish(shared: &Shared, dedicated: Dedicated) -> End {
 }
 
 fn session_ended(name: &LockName) -> LockError {
-    LockError::Lost {
-        name: name.to_string(),
-        reason: LossReason::SessionEnded,
-    }
+    LockError::lost(name.to_string(), LossReason::SessionEnded)
 }
 
 fn answer_lost(command: Command, name: &LockName) {

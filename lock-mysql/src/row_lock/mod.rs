@@ -158,11 +158,9 @@ impl RowLockStrategy {
     /// future cleans up in the background instead of abandoning a connection mid-statement.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Err(LockError::Unsupported {
-                what:
-                    "acquiring a row lock outside a Tokio runtime (the wait runs in a spawned task)"
-                        .into(),
-            });
+            return Err(LockError::unsupported(
+                "acquiring a row lock outside a Tokio runtime (the wait runs in a spawned task)",
+            ));
         };
         let (tx, rx) = oneshot::channel();
         let shared = self.shared.clone();
@@ -171,13 +169,10 @@ impl RowLockStrategy {
         match rx.await {
             Ok(Ok(pending)) => Ok(pending.claim()),
             Ok(Err(error)) => Err(error),
-            Err(_) => Err(LockError::Backend {
-                message: format!(
-                    "the task acquiring `{}` ended without an answer",
-                    request.name()
-                ),
-                source: None,
-            }),
+            Err(_) => Err(LockError::backend_msg(format!(
+                "the task acquiring `{}` ended without an answer",
+                request.name()
+            ))),
         }
     }
 
@@ -198,8 +193,14 @@ impl RowLockStrategy {
     }
 
     /// Renews each lease on its own connection, all at once.
-    pub(crate) async fn renew_many(&self, leases: &[Lease]) -> Vec<Result<Grant, LockError>> {
-        futures::future::join_all(leases.iter().map(|lease| self.renew(lease, lease.ttl()))).await
+    pub(crate) async fn renew_many(
+        &self,
+        leases: &[Lease],
+    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
+        Ok(
+            futures::future::join_all(leases.iter().map(|lease| self.renew(lease, lease.ttl())))
+                .await,
+        )
     }
 
     /// Ends the hold: rolls its transaction back (waiters wake) and keeps the connection for
@@ -304,10 +305,9 @@ impl Shared {
         match tokio::time::timeout(limit, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(LockError::not_held(name)),
-            Err(_) => Err(LockError::Unavailable {
-                message: format!("`{name}`: the server did not answer within {limit:?}"),
-                source: None,
-            }),
+            Err(_) => Err(LockError::unavailable_msg(format!(
+                "`{name}`: the server did not answer within {limit:?}"
+            ))),
         }
     }
 }

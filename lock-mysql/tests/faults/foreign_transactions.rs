@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{
     Failure, Outcome, ensure,
-    faults::{err, unique_name},
+    faults::{err, fail, unique_name},
 };
 use lock_core::{LockBackend, LockClient, LockError, LockName, LockOptions};
 use lock_mysql::{MySqlBackend, Strategy};
@@ -35,7 +35,7 @@ pub(super) async fn lease_lock_wait_timeout() -> Outcome {
     let mut admin = admin_conn().await?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "START TRANSACTION; SELECT fence FROM `{}` WHERE name = X'{}' FOR UPDATE",
-        config.table(),
+        config.table_name(),
         hex(name.as_str())
     )))
     .execute(&mut admin)
@@ -79,7 +79,7 @@ pub(super) async fn lease_lock_wait_timeout() -> Outcome {
 pub(super) async fn lease_deadlock_retried() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let config = store.config().clone();
-    let table = config.table();
+    let table = config.table_name();
     let backend = MySqlBackend::connect(&config).await.map_err(err)?;
     let a = LockClient::new(backend.clone());
     let base = unique_name("deadlock")?;
@@ -132,7 +132,10 @@ pub(super) async fn lease_deadlock_retried() -> Outcome {
         .execute(&mut admin)
         .await
         .map_err(err)?;
-    let results = batch.await.map_err(err)?;
+    let results = batch
+        .await
+        .map_err(err)?
+        .map_err(fail("the retried batch failed as a whole"))?;
     ensure!(results.len() == 2, "{} results for 2 leases", results.len());
     for result in results {
         ensure!(

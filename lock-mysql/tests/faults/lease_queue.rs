@@ -67,7 +67,7 @@ pub(super) async fn plant_place(
     token: &str,
     turn: Duration,
 ) -> Outcome {
-    let queue = format!("`{}_queue`", store.config().table().as_str());
+    let queue = format!("`{}_queue`", store.config().table_name().as_str());
     let plant = format!(
         "INSERT INTO {queue} (name, token, arrived_at, until_at, turn_us) \
          VALUES (X'{}', '{token}', NOW(6) - INTERVAL 1 SECOND, NOW(6) + INTERVAL 1 MINUTE, {turn}) \
@@ -95,8 +95,8 @@ pub(super) async fn lease_locked_place_behind() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let b = client(store.config()).await?;
     let name = unique_name("locked-place")?;
-    let table = format!("`{}`", store.config().table().as_str());
-    let queue = format!("`{}_queue`", store.config().table().as_str());
+    let table = format!("`{}`", store.config().table_name().as_str());
+    let queue = format!("`{}_queue`", store.config().table_name().as_str());
     let n = hex(name.as_str());
     let planted = Instant::now();
     sqlx::raw_sql(AssertSqlSafe(format!(

@@ -32,7 +32,7 @@ pub(super) async fn row_lock_fence_bumped_in_between() -> Outcome {
     let first = a.lock_with(&name, &options).await.map_err(err)?;
     let first_fence = first.fence().get();
     first.release().await.map_err(err)?;
-    let fences = format!("`{}_fences`", store.config().table().as_str());
+    let fences = format!("`{}_fences`", store.config().table_name().as_str());
     let mut admin = admin_conn().await?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "START TRANSACTION; UPDATE {fences} SET fence = fence + 1 WHERE name = X'{}'",
@@ -102,7 +102,7 @@ pub(super) async fn row_lock_fence_at_maximum() -> Outcome {
     let options = LockOptions::new().ttl(Duration::from_secs(10));
     let first = a.lock_with(&name, &options).await.map_err(err)?;
     first.release().await.map_err(err)?;
-    let fences = format!("`{}_fences`", store.config().table().as_str());
+    let fences = format!("`{}_fences`", store.config().table_name().as_str());
     let mut admin = admin_conn().await?;
     let set = |fence: &str| {
         format!(

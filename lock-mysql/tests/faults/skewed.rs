@@ -51,7 +51,7 @@ pub(super) fn child(role: &str) -> ExitCode {
             let table = std::env::var(SKEWED_TABLE_VAR).map_err(|e| e.to_string())?;
             let config = MySqlConfig::new(support::url()?)
                 .strategy(Strategy::Lease)
-                .with_table(TableName::new(table).map_err(|e| e.to_string())?);
+                .table(TableName::new(table).map_err(|e| e.to_string())?);
             let backend = MySqlBackend::connect(&config)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -183,7 +183,7 @@ pub(super) async fn never_double_grant() -> Outcome {
     let store = support::MySqlStore::new(Strategy::Lease)
         .await
         .map_err(Failure)?;
-    let table = store.config().table();
+    let table = store.config().table_name();
     let name = unique_name("skewed")?;
     let client = super::client(store.config()).await?;
 

@@ -57,7 +57,7 @@ pub fn run_table(strategy: Strategy) -> Result<TableName, String> {
 pub fn config(strategy: Strategy) -> Result<MySqlConfig, String> {
     Ok(MySqlConfig::new(url()?)
         .strategy(strategy)
-        .with_table(run_table(strategy)?)
+        .table(run_table(strategy)?)
         .pool_size(4)
         .connect_timeout(Duration::from_secs(3)))
 }
@@ -144,7 +144,7 @@ impl MySqlStore {
             .await
             .map_err(|e| format!("the MySQL server at {URL_VAR} does not answer: {e}"))?;
         Ok(Self {
-            table: config.table(),
+            table: config.table_name(),
             config,
             admin,
         })

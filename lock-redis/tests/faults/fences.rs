@@ -159,7 +159,7 @@ pub(super) async fn redlock_fences_grow_across_majorities() -> Outcome {
         ));
     };
     let client = LockClient::new(
-        RedlockBackend::connect(RedlockConfig::new(urls.clone()).with_key_prefix("faults"))
+        RedlockBackend::connect(RedlockConfig::new(urls.clone()).key_prefix("faults"))
             .await
             .map_err(fail("redlock connect"))?,
     );

@@ -16,7 +16,7 @@ use super::raw_conn;
 /// untouched.
 pub(super) async fn foreign_values_are_reported_not_taken() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
-    let backend = RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("faults"))
+    let backend = RedisBackend::connect(RedisConfig::single(&url).key_prefix("faults"))
         .await
         .map_err(fail("connect"))?;
     let client = LockClient::new(backend);

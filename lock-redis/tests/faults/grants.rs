@@ -41,8 +41,8 @@ pub(super) async fn failed_replica_wait_releases_the_grant() -> Outcome {
             .split_once("://")
             .ok_or_else(|| Failure(format!("no scheme in {url}")))?;
         let config = RedisConfig::single(format!("redis://{user}:{password}@{address}"))
-            .with_key_prefix("faults")
-            .with_replica_acks(1, Duration::from_millis(100));
+            .key_prefix("faults")
+            .replica_acks(1, Duration::from_millis(100));
         let client = LockClient::new(
             RedisBackend::connect(config)
                 .await
@@ -143,8 +143,8 @@ pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
         let replica_url = format!("redis://127.0.0.1:{replica_port}");
         replica_streams(&url, &replica_url).await?;
         let config = RedisConfig::single(&url)
-            .with_key_prefix("faults")
-            .with_replica_acks(1, Duration::from_secs(1));
+            .key_prefix("faults")
+            .replica_acks(1, Duration::from_secs(1));
         let client = LockClient::new(
             RedisBackend::connect(config)
                 .await

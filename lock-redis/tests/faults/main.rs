@@ -34,10 +34,9 @@ fn redlock_urls() -> Result<Vec<String>, Failure> {
 }
 
 async fn redlock_client() -> Result<LockClient, Failure> {
-    let backend =
-        RedlockBackend::connect(RedlockConfig::new(redlock_urls()?).with_key_prefix("faults"))
-            .await
-            .map_err(fail("redlock connect"))?;
+    let backend = RedlockBackend::connect(RedlockConfig::new(redlock_urls()?).key_prefix("faults"))
+        .await
+        .map_err(fail("redlock connect"))?;
     Ok(LockClient::new(backend))
 }
 
@@ -60,7 +59,7 @@ async fn exists_on(url: &str, key: &str) -> Result<bool, Failure> {
 
 /// A lock client of the single test server, with a backend (and connections) of its own.
 async fn single_client(url: &str) -> Result<LockClient, Failure> {
-    let config = RedisConfig::single(url).with_key_prefix("faults");
+    let config = RedisConfig::single(url).key_prefix("faults");
     Ok(LockClient::new(
         RedisBackend::connect(config)
             .await

@@ -27,8 +27,8 @@ pub(super) async fn replica_acknowledgements_are_required() -> Outcome {
         .and_then(|p| p.parse().ok())
         .unwrap_or(16379);
     let config = RedisConfig::single(&url)
-        .with_key_prefix("faults")
-        .with_replica_acks(1, Duration::from_millis(300));
+        .key_prefix("faults")
+        .replica_acks(1, Duration::from_millis(300));
     let client = LockClient::new(
         RedisBackend::connect(config.clone())
             .await

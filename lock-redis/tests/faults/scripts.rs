@@ -14,7 +14,7 @@ use super::raw_conn;
 /// Batched renewals work on a server that forgot the scripts (restart, `SCRIPT FLUSH`).
 pub(super) async fn batched_renewal_survives_a_flushed_script_cache() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
-    let backend = RedisBackend::connect(RedisConfig::single(&url).with_key_prefix("faults"))
+    let backend = RedisBackend::connect(RedisConfig::single(&url).key_prefix("faults"))
         .await
         .map_err(fail("connect"))?;
     let client = LockClient::new(backend.clone());
@@ -38,10 +38,11 @@ pub(super) async fn batched_renewal_survives_a_flushed_script_cache() -> Outcome
         .await
         .map_err(fail("SCRIPT FLUSH"))?;
     let leases: Vec<_> = guards.iter().map(|g| g.lease()).collect();
-    for (lease, result) in leases
-        .iter()
-        .zip(lock_core::LockBackend::renew_many(&backend, &leases).await)
-    {
+    for (lease, result) in leases.iter().zip(
+        lock_core::LockBackend::renew_many(&backend, &leases)
+            .await
+            .map_err(fail("batched renewal after SCRIPT FLUSH"))?,
+    ) {
         result.map_err(|e| {
             Failure(format!(
                 "batched renewal of `{}` after SCRIPT FLUSH: {e}",

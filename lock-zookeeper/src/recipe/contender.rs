@@ -66,12 +66,10 @@ pub(super) async fn create(
             }
             zk::Error::NoChildrenForEphemerals => {
                 cleanup.disarm();
-                return Err(Stop::Fail(LockError::Foreign {
-                    name: lock_path.to_owned(),
-                    found: format!(
-                        "`{lock_path}` is an ephemeral node, not a lock's container node"
-                    ),
-                }));
+                return Err(Stop::Fail(LockError::foreign(
+                    lock_path.to_owned(),
+                    format!("`{lock_path}` is an ephemeral node, not a lock's container node"),
+                )));
             }
             e if is_transient(e) => {
                 // The reply was lost, not necessarily the request: look for our node first.

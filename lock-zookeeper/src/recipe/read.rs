@@ -36,10 +36,9 @@ pub(crate) async fn inspect(
             Err(e) => return Err(ZkError::new("read", &path, e).into()),
         }
     }
-    Err(LockError::Unavailable {
-        message: format!("`{name}` changed hands too often to be inspected; try again"),
-        source: None,
-    })
+    Err(LockError::unavailable_msg(format!(
+        "`{name}` changed hands too often to be inspected; try again"
+    )))
 }
 
 /// The owner token of a contender: its name, plus the 128-bit secret our nodes carry as data.
@@ -55,22 +54,21 @@ fn token_of(node_name: &str, data: &[u8]) -> LeaseToken {
 
 /// The fence of a contender node: its creation zxid.
 pub(crate) fn fence(czxid: i64, node_name: &str) -> Result<Fence, LockError> {
-    u64::try_from(czxid)
-        .map(Fence::new)
-        .map_err(|_| LockError::Backend {
-            message: format!("contender `{node_name}` has a negative creation zxid {czxid}"),
-            source: None,
-        })
+    u64::try_from(czxid).map(Fence::new).map_err(|_| {
+        LockError::backend_msg(format!(
+            "contender `{node_name}` has a negative creation zxid {czxid}"
+        ))
+    })
 }
 
 pub(super) fn foreign_error(name: &LockName, lock_path: &str, foreign: &[&str]) -> LockError {
-    LockError::Foreign {
-        name: name.to_string(),
-        found: format!(
+    LockError::foreign(
+        name.to_string(),
+        format!(
             "`{lock_path}` has children that are not lock contenders in Curator's layout `_c_<uuid>-lock-<sequence>`: {}",
             foreign.join(", ")
         ),
-    }
+    )
 }
 
 #[cfg(test)]

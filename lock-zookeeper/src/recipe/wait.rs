@@ -58,15 +58,12 @@ pub(crate) async fn acquire(
         let outcome = tokio::select! {
             outcome = attempt => Some(outcome),
             () = down_past(request.deadline(), &conn) => {
-                return Err(LockError::Unavailable {
-                    message: format!(
+                return Err(LockError::unavailable_msg(format!(
                         "the connection to ZooKeeper at `{}` went down and the wait budget of {:?} is over while acquiring `{}`",
                         sessions.config().hosts,
                         request.wait(),
                         request.name()
-                    ),
-                    source: None,
-                });
+                    )));
             }
             () = sleep_until((request.deadline() + grace).into()) => None,
         };
@@ -75,25 +72,19 @@ pub(crate) async fn acquire(
             Some(Err(Stop::Fail(error))) => return Err(error),
             Some(Err(stop)) => stop,
             None => {
-                return Err(LockError::Unavailable {
-                    message: format!(
-                        "ZooKeeper did not answer within the wait budget of {:?} plus {grace:?} while acquiring `{}`",
-                        request.wait(),
-                        request.name()
-                    ),
-                    source: None,
-                });
+                return Err(LockError::unavailable_msg(format!(
+                    "ZooKeeper did not answer within the wait budget of {:?} plus {grace:?} while acquiring `{}`",
+                    request.wait(),
+                    request.name()
+                )));
             }
         };
         if Instant::now() >= request.deadline() {
             return Err(match stop {
-                Stop::SessionEnded => LockError::Unavailable {
-                    message: format!(
-                        "the ZooKeeper session ended while acquiring `{}`; a new session is opened on the next try",
-                        request.name()
-                    ),
-                    source: None,
-                },
+                Stop::SessionEnded => LockError::unavailable_msg(format!(
+                    "the ZooKeeper session ended while acquiring `{}`; a new session is opened on the next try",
+                    request.name()
+                )),
                 _ => request.timeout_error(),
             });
         }
@@ -115,20 +106,16 @@ async fn usable_session(
     sessions: &Sessions,
     request: &AcquireRequest,
 ) -> Result<Arc<Conn>, LockError> {
-    let unavailable = |message: String| LockError::Unavailable {
-        message,
-        source: None,
-    };
     let conn = tokio::time::timeout_at(request.deadline().into(), sessions.live())
         .await
         .map_err(|_| {
-            unavailable(format!(
+            LockError::unavailable_msg(format!(
                 "no ZooKeeper session could be established within the wait budget of {:?}",
                 request.wait()
             ))
         })??;
     if conn.state() == zk::SessionState::Disconnected {
-        return Err(unavailable(format!(
+        return Err(LockError::unavailable_msg(format!(
             "disconnected from ZooKeeper at `{}`; the client is reconnecting",
             sessions.config().hosts
         )));

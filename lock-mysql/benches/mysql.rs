@@ -24,7 +24,7 @@ use std::{process::ExitCode, sync::Mutex, time::Duration};
 
 use conformance_tests::bench::{self, Report};
 use lock_core::{LockClient, LockOptions};
-use lock_mysql::{MySqlBackend, Strategy};
+use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 use sqlx::AssertSqlSafe;
 
 const TASKS: usize = 16;
@@ -80,102 +80,135 @@ async fn run() -> Result<(), String> {
             .ttl(Duration::from_secs(30))
             .wait(Duration::from_secs(30));
         let mut report = Report::new(label);
-
-        let cycle =
-            bench::uncontended_rounds(&client, &options, ROUNDS, PER_ROUND, || raw.insert_delete())
-                .await?;
-        report.round_ratio(
-            "uncontended acquire+release / raw INSERT+DELETE on the pool (means)",
-            &cycle,
-            (strategy == Strategy::Lease).then_some(1.3),
-        );
-        // Against one raw connection of its own: what a hand-written client pays. Targets:
-        // the lease at least 0.85x of that rate, the row lock 0.8x.
-        let single = bench::uncontended_rounds(&client, &options, ROUNDS, PER_ROUND, || {
-            raw.insert_delete_single()
-        })
-        .await?;
-        report.round_ratio(
-            "uncontended acquire+release / raw INSERT+DELETE on one connection (means)",
-            &single,
-            Some(match strategy {
-                Strategy::RowLock => 1.25,
-                _ => 1.18,
-            }),
-        );
-
-        let rounds = Mutex::new(Vec::new());
-        let (rounds_ref, options_ref, clients_ref, raw_ref) = (&rounds, &options, &clients, &raw);
-        let handoff = bench::round_ratios(ROUNDS, || async move {
-            let commit = bench::time_op(PER_ROUND, || raw_ref.commit()).await?;
-            let contended = bench::contended(clients_ref, options_ref, TASKS, PER_ROUND).await?;
-            rounds_ref
-                .lock()
-                .map_err(|e| e.to_string())?
-                .push((contended.handoff, contended.per_second));
-            Ok((contended.handoff.p50, commit.p50))
-        })
-        .await?;
-        report.round_ratio(
-            "16-task hand-off p50 / one raw commit p50",
-            &handoff,
-            (strategy == Strategy::RowLock).then_some(3.0),
-        );
-        let mut rounds = rounds.into_inner().map_err(|e| e.to_string())?;
-        rounds.sort_by_key(|(stats, _)| stats.p50);
-        if let Some((stats, _)) = rounds.get(rounds.len() / 2) {
-            report.stats("16-task hand-off (median round)", stats);
-        }
-        let mut rates: Vec<f64> = rounds.iter().map(|(_, rate)| *rate).collect();
-        rates.sort_by(f64::total_cmp);
-        if let Some(rate) = rates.get(rates.len() / 2) {
-            report.rate("16-task acquisitions (median of rounds)", *rate);
-        }
-        let rtt = bench::time_op(PER_ROUND, || raw.commit()).await?.p50;
-        // Each fleet client has its own backend with a pool of one connection (plus, on the
-        // row lock, the dedicated connection of its hold or wait).
-        let fleet_config = config.clone().pool_size(1);
-        let runs = bench::fleet_report(
-            &mut report,
-            bench::each_own(fleet_config, |config| async move {
-                MySqlBackend::connect(&config).await
-            }),
-            rtt,
-            FLEET_TIME,
-            &Counters(backend.pool().clone()),
-        )
-        .await?;
-        if strategy == Strategy::RowLock {
-            // The row lock against InnoDB's own queue: the same number of clients, each an OS
-            // thread with its own connection, taking one row with `SELECT ... FOR UPDATE`,
-            // holding it as long and rolling back. Time per acquisition, ours over raw
-            // (target 1.25x: at least 0.8x of the raw rate).
-            for fleet in runs.iter().filter(|fleet| fleet.clients == QUEUE_CLIENTS) {
-                let raw_rate = tokio::task::block_in_place(|| {
-                    raw_row_queue(
-                        &support::url()?,
-                        &backend,
-                        QUEUE_CLIENTS,
-                        QUEUE_HOLD,
-                        FLEET_TIME,
-                    )
-                })?;
-                report.rate(
-                    &format!("{QUEUE_CLIENTS} raw connections queueing on one row: acquisitions"),
-                    raw_rate,
-                );
-                report.ratio(
-                    &format!(
-                        "{QUEUE_CLIENTS} clients: time per acquisition / raw FOR UPDATE queue"
-                    ),
-                    per_acquisition(fleet.per_second),
-                    per_acquisition(raw_rate),
-                    Some(1.25),
-                );
-            }
-        }
+        uncontended(&mut report, strategy, &client, &options, &raw).await?;
+        handoff(&mut report, strategy, &clients, &options, &raw).await?;
+        fleets(&mut report, strategy, &config, &backend, &raw).await?;
         raw.finish().await?;
         report.finish().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The uncontended cycle against the raw floor, on the pool and on one connection.
+async fn uncontended(
+    report: &mut Report,
+    strategy: Strategy,
+    client: &LockClient,
+    options: &LockOptions,
+    raw: &Raw,
+) -> Result<(), String> {
+    let cycle =
+        bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || raw.insert_delete())
+            .await?;
+    report.round_ratio(
+        "uncontended acquire+release / raw INSERT+DELETE on the pool (means)",
+        &cycle,
+        (strategy == Strategy::Lease).then_some(1.3),
+    );
+    // Against one raw connection of its own: what a hand-written client pays. Targets:
+    // the lease at least 0.85x of that rate, the row lock 0.8x.
+    let single = bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || {
+        raw.insert_delete_single()
+    })
+    .await?;
+    report.round_ratio(
+        "uncontended acquire+release / raw INSERT+DELETE on one connection (means)",
+        &single,
+        Some(match strategy {
+            Strategy::RowLock => 1.25,
+            _ => 1.18,
+        }),
+    );
+    Ok(())
+}
+
+/// One client's tasks handing the lock to each other, against one raw commit.
+async fn handoff(
+    report: &mut Report,
+    strategy: Strategy,
+    clients: &[LockClient],
+    options: &LockOptions,
+    raw: &Raw,
+) -> Result<(), String> {
+    let rounds = Mutex::new(Vec::new());
+    let (rounds_ref, options_ref, clients_ref, raw_ref) = (&rounds, options, clients, raw);
+    let handoff = bench::round_ratios(ROUNDS, || async move {
+        let commit = bench::time_op(PER_ROUND, || raw_ref.commit()).await?;
+        let contended = bench::contended(clients_ref, options_ref, TASKS, PER_ROUND).await?;
+        rounds_ref
+            .lock()
+            .map_err(|e| e.to_string())?
+            .push((contended.handoff, contended.per_second));
+        Ok((contended.handoff.p50, commit.p50))
+    })
+    .await?;
+    report.round_ratio(
+        "16-task hand-off p50 / one raw commit p50",
+        &handoff,
+        (strategy == Strategy::RowLock).then_some(3.0),
+    );
+    let mut rounds = rounds.into_inner().map_err(|e| e.to_string())?;
+    rounds.sort_by_key(|(stats, _)| stats.p50);
+    if let Some((stats, _)) = rounds.get(rounds.len() / 2) {
+        report.stats("16-task hand-off (median round)", stats);
+    }
+    let mut rates: Vec<f64> = rounds.iter().map(|(_, rate)| *rate).collect();
+    rates.sort_by(f64::total_cmp);
+    if let Some(rate) = rates.get(rates.len() / 2) {
+        report.rate("16-task acquisitions (median of rounds)", *rate);
+    }
+    Ok(())
+}
+
+/// Fleets of separate clients (each with a pool of one connection); for the row lock, its
+/// 100 clients beside InnoDB's own queue of 100 raw connections.
+async fn fleets(
+    report: &mut Report,
+    strategy: Strategy,
+    config: &MySqlConfig,
+    backend: &MySqlBackend,
+    raw: &Raw,
+) -> Result<(), String> {
+    let rtt = bench::time_op(PER_ROUND, || raw.commit()).await?.p50;
+    // Each fleet client has its own backend with a pool of one connection (plus, on the
+    // row lock, the dedicated connection of its hold or wait).
+    let fleet_config = config.clone().pool_size(1);
+    let runs = bench::fleet_report(
+        report,
+        bench::each_own(fleet_config, |config| async move {
+            MySqlBackend::connect(&config).await
+        }),
+        rtt,
+        FLEET_TIME,
+        &Counters(backend.pool().clone()),
+    )
+    .await?;
+    if strategy == Strategy::RowLock {
+        // The row lock against InnoDB's own queue: the same number of clients, each an OS
+        // thread with its own connection, taking one row with `SELECT ... FOR UPDATE`,
+        // holding it as long and rolling back. Time per acquisition, ours over raw
+        // (target 1.25x: at least 0.8x of the raw rate).
+        for fleet in runs.iter().filter(|fleet| fleet.clients == QUEUE_CLIENTS) {
+            let raw_rate = tokio::task::block_in_place(|| {
+                raw_row_queue(
+                    &support::url()?,
+                    backend,
+                    QUEUE_CLIENTS,
+                    QUEUE_HOLD,
+                    FLEET_TIME,
+                )
+            })?;
+            report.rate(
+                &format!("{QUEUE_CLIENTS} raw connections queueing on one row: acquisitions"),
+                raw_rate,
+            );
+            report.ratio(
+                &format!("{QUEUE_CLIENTS} clients: time per acquisition / raw FOR UPDATE queue"),
+                per_acquisition(fleet.per_second),
+                per_acquisition(raw_rate),
+                Some(1.25),
+            );
+        }
     }
     Ok(())
 }

@@ -339,54 +339,6 @@ fn summarize(
     })
 }
 
-impl super::Report {
-    /// Adds the lines of one [`Fleet`] run labelled `label`, with its hand-off p50 as a ratio
-    /// to `round_trip` (one raw round trip of the store measured in the same run).
-    pub fn fleet(&mut self, label: &str, fleet: &Fleet, round_trip: Duration) {
-        self.rate(&format!("{label}: acquisitions"), fleet.per_second);
-        self.ratio(
-            &format!("{label}: hand-off to another client p50 / raw round trip"),
-            fleet.handoff.p50,
-            round_trip,
-            Some(2.0),
-        );
-        self.push(
-            &format!("{label}: hand-off to another client"),
-            format!(
-                "p50 {:?}, p99 {:?} ({} hand-offs; {} re-takes by the same client)",
-                fleet.handoff.p50, fleet.handoff.p99, fleet.handoff.samples, fleet.self_retakes
-            ),
-            None,
-            None,
-        );
-        self.push(
-            &format!("{label}: fairness"),
-            format!(
-                "per client min {} / max {} of {}, Jain {:.2}, {} failed turns",
-                fleet.min, fleet.max, fleet.acquisitions, fleet.jain, fleet.failures
-            ),
-            None,
-            None,
-        );
-        if let Some(failure) = &fleet.first_failure {
-            self.push(
-                &format!("{label}: first failed turn"),
-                failure.clone(),
-                None,
-                None,
-            );
-        }
-        if let Some(sessions) = fleet.sessions_per_client {
-            self.push(
-                &format!("{label}: sessions per client (most open during the run)"),
-                format!("{sessions:.2}"),
-                None,
-                None,
-            );
-        }
-    }
-}
-
 /// A fleet's `connect`: each client gets its own backend, made by `connect` from a clone of
 /// `config` (for [`separate_clients`] and [`fleet_report`]).
 pub fn each_own<Config, Connect, Connecting, Backend>(

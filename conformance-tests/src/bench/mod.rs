@@ -6,7 +6,6 @@
 use std::{
     fmt,
     future::Future,
-    path::Path,
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicUsize, Ordering},
@@ -16,11 +15,13 @@ use std::{
 
 mod clients;
 mod counters;
+mod report;
 
 pub use clients::{
     Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, separate_clients,
 };
 pub use counters::{ServerCounters, counted, stat_line};
+pub use report::{Line, Report, render_line};
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};
@@ -331,114 +332,6 @@ where
         value: values[values.len() / 2],
         floor: floors[floors.len() / 2],
     })
-}
-
-/// One line of a benchmark report.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Line {
-    /// What was measured.
-    pub metric: String,
-    /// The measurement, as text.
-    pub value: String,
-    /// The ratio to the raw floor of the same run, when the line is a ratio.
-    pub ratio: Option<f64>,
-    /// The target ratio, when there is one.
-    pub target: Option<f64>,
-}
-
-/// A store's benchmark results.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
-    /// The store's label.
-    pub store: String,
-    /// The lines, in order.
-    pub lines: Vec<Line>,
-}
-
-impl Report {
-    /// An empty report for `store`.
-    pub fn new(store: &str) -> Self {
-        Self {
-            store: store.to_owned(),
-            lines: Vec::new(),
-        }
-    }
-
-    /// Adds latency statistics.
-    pub fn stats(&mut self, metric: &str, stats: &Stats) {
-        self.push(metric, stats.to_string(), None, None);
-    }
-
-    /// Adds `value / floor` as a ratio, with an optional target (printed, never asserted).
-    pub fn ratio(&mut self, metric: &str, value: Duration, floor: Duration, target: Option<f64>) {
-        let ratio = value.as_secs_f64() / floor.as_secs_f64().max(f64::MIN_POSITIVE);
-        let text = format!("{:.2}x ({value:?} / {floor:?})", ratio);
-        self.push(metric, text, Some(ratio), target);
-    }
-
-    /// Adds the median of per-round ratios, with its spread and an optional target.
-    pub fn round_ratio(&mut self, metric: &str, ratios: &RoundRatios, target: Option<f64>) {
-        let text = format!(
-            "{:.2}x median of rounds (range {:.2}x..{:.2}x; median {:?} / {:?})",
-            ratios.median, ratios.min, ratios.max, ratios.value, ratios.floor
-        );
-        self.push(metric, text, Some(ratios.median), target);
-    }
-
-    /// Adds a plain number (a count per something), with one decimal.
-    pub fn number(&mut self, metric: &str, value: f64) {
-        self.push(metric, format!("{value:.1}"), None, None);
-    }
-
-    /// Adds a rate.
-    pub fn rate(&mut self, metric: &str, per_second: f64) {
-        self.push(metric, format!("{per_second:.0}/s"), None, None);
-    }
-
-    pub(crate) fn push(
-        &mut self,
-        metric: &str,
-        value: String,
-        ratio: Option<f64>,
-        target: Option<f64>,
-    ) {
-        let line = Line {
-            metric: metric.to_owned(),
-            value,
-            ratio,
-            target,
-        };
-        println!("{}: {}", self.store, render_line(&line));
-        self.lines.push(line);
-    }
-
-    /// Writes the report to [`BENCH_REPORT_DIR_VAR`] when it is set.
-    ///
-    /// # Errors
-    /// When the file cannot be written.
-    pub fn finish(&self) -> std::io::Result<()> {
-        let Some(dir) = std::env::var_os(BENCH_REPORT_DIR_VAR) else {
-            return Ok(());
-        };
-        let dir = Path::new(&dir);
-        std::fs::create_dir_all(dir)?;
-        let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(dir.join(format!("{}.json", self.store)), json)
-    }
-}
-
-/// A line as text: metric, value, and the target verdict when there is one.
-pub fn render_line(line: &Line) -> String {
-    match (line.ratio, line.target) {
-        (Some(ratio), Some(target)) => {
-            let verdict = if ratio <= target { "within" } else { "ABOVE" };
-            format!(
-                "{} = {} [{verdict} target {target}x]",
-                line.metric, line.value
-            )
-        }
-        _ => format!("{} = {}", line.metric, line.value),
-    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub use crate::{
     error::BoxError,
     lease::{Grant, LeaseToken, local_deadline},
     options::validate_ttl,
+    redact::redact_url,
     request::AcquireRequest,
     waiting::{Attempt, poll_until_acquired},
 };

@@ -29,6 +29,7 @@ use crate::{
 /// - With reentrancy, every guard of the same holder and name shares one store lease; the lease
 ///   is released when the last guard is.
 #[must_use = "dropping the guard releases the lock at once"]
+#[clippy::has_significant_drop]
 pub struct LockGuard {
     hold: Arc<Hold>,
     /// The reentry table of the client that acquired the hold: the last guard to leave forgets

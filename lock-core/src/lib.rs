@@ -14,6 +14,7 @@ mod lease;
 mod memory;
 mod name;
 mod options;
+mod redact;
 mod reentry;
 mod request;
 mod waiting;
@@ -33,27 +34,42 @@ pub use options::{Backoff, LockOptions, MAX_TTL, MAX_WAIT, MIN_RENEW_EVERY, MIN_
 
 #[cfg(test)]
 mod bounds {
-    //! Compile-time checks that guards and futures can move across tasks.
+    //! Compile-time checks that clients, guards and their futures can move across tasks.
     use super::*;
 
-    fn is_send_static<T: Send + 'static>(_: &T) {}
     fn is_send_sync_static<T: Send + Sync + 'static>() {}
+    fn is_send_static<T: Send + 'static>(_: &T) {}
+    fn is_send<T: Send>(_: &T) {}
 
     #[test]
     fn guards_and_futures_are_send_and_static() {
         is_send_sync_static::<LockClient>();
+        is_send_sync_static::<LockGuard>();
         is_send_sync_static::<Holder>();
         is_send_sync_static::<LockError>();
-        is_send_static::<Option<LockGuard>>(&None);
+        is_send_sync_static::<std::sync::Arc<dyn LockBackend>>();
         let client = LockClient::new(MemoryBackend::new());
         let holder = Holder::new();
-        let name = LockName::new("bounds").unwrap();
         let options = LockOptions::new();
         // Not awaited: only the types are checked.
-        let future = client.acquire(&holder, &name, &options);
-        is_send_static_ref(&future);
-        drop(future);
+        let lock = client.lock("bounds");
+        is_send(&lock);
+        drop(lock);
+        let acquire = client.acquire(&holder, "bounds", &options);
+        is_send(&acquire);
+        drop(acquire);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let guard = runtime.block_on(client.lock("bounds")).unwrap();
+        let lost = guard.lost();
+        is_send_static(&lost);
+        let extend = guard.extend(std::time::Duration::from_secs(5));
+        is_send(&extend);
+        drop(extend);
+        let release = guard.release();
+        is_send_static(&release);
+        runtime.block_on(release).unwrap();
     }
-
-    fn is_send_static_ref<T: Send>(_: &T) {}
 }

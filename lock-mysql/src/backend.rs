@@ -79,7 +79,7 @@ impl MySqlBackend {
         config.validate()?;
         let table = config.table_name();
         let options = config.connect_options()?;
-        let url = crate::config::redact(&config.url);
+        let url = lock_core::backend::redact_url(&config.url);
         let server = Server::probe(&options, config.connect_timeout, &url).await?;
         if config.strategy == Strategy::RowLock {
             server.check_row_lock()?;
@@ -94,7 +94,10 @@ impl MySqlBackend {
             .await
             .map_err(|e| {
                 lock_error(
-                    &format!("connecting to {}", crate::config::redact(&config.url)),
+                    &format!(
+                        "connecting to {}",
+                        lock_core::backend::redact_url(&config.url)
+                    ),
                     e,
                 )
             })?;

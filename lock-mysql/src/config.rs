@@ -3,7 +3,7 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use lock_core::LockError;
+use lock_core::{LockError, backend::redact_url};
 use serde::{Deserialize, Serialize};
 use sqlx::mysql::MySqlConnectOptions;
 
@@ -283,13 +283,13 @@ impl MySqlConfig {
         let options = MySqlConnectOptions::from_str(&self.url).map_err(|e| {
             invalid(format!(
                 "the MySQL URL {} is not usable ({e}); expected mysql://user:password@host:port/database",
-                redact(&self.url)
+                redact_url(&self.url)
             ))
         })?;
         if options.get_database().is_none_or(str::is_empty) {
             return Err(invalid(format!(
                 "the MySQL URL {} names no database; the lock table needs one (mysql://.../database)",
-                redact(&self.url)
+                redact_url(&self.url)
             )));
         }
         Ok(options.timezone(Some(String::from("+00:00"))))
@@ -311,7 +311,7 @@ impl FromStr for MySqlConfig {
 impl fmt::Debug for MySqlConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MySqlConfig")
-            .field("url", &redact(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("strategy", &self.strategy)
             .field("table", &self.table)
             .field("pool_size", &self.pool_size)
@@ -321,20 +321,6 @@ impl fmt::Debug for MySqlConfig {
             .field("create_table", &self.create_table)
             .field("idle_hold_connections", &self.idle_hold_connections)
             .finish()
-    }
-}
-
-/// `url` with its password replaced, for messages and `Debug`.
-pub(crate) fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                // Only fails for URLs that cannot have a password, which this one has.
-                let _ = parsed.set_password(Some("redacted"));
-            }
-            parsed.into()
-        }
-        Err(_) => String::from("<unparsable URL>"),
     }
 }
 
@@ -414,7 +400,7 @@ mod tests {
         let config = MySqlConfig::new("mysql://lock:hunter2@host/db");
         let shown = format!("{config:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(shown.contains("lock:redacted@"), "{shown}");
+        assert!(shown.contains("lock:***@"), "{shown}");
     }
 
     #[test]

@@ -64,6 +64,9 @@ impl RedisBackend {
     /// # Errors
     /// [`LockError::InvalidOptions`] for a bad configuration or URL;
     /// [`LockError::Unavailable`] when the server does not answer.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the connections made so far; nothing is held anywhere.
     pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         let first = config.urls.first().cloned().unwrap_or_default();

@@ -2,7 +2,7 @@
 
 use std::{fmt, time::Duration};
 
-use lock_core::LockError;
+use lock_core::{LockError, backend::redact_url};
 use serde::{Deserialize, Serialize};
 
 /// Configuration of a [`RedisBackend`](crate::RedisBackend) (one server, or a cluster).
@@ -231,22 +231,9 @@ fn validate_prefix(prefix: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// URLs with any password replaced by `***`.
+/// URLs with any password replaced by `***` (see [`redact_url`]).
 pub(crate) fn redacted(urls: &[String]) -> Vec<String> {
-    urls.iter().map(|u| redact(u)).collect()
-}
-
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let Some(at) = rest.rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &rest[..at];
-    let user = userinfo.split(':').next().unwrap_or_default();
-    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+    urls.iter().map(|u| redact_url(u)).collect()
 }
 
 #[cfg(test)]
@@ -255,9 +242,6 @@ mod tests {
 
     #[test]
     fn passwords_are_hidden() {
-        assert_eq!(redact("redis://u:p4ss@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact("redis://:p4ss@h:1"), "redis://:***@h:1");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
         let config = RedlockConfig::new(["redis://:hunter2@a:1"]);
         assert!(!format!("{config:?}").contains("hunter2"));
     }

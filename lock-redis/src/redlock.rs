@@ -165,6 +165,9 @@ impl RedlockBackend {
     ///
     /// # Errors
     /// [`LockError::InvalidOptions`] for a bad configuration or URL.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the connections made so far; nothing is held anywhere.
     pub async fn connect(config: RedlockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let nodes = config

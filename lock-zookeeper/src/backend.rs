@@ -56,6 +56,9 @@ impl ZkBackend {
     /// # Errors
     /// [`LockError::InvalidOptions`] for a bad configuration; [`LockError::Unavailable`] when
     /// no server answered within [`ZkConfig::connect_timeout`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes the session if one was being established; nothing is held.
     pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
         let sessions = Sessions::connect(config).await?;
         Ok(Self {
@@ -97,6 +100,10 @@ impl ZkBackend {
     ///
     /// # Errors
     /// [`LockError::Unavailable`] when a new session was needed and could not be established.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the backend as it was (a session being opened may still
+    /// become the backend's live session).
     pub async fn zookeeper(&self) -> Result<zk::Client, LockError> {
         Ok(self.inner.sessions.live().await?.client().clone())
     }

@@ -312,7 +312,7 @@ impl fmt::Debug for ZkAuth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkAuth")
             .field("scheme", &self.scheme)
-            .field("credentials", &"<redacted>")
+            .field("credentials", &"***")
             .finish()
     }
 }
@@ -401,6 +401,6 @@ mod tests {
         let config = ZkConfig::new("h:1").auth(ZkAuth::digest("user", "hunter2"));
         let text = format!("{config:?}");
         assert!(!text.contains("hunter2"), "{text}");
-        assert!(text.contains("<redacted>"), "{text}");
+        assert!(text.contains("***"), "{text}");
     }
 }

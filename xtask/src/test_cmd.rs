@@ -1,5 +1,5 @@
 //! `cargo xtask test`: the rust-version check, services up, then fmt, clippy, docs (warnings
-//! denied) and the test suite.
+//! denied), packaging of the library crates, and the test suite.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -53,6 +53,20 @@ pub(crate) fn steps() -> Vec<Step> {
             name: "doc",
             args: vec!["doc", "--workspace", "--no-deps"],
             env: vec![("RUSTDOCFLAGS", "-D warnings")],
+        },
+        Step {
+            name: "package",
+            // Every library crate packages and builds from its package (`--allow-dirty`:
+            // a developer's uncommitted work is packaged as it is).
+            args: vec![
+                "package",
+                "--workspace",
+                "--exclude",
+                "xtask",
+                "--allow-dirty",
+                "--quiet",
+            ],
+            env: Vec::new(),
         },
         Step {
             name: "test",
@@ -167,7 +181,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn steps_are_fmt_clippy_doc_test() {
+    fn steps_are_fmt_clippy_doc_package_test() {
         let lines: Vec<String> = steps().iter().map(|s| s.args.join(" ")).collect();
         assert_eq!(
             lines,
@@ -175,6 +189,7 @@ mod tests {
                 "fmt --all -- --check",
                 "clippy --workspace --all-targets -- -D warnings",
                 "doc --workspace --no-deps",
+                "package --workspace --exclude xtask --allow-dirty --quiet",
                 "test --workspace",
             ]
         );
@@ -183,7 +198,7 @@ mod tests {
     #[test]
     fn commands_carry_the_service_env() {
         let root = crate::workspace_root();
-        let cmd = command(&steps()[3], &root);
+        let cmd = command(&steps()[4], &root);
         let names: Vec<String> = cmd
             .get_envs()
             .map(|(k, _)| k.to_string_lossy().into_owned())

@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Connection, MySqlPool, mysql::MySqlPoolOptions};
 
 use crate::{
     MySqlConfig, Strategy, TableName,
-    error::lock_error,
+    error::Error,
     lease::{LeaseStrategy, Limits},
     row_lock::RowLockStrategy,
     schema,
@@ -93,13 +93,13 @@ impl MySqlBackend {
             .connect_with(options.clone())
             .await
             .map_err(|e| {
-                lock_error(
-                    &format!(
+                LockError::from(Error::new(
+                    format!(
                         "connecting to {}",
                         lock_core::backend::redact_url(&config.url)
                     ),
                     e,
-                )
+                ))
             })?;
         schema::ensure(&pool, &table, config.strategy, config.create_table).await?;
         let imp = match config.strategy {

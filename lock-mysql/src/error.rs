@@ -76,27 +76,64 @@ fn class_of(code: u16) -> Class {
     }
 }
 
-/// The [`LockError`] for a failed `what` (a short description of the operation).
-///
-/// Connection failures, lock-wait timeouts, deadlocks and interruptions become
-/// [`LockError::Unavailable`] (retryable); everything else [`LockError::Backend`].
-pub(crate) fn lock_error(what: &str, error: sqlx::Error) -> LockError {
-    let class = classify(&error);
-    let message = match class {
-        Class::Deadlock => format!("{what}: deadlock (1213); the transaction was rolled back"),
-        Class::LockWait => format!(
-            "{what}: the row stayed locked by another transaction past innodb_lock_wait_timeout"
-        ),
-        Class::Interrupted => format!("{what}: the statement was interrupted"),
-        Class::StatementTimeout => {
-            format!("{what}: the statement ran past its time limit and was stopped")
+/// A failed statement: what was being done (a short description of the operation) and the
+/// driver's error. Converted into [`LockError`] by meaning: connection failures, lock-wait
+/// timeouts, deadlocks and interruptions become [`LockError::Unavailable`] (retryable);
+/// everything else [`LockError::Backend`].
+#[derive(Debug)]
+pub(crate) struct Error {
+    what: String,
+    source: sqlx::Error,
+}
+
+impl Error {
+    pub(crate) fn new(what: impl Into<String>, source: sqlx::Error) -> Self {
+        Self {
+            what: what.into(),
+            source,
         }
-        Class::Connection => format!("{what}: the server is unreachable or went away"),
-        Class::Other => format!("{what}: the server refused the statement"),
-    };
-    match class {
-        Class::Other => LockError::backend(message, error),
-        _ => LockError::unavailable(message, error),
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = &self.what;
+        match classify(&self.source) {
+            Class::Deadlock => write!(
+                f,
+                "mysql: {what}: deadlock (1213); the transaction was rolled back"
+            ),
+            Class::LockWait => write!(
+                f,
+                "mysql: {what}: the row stayed locked by another transaction past innodb_lock_wait_timeout"
+            ),
+            Class::Interrupted => write!(f, "mysql: {what}: the statement was interrupted"),
+            Class::StatementTimeout => write!(
+                f,
+                "mysql: {what}: the statement ran past its time limit and was stopped"
+            ),
+            Class::Connection => write!(
+                f,
+                "mysql: {what}: the server is unreachable or went away; retry"
+            ),
+            Class::Other => write!(f, "mysql: {what}: the server refused the statement"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+impl From<Error> for LockError {
+    fn from(error: Error) -> Self {
+        let message = error.to_string();
+        match classify(&error.source) {
+            Class::Other => LockError::backend(message, error.source),
+            _ => LockError::unavailable(message, error.source),
+        }
     }
 }
 
@@ -108,11 +145,11 @@ mod tests {
     fn transport_errors_are_retryable() {
         let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert_eq!(classify(&io), Class::Connection);
-        let error = lock_error("acquire `a`", io);
+        let error = LockError::from(Error::new("acquire `a`", io));
         assert!(error.is_retryable(), "{error}");
         assert!(error.to_string().contains("acquire `a`"), "{error}");
         assert_eq!(classify(&sqlx::Error::PoolTimedOut), Class::Connection);
-        assert!(lock_error("x", sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(LockError::from(Error::new("x", sqlx::Error::PoolTimedOut)).is_retryable());
     }
 
     #[test]
@@ -135,7 +172,7 @@ mod tests {
 
     #[test]
     fn other_errors_are_not() {
-        let error = lock_error("inspect", sqlx::Error::RowNotFound);
+        let error = LockError::from(Error::new("inspect", sqlx::Error::RowNotFound));
         assert!(matches!(error, LockError::Backend { .. }), "{error}");
         assert!(!error.is_retryable());
     }

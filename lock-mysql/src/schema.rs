@@ -7,7 +7,7 @@
 use lock_core::LockError;
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
 
-use crate::{Strategy, TableName, error::lock_error};
+use crate::{Strategy, TableName, error::Error};
 
 /// The layout version this crate writes and understands.
 ///
@@ -153,7 +153,9 @@ pub(crate) async fn ensure(
             sqlx::raw_sql(AssertSqlSafe(ddl))
                 .execute(pool)
                 .await
-                .map_err(|e| lock_error(&format!("creating the lock table `{table}`"), e))?;
+                .map_err(|e| {
+                    LockError::from(Error::new(format!("creating the lock table `{table}`"), e))
+                })?;
         }
     }
     for (name, part) in tables(table, strategy) {
@@ -164,10 +166,20 @@ pub(crate) async fn ensure(
         .bind(name.as_str())
         .fetch_optional(pool)
         .await
-        .map_err(|e| lock_error(&format!("reading the comment of table `{name}`"), e))?
+        .map_err(|e| {
+            LockError::from(Error::new(
+                format!("reading the comment of table `{name}`"),
+                e,
+            ))
+        })?
         .map(|row| row.try_get::<String, _>(0))
         .transpose()
-        .map_err(|e| lock_error(&format!("reading the comment of table `{name}`"), e))?;
+        .map_err(|e| {
+            LockError::from(Error::new(
+                format!("reading the comment of table `{name}`"),
+                e,
+            ))
+        })?;
         check(&name, strategy, part, found.as_deref())?;
     }
     Ok(())

@@ -21,7 +21,7 @@ use std::time::Duration;
 use lock_core::{Fencing, LockError};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row, mysql::MySqlConnectOptions};
 
-use crate::error::lock_error;
+use crate::error::Error;
 
 /// The session variables that end idle transactions or cut statements short, where they exist.
 const SESSION_KILLERS: &[&str] = &[
@@ -66,7 +66,7 @@ impl Server {
             .map_err(|_| {
                 LockError::unavailable_msg(format!("{what}: no answer within {connect_timeout:?}"))
             })?
-            .map_err(|e| lock_error(&what, e))?;
+            .map_err(|e| LockError::from(Error::new(&what, e)))?;
         let names: Vec<String> = SESSION_KILLERS
             .iter()
             .chain([GLOBAL_KILLER, FLUSH].iter())
@@ -102,7 +102,12 @@ impl Server {
                     "{what}: the server did not describe itself within {connect_timeout:?}"
                 ))
             })?
-            .map_err(|e| lock_error(&format!("reading the server's variables ({url})"), e))?;
+            .map_err(|e| {
+                LockError::from(Error::new(
+                    format!("reading the server's variables ({url})"),
+                    e,
+                ))
+            })?;
         Ok(Self::from_variables(version, &variables))
     }
 

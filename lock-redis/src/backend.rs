@@ -15,8 +15,9 @@ use redis::Value;
 
 use crate::{
     RedisConfig,
+    config::redacted,
     connection::{self, Conn},
-    error::classify,
+    error::Error,
     keys::RedisKeys as Keys,
     ops::{self, Queueing, Try},
     scripts::{self, Mark},
@@ -78,7 +79,7 @@ impl RedisBackend {
         let _: Value = redis::cmd("PING")
             .query_async(&mut conn)
             .await
-            .map_err(|e| classify("ping", e))?;
+            .map_err(|e| Error::new(format!("PING to {}", redacted(&config.urls).join(",")), e))?;
         // Release messages of a cluster reach every node, so one node serves all waiters.
         let pubsub = connection::client(&first)?;
         Ok(Self {
@@ -114,13 +115,14 @@ impl RedisBackend {
                 lease.name(),
                 config.replica_timeout
             )),
-            Err(error) => classify(
-                &format!(
+            Err(error) => Error::new(
+                format!(
                     "WAIT for replicas of lock `{}` (the lock was released)",
                     lease.name()
                 ),
                 error,
-            ),
+            )
+            .into(),
         })
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::LockError;
+use lock_core::{LockError, backend::redact_url};
 use redis::{
     Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value,
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
@@ -12,7 +12,7 @@ use redis::{
     io::tcp::{TcpSettings, socket2::TcpKeepalive},
 };
 
-use crate::error::classify;
+use crate::error::Error;
 
 #[derive(Clone)]
 pub(crate) enum Conn {
@@ -62,7 +62,7 @@ impl Conn {
         let manager = client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(|e| classify("connect", e))?;
+            .map_err(|e| Error::new(format!("connecting to {}", redact_url(url)), e))?;
         Ok(Self::Single(manager))
     }
 
@@ -75,7 +75,7 @@ impl Conn {
             .set_connection_timeout(Some(timeout))
             .set_number_of_retries(1);
         let manager = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| classify("connect", e))?;
+            .map_err(|e| Error::new(format!("connecting to {}", redact_url(url)), e))?;
         Ok(Self::Single(manager))
     }
 
@@ -87,10 +87,13 @@ impl Conn {
             .tcp_settings(tcp_settings())
             .build()
             .map_err(|e| invalid_url(&urls.join(","), e))?;
-        let conn = client
-            .get_async_connection()
-            .await
-            .map_err(|e| classify("cluster connect", e))?;
+        let conn = client.get_async_connection().await.map_err(|e| {
+            let seeds: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+            Error::new(
+                format!("connecting to the cluster at {}", seeds.join(",")),
+                e,
+            )
+        })?;
         Ok(Self::Cluster(conn))
     }
 }

@@ -7,7 +7,7 @@ use lock_core::{Fence, Lease, LockError, LockInfo, LockName, backend::LeaseToken
 use redis::{Value, aio::ConnectionLike};
 
 use crate::{
-    error::classify,
+    error::Error,
     keys::RedisKeys as Keys,
     scripts::{self, Mark},
 };
@@ -191,7 +191,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         .arg(queueing.client)
         .invoke_async(conn)
         .await
-        .map_err(|e| classify("acquire", e))?;
+        .map_err(|e| Error::new("acquire", e))?;
     match reply.first().and_then(int) {
         Some(1) => {
             let fence = reply
@@ -246,7 +246,7 @@ pub(crate) async fn leave<C: ConnectionLike + Send>(
         .arg(token.as_str())
         .invoke_async(conn)
         .await
-        .map_err(|e| classify("leave the queue", e))?;
+        .map_err(|e| Error::new("leave the queue", e))?;
     Ok(())
 }
 
@@ -275,7 +275,7 @@ pub(crate) async fn raise_fence<C: ConnectionLike + Send>(
         .arg(fence)
         .invoke_async(conn)
         .await
-        .map_err(|e| classify("raise the fence", e))?;
+        .map_err(|e| Error::new("raise the fence", e))?;
     match reply.first().and_then(int) {
         Some(1) => Ok(()),
         Some(2) => Err(reported(name, keys, &reply)),
@@ -296,7 +296,7 @@ pub(crate) async fn renew<C: ConnectionLike + Send>(
         .arg(millis(ttl))
         .invoke_async(conn)
         .await
-        .map_err(|e| classify("renew", e))?;
+        .map_err(|e| Error::new("renew", e))?;
     Ok(u64::try_from(server_ms).ok().filter(|ms| *ms > 0))
 }
 
@@ -321,12 +321,13 @@ pub(crate) async fn renew_batch<C: ConnectionLike + Send>(
             scripts::RENEW
                 .load_async(conn)
                 .await
-                .map_err(|e| classify("loading the renew script", e))?;
-            pipe.query_async(conn)
+                .map_err(|e| Error::new("loading the renew script", e))?;
+            Ok(pipe
+                .query_async(conn)
                 .await
-                .map_err(|e| classify("batched renew", e))
+                .map_err(|e| Error::new("batched renew", e))?)
         }
-        other => other.map_err(|e| classify("batched renew", e)),
+        other => Ok(other.map_err(|e| Error::new("batched renew", e))?),
     }
 }
 
@@ -359,7 +360,7 @@ pub(crate) async fn release<C: ConnectionLike + Send>(
         .arg(u8::from(tell == Tell::Clients))
         .invoke_async(conn)
         .await
-        .map_err(|e| classify("release", e))?;
+        .map_err(|e| Error::new("release", e))?;
     Ok(released == 1)
 }
 
@@ -374,7 +375,7 @@ pub(crate) async fn inspect<C: ConnectionLike + Send>(
         .key(&keys.fence)
         .invoke_async(conn)
         .await
-        .map_err(|e| classify("inspect", e))?;
+        .map_err(|e| Error::new("inspect", e))?;
     let kind = reply.first().and_then(text).unwrap_or_default();
     match kind.as_str() {
         "none" => return Ok(None),

@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, Row, mysql::MySqlQueryResult};
 
 use super::{ANSWER_GRACE, Arg, LeaseStrategy, MIN_TRY, micros, queue};
 use crate::{
-    error::{Class, classify, lock_error},
+    error::{Class, Error, classify},
     rows::{LEASE_COLUMNS, LeaseRow, LeaseState},
     sql::{retry_deadlocks, run, run_pooled, tagged, within},
 };
@@ -182,7 +182,12 @@ impl LeaseStrategy {
             Err(error) if matches!(classify(&error), Class::LockWait | Class::StatementTimeout) => {
                 return Ok(Try::Busy(None));
             }
-            Err(error) => return Err(lock_error(&format!("acquiring `{name}`"), error)),
+            Err(error) => {
+                return Err(LockError::from(Error::new(
+                    format!("acquiring `{name}`"),
+                    error,
+                )));
+            }
         };
         let grant = if taken > 0 {
             Lease::new(
@@ -375,12 +380,12 @@ impl LeaseStrategy {
         );
         let rows = retry_deadlocks(|| run_pooled(&self.pool, sql.clone(), until))
             .await
-            .map_err(|e| lock_error(&what(), e))?;
+            .map_err(|e| LockError::from(Error::new(what(), e)))?;
         let state = tagged(&rows, "row")
             .next()
             .map(|row| {
                 LeaseRow::read(row, 1)
-                    .map_err(|e| lock_error(&what(), e))?
+                    .map_err(|e| LockError::from(Error::new(what(), e)))?
                     .judge(&self.table, name)
             })
             .transpose()?;
@@ -388,7 +393,7 @@ impl LeaseStrategy {
             .next()
             .map(|row| row.try_get::<i64, _>(1))
             .transpose()
-            .map_err(|e| lock_error(&what(), e))?
+            .map_err(|e| LockError::from(Error::new(what(), e)))?
             .unwrap_or(0);
         Ok((state, ahead))
     }

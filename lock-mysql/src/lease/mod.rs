@@ -32,7 +32,7 @@ use sqlx::{AssertSqlSafe, MySqlPool, mysql::MySqlQueryResult};
 
 use crate::{
     TableName,
-    error::lock_error,
+    error::Error,
     rows::{LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState, lease_current},
     sql::{fetch_optional_within, hex},
 };
@@ -198,10 +198,10 @@ impl LeaseStrategy {
             || sqlx::query(AssertSqlSafe(self.sql.read.clone())).bind(name.as_str().as_bytes());
         let row = fetch_optional_within(&self.pool, until, query)
             .await
-            .map_err(|e| lock_error(&what(), e))?;
+            .map_err(|e| LockError::from(Error::new(what(), e)))?;
         row.map(|row| {
             LeaseRow::read(&row, 0)
-                .map_err(|e| lock_error(&what(), e))?
+                .map_err(|e| LockError::from(Error::new(what(), e)))?
                 .judge(&self.table, name)
         })
         .transpose()

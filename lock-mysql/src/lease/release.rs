@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::{LeaseStrategy, changed_current, queue};
 use crate::{
-    error::{Class, classify, lock_error},
+    error::{Class, Error, classify},
     rows::lease_token_is_ours,
     sql::{broken, execute_within, retry_deadlocks, within},
 };
@@ -66,7 +66,7 @@ impl LeaseStrategy {
                 other => break other,
             }
         }
-        .map_err(|e| lock_error(&what, e))?;
+        .map_err(|e| LockError::from(Error::new(&what, e)))?;
         if released == Some(lease.fence().get()) {
             Ok(())
         } else {

@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::{LeaseStrategy, RENEW_BATCH, changed_current, micros};
 use crate::{
-    error::lock_error,
+    error::Error,
     rows::{lease_current, lease_token_is_ours},
     sql::{execute_within, hex, retry_broken, retry_deadlocks, run_pooled, tagged},
 };
@@ -52,7 +52,7 @@ impl LeaseStrategy {
         // per pooled connection).
         let done = retry_broken(&self.pool, renew)
             .await
-            .map_err(|e| lock_error(&format!("renewing `{name}`"), e))?;
+            .map_err(|e| LockError::from(Error::new(format!("renewing `{name}`"), e)))?;
         if changed_current(&done, lease) {
             Ok(Grant::new(lease.clone().with_ttl(ttl), sent))
         } else {
@@ -149,15 +149,15 @@ impl LeaseStrategy {
         let sent = Instant::now();
         let rows = run_pooled(&self.pool, sql, self.statement_until())
             .await
-            .map_err(|e| lock_error("renewing leases", e))?;
+            .map_err(|e| LockError::from(Error::new("renewing leases", e)))?;
         let mut fences: HashMap<u64, u64> = HashMap::new();
         for row in tagged(&rows, "renewed") {
             let index: u64 = row
                 .try_get(1)
-                .map_err(|e| lock_error("reading renewal outcomes", e))?;
+                .map_err(|e| LockError::from(Error::new("reading renewal outcomes", e)))?;
             let fence: u64 = row
                 .try_get(2)
-                .map_err(|e| lock_error("reading renewal outcomes", e))?;
+                .map_err(|e| LockError::from(Error::new("reading renewal outcomes", e)))?;
             fences.insert(index, fence);
         }
         Ok(leases

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     config::ceil_secs,
-    error::{Class, classify, lock_error, server_code},
+    error::{Class, Error, classify, server_code},
     local_queue::Place,
     rows::{HOLD_COLUMNS, HoldRow},
     sql::{Deadlocks, execute_within, hex, is_timed_out, retry_deadlocks, run, tagged},
@@ -224,7 +224,9 @@ impl Shared {
                 }
                 _ => {
                     let what = format!("waiting for the row of `{name}`");
-                    return Err(Step::close(Failed::Error(lock_error(&what, error))));
+                    return Err(Step::close(Failed::Error(LockError::from(Error::new(
+                        &what, error,
+                    )))));
                 }
             }
         }
@@ -282,7 +284,9 @@ impl Shared {
             Err((Some(stop), _)) => Err(Step::close(Failed::Stopped(stop))),
             Err((None, error)) => {
                 let what = format!("creating the row of `{name}`");
-                Err(Step::close(Failed::Error(lock_error(&what, error))))
+                Err(Step::close(Failed::Error(LockError::from(Error::new(
+                    &what, error,
+                )))))
             }
         }
     }
@@ -292,7 +296,7 @@ impl Shared {
     fn judge_grant(&self, rows: &[MySqlRow], name: &LockName) -> Result<u64, Step> {
         let read_failed = |what: &str, error| {
             let what = format!("{what} of `{name}`");
-            Step::close(Failed::Error(lock_error(&what, error)))
+            Step::close(Failed::Error(LockError::from(Error::new(&what, error))))
         };
         let committed = tagged(rows, "committed")
             .next()
@@ -375,7 +379,9 @@ impl Shared {
             }
             Err(error) => {
                 let what = format!("recording the hold of `{name}`");
-                Err(Step::close(Failed::Error(lock_error(&what, error))))
+                Err(Step::close(Failed::Error(LockError::from(Error::new(
+                    &what, error,
+                )))))
             }
         }
     }
@@ -432,7 +438,7 @@ impl Shared {
                 other => break other,
             }
         }
-        .map_err(|e| lock_error(&what, e))?;
+        .map_err(|e| LockError::from(Error::new(&what, e)))?;
         match done.last_insert_id() {
             0 => Err(LockError::backend_msg(format!(
                 "{what}: the server returned no fence"

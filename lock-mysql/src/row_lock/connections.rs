@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use super::Shared;
 use crate::{
     config::ceil_secs,
-    error::{lock_error, server_code},
+    error::{Error, server_code},
     sql::{run, tagged},
 };
 
@@ -92,7 +92,7 @@ impl Shared {
                     self.connect_timeout
                 ))
             })?
-            .map_err(|e| lock_error(what, e))?;
+            .map_err(|e| LockError::from(Error::new(what, e)))?;
         // The hold is an idle transaction: no server-side idle killer or statement time limit
         // may end it (or a wait) behind the client's back.
         let setup = if self.session_setup.is_empty() {
@@ -108,12 +108,16 @@ impl Shared {
             )),
         )
         .await
-        .map_err(|e| lock_error(what, e))?;
+        .map_err(|e| LockError::from(Error::new(what, e)))?;
         let row = tagged(&rows, "id").next().ok_or_else(|| {
             LockError::backend_msg(format!("{what}: CONNECTION_ID() returned nothing"))
         })?;
-        let id: u64 = row.try_get(1).map_err(|e| lock_error(what, e))?;
-        let lock_wait: u64 = row.try_get(2).map_err(|e| lock_error(what, e))?;
+        let id: u64 = row
+            .try_get(1)
+            .map_err(|e| LockError::from(Error::new(what, e)))?;
+        let lock_wait: u64 = row
+            .try_get(2)
+            .map_err(|e| LockError::from(Error::new(what, e)))?;
         Ok(Dedicated {
             conn,
             id,

@@ -50,7 +50,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{Shared, connections::Dedicated};
 use crate::{
-    error::{Class, classify, lock_error},
+    error::{Class, Error, classify},
     sql::{is_timed_out, run, timed_out, within},
 };
 
@@ -173,8 +173,10 @@ async fn own(
                     Err(Renewal::Failed(error)) => {
                         // The session may not have taken the new idle limit: set it again.
                         dedicated.wait_timeout = None;
-                        let _ = reply
-                            .send(Err(lock_error(&format!("renewing `{}`", hold.name), error)));
+                        let _ = reply.send(Err(LockError::from(Error::new(
+                            format!("renewing `{}`", hold.name),
+                            error,
+                        ))));
                     }
                 }
             }
@@ -349,7 +351,7 @@ fn release_error(name: &LockName, error: sqlx::Error) -> LockError {
         // The connection, and with it the hold, had already ended.
         session_ended(name)
     } else {
-        lock_error(&format!("releasing `{name}`"), error)
+        LockError::from(Error::new(format!("releasing `{name}`"), error))
     }
 }
 

@@ -61,7 +61,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     TableName,
-    error::lock_error,
+    error::Error,
     lease::ANSWER_GRACE,
     local_queue::LocalQueue,
     rows::{HOLD_COLUMNS, HoldRow, HoldState},
@@ -235,13 +235,13 @@ impl RowLockStrategy {
             Instant::now() + self.shared.statement_timeout,
         )
         .await
-        .map_err(|e| lock_error(&format!("inspecting `{name}`"), e))?;
+        .map_err(|e| LockError::from(Error::new(format!("inspecting `{name}`"), e)))?;
         let read = |tag| {
             tagged(&rows, tag)
                 .next()
                 .map(|row| HoldRow::read(row, 1))
                 .transpose()
-                .map_err(|e| lock_error(&format!("reading the row of `{name}`"), e))
+                .map_err(|e| LockError::from(Error::new(format!("reading the row of `{name}`"), e)))
         };
         if let Some(committed) = read("committed")? {
             committed.judge_committed(&self.shared.table, name)?;
@@ -251,7 +251,12 @@ impl RowLockStrategy {
         };
         let counter = fence_counter(&rows)
             .transpose()
-            .map_err(|e| lock_error(&format!("reading the fence counter of `{name}`"), e))?
+            .map_err(|e| {
+                LockError::from(Error::new(
+                    format!("reading the fence counter of `{name}`"),
+                    e,
+                ))
+            })?
             .unwrap_or(0);
         Ok(match current.judge_current(&self.shared.table, name)? {
             // A record whose fence is above the committed counter belongs to a grant whose

@@ -236,11 +236,16 @@ pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
         .await
         .map_err(fail("first acquire"))?;
     let mut waiting = Vec::new();
+    // A waiter that got the lock keeps it until the release under test has been heard: its
+    // own release would publish too.
+    let (heard_all, listening) = tokio::sync::watch::channel(false);
     for queued in 1..=3 {
         let client = single_client(&url).await?;
         let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(20)));
+        let mut listening = listening.clone();
         waiting.push(tokio::spawn(async move {
             let guard = client.lock_with(&name, &options).await?;
+            let _ = listening.wait_for(|heard| *heard).await;
             guard.release().await
         }));
         poll_until(
@@ -281,6 +286,7 @@ pub(super) async fn a_release_tells_only_the_clients_it_names() -> Outcome {
         }
         heard.push(channel);
     }
+    let _ = heard_all.send(true);
     heard.sort();
     let mut named = channel_of[..2].to_vec();
     named.sort();

@@ -82,13 +82,10 @@ impl<E: Display> Cases<E> {
     /// Runs the cases whose name contains a command-line argument (all when none is given)
     /// and returns the exit code: failure when any case failed.
     pub fn main(self) -> ExitCode {
-        let runtime = match crate::runtime() {
-            Ok(runtime) => runtime,
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::FAILURE;
-            }
-        };
+        crate::main_with(self.run())
+    }
+
+    async fn run(self) -> Result<(), String> {
         let filter: Vec<String> = std::env::args()
             .skip(1)
             .filter(|a| !a.starts_with('-'))
@@ -100,12 +97,10 @@ impl<E: Display> Cases<E> {
         });
         for (name, run) in selected.chain(finally) {
             let start = Instant::now();
-            let outcome = runtime.block_on(async {
-                match tokio::time::timeout(self.limit, run()).await {
-                    Ok(result) => result.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!("hung for {:?}", self.limit)),
-                }
-            });
+            let outcome = match tokio::time::timeout(self.limit, run()).await {
+                Ok(result) => result.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("hung for {:?}", self.limit)),
+            };
             let millis = start.elapsed().as_millis();
             match outcome {
                 Ok(()) => {
@@ -123,9 +118,9 @@ impl<E: Display> Cases<E> {
         }
         println!("{}: {passed} passed, {failed} failed", self.label);
         if failed == 0 {
-            ExitCode::SUCCESS
+            Ok(())
         } else {
-            ExitCode::FAILURE
+            Err(format!("{}: {failed} cases failed", self.label))
         }
     }
 }

@@ -50,6 +50,21 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("cannot start a Tokio runtime: {e}"))
 }
 
+/// The `main` of a test or benchmark binary: runs `main` on [`runtime`] and exits with
+/// failure, printing why on stderr, when the runtime cannot start or `main` fails.
+pub fn main_with<F>(main: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    match runtime().and_then(|runtime| runtime.block_on(main)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The workspace README's example, compiled and run as a doc test.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

@@ -79,20 +79,16 @@ impl Runner {
     ///
     /// Command-line arguments that do not start with `-` filter scenarios by substring.
     pub fn main(self) -> ExitCode {
-        let runtime = match crate::runtime() {
-            Ok(runtime) => runtime,
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::FAILURE;
+        crate::main_with(async move {
+            if holder_process::role().as_deref() == Some(HOLDER_ROLE) {
+                self.hold().await
+            } else {
+                self.run().await
             }
-        };
-        if holder_process::role().as_deref() == Some(HOLDER_ROLE) {
-            return runtime.block_on(self.hold());
-        }
-        runtime.block_on(self.run())
+        })
     }
 
-    async fn run(self) -> ExitCode {
+    async fn run(self) -> Result<(), String> {
         let filter: Vec<String> = std::env::args()
             .skip(1)
             .filter(|a| !a.starts_with('-'))
@@ -138,14 +134,14 @@ impl Runner {
         );
         println!("conformance: {passed} passed, {failed} failed");
         if failed == 0 {
-            ExitCode::SUCCESS
+            Ok(())
         } else {
-            ExitCode::FAILURE
+            Err(format!("conformance: {failed} scenarios failed"))
         }
     }
 
     /// The holder role: builds the store the parent named and serves the protocol.
-    async fn hold(self) -> ExitCode {
+    async fn hold(self) -> Result<(), String> {
         let result = async {
             let label =
                 std::env::var(HOLDER_STORE_VAR).map_err(|e| format!("{HOLDER_STORE_VAR}: {e}"))?;
@@ -157,13 +153,9 @@ impl Runner {
                 .ok_or_else(|| format!("no store `{label}` in this runner"))?;
             holder_process::serve(factory().await?).await
         };
-        match result.await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("holder process: {error}");
-                ExitCode::FAILURE
-            }
-        }
+        result
+            .await
+            .map_err(|error| format!("holder process: {error}"))
     }
 }
 

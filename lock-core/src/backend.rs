@@ -77,11 +77,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         &self,
         leases: &[Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        let mut out = Vec::with_capacity(leases.len());
-        for lease in leases {
-            out.push(self.renew(lease, lease.ttl()).await);
-        }
-        Ok(out)
+        renew_one_by_one(self, leases).await
     }
 
     /// Releases `lease` if, and only if, it is the lock's current lease, and wakes waiters.
@@ -102,6 +98,39 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// # Cancel safety
     /// A read: dropping the future changes nothing.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError>;
+}
+
+/// Renews each lease for its own TTL through `backend.renew`, one after the other: what
+/// [`LockBackend::renew_many`] does by default, for a wrapper that must route batches through
+/// its own `renew`.
+///
+/// # Errors
+/// None of its own: each lease's answer is in the list.
+pub async fn renew_one_by_one<B: LockBackend + ?Sized>(
+    backend: &B,
+    leases: &[Lease],
+) -> Result<Vec<Result<Grant, LockError>>, LockError> {
+    let mut out = Vec::with_capacity(leases.len());
+    for lease in leases {
+        out.push(backend.renew(lease, lease.ttl()).await);
+    }
+    Ok(out)
+}
+
+/// Renews each lease for its own TTL through `backend.renew`, all requests in flight at once:
+/// for a store whose connection carries many requests (one round-trip wait in all) but has
+/// no batch of its own.
+///
+/// # Errors
+/// None of its own: each lease's answer is in the list.
+pub async fn renew_concurrently<B: LockBackend + ?Sized>(
+    backend: &B,
+    leases: &[Lease],
+) -> Result<Vec<Result<Grant, LockError>>, LockError> {
+    Ok(
+        futures::future::join_all(leases.iter().map(|lease| backend.renew(lease, lease.ttl())))
+            .await,
+    )
 }
 
 /// Forwards every method to the backend behind a smart pointer.

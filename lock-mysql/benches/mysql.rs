@@ -33,25 +33,13 @@ const ROUNDS: usize = 10;
 const PER_ROUND: usize = 200;
 
 fn main() -> ExitCode {
-    let runtime = match conformance_tests::runtime() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
+    conformance_tests::main_with(async {
         let outcome = run().await;
         let cleanup = support::drop_run_tables().await;
-        outcome.and(cleanup)
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("benchmark failed: {error}");
-            ExitCode::FAILURE
-        }
-    }
+        outcome
+            .and(cleanup)
+            .map_err(|error| format!("benchmark failed: {error}"))
+    })
 }
 
 /// How long each run of separate clients lasts.

@@ -259,7 +259,8 @@ impl LockBackend for MySqlBackend {
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         match &self.inner.imp {
             Imp::Lease(s) => s.renew_many(leases).await,
-            Imp::RowLock(s) => s.renew_many(leases).await,
+            // Each hold on its own connection, all at once.
+            Imp::RowLock(_) => lock_core::backend::renew_concurrently(self, leases).await,
         }
     }
 

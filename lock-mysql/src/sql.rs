@@ -14,6 +14,7 @@ use std::{fmt::Write as _, future::Future, sync::Arc, time::Instant};
 use sqlx::{
     AssertSqlSafe, MySql, MySqlConnection, MySqlPool, Row, SqlSafeStr,
     mysql::{MySqlArguments, MySqlQueryResult, MySqlRow},
+    pool::PoolConnection,
     query::Query,
 };
 
@@ -73,12 +74,7 @@ pub(crate) async fn execute_within(
 ) -> Result<MySqlQueryResult, sqlx::Error> {
     let mut conn = within(until, pool.acquire()).await?;
     let result = within(until, query.execute(&mut *conn)).await;
-    if result
-        .as_ref()
-        .is_err_and(|e| classify(e) == Class::Connection)
-    {
-        conn.close_on_drop();
-    }
+    close_if_broken(&mut conn, &result);
     result
 }
 
@@ -92,15 +88,24 @@ pub(crate) async fn fetch_optional_within<'q>(
     retry_broken(pool, || async {
         let mut conn = within(until, pool.acquire()).await?;
         let result = within(until, query().fetch_optional(&mut *conn)).await;
-        if result
-            .as_ref()
-            .is_err_and(|e| classify(e) == Class::Connection)
-        {
-            conn.close_on_drop();
-        }
+        close_if_broken(&mut conn, &result);
         result
     })
     .await
+}
+
+/// Closes a pooled connection (when it is given back) whose statement failed with a
+/// connection error, so the pool does not hand it out again.
+pub(crate) fn close_if_broken<T>(
+    conn: &mut PoolConnection<MySql>,
+    result: &Result<T, sqlx::Error>,
+) {
+    if result
+        .as_ref()
+        .is_err_and(|e| classify(e) == Class::Connection)
+    {
+        conn.close_on_drop();
+    }
 }
 
 /// Whether `error` is a connection that broke (not one that ran out of time): the statement

@@ -387,18 +387,9 @@ async fn run() -> Result<(), String> {
 }
 
 fn main() -> std::process::ExitCode {
-    let runtime = match conformance_tests::runtime() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("{error}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("benchmark failed: {error}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    conformance_tests::main_with(async {
+        run()
+            .await
+            .map_err(|error| format!("benchmark failed: {error}"))
+    })
 }

@@ -389,10 +389,7 @@ impl LockBackend for RedisBackend {
         if self.inner.config.cluster {
             // A cluster refuses pipelines that span slots; concurrent requests on the
             // multiplexed connection still go out back to back, one round-trip wait in all.
-            return Ok(futures::future::join_all(
-                leases.iter().map(|lease| self.renew(lease, lease.ttl())),
-            )
-            .await);
+            return lock_core::backend::renew_concurrently(self, leases).await;
         }
         let batch: Vec<_> = leases
             .iter()

@@ -170,26 +170,21 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(1000);
-    let runtime = match conformance_tests::runtime() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
+    conformance_tests::main_with(async move {
+        let mut failed = Vec::new();
+        for (label, var) in [
+            ("zookeeper", support::STANDALONE_VAR),
+            ("zookeeper-ensemble(3)", support::ENSEMBLE_VAR),
+        ] {
+            if let Err(error) = run(label, var, n).await {
+                eprintln!("{label}: benchmark failed: {error}");
+                failed.push(label);
+            }
         }
-    };
-    let mut failed = false;
-    for (label, var) in [
-        ("zookeeper", support::STANDALONE_VAR),
-        ("zookeeper-ensemble(3)", support::ENSEMBLE_VAR),
-    ] {
-        if let Err(error) = runtime.block_on(run(label, var, n)) {
-            eprintln!("{label}: benchmark failed: {error}");
-            failed = true;
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("benchmarks failed: {}", failed.join(", ")))
         }
-    }
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+    })
 }

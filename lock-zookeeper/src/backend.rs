@@ -241,10 +241,7 @@ impl LockBackend for ZkBackend {
         &self,
         leases: &[Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        Ok(
-            futures::future::join_all(leases.iter().map(|lease| self.renew(lease, lease.ttl())))
-                .await,
-        )
+        lock_core::backend::renew_concurrently(self, leases).await
     }
 
     /// Deletes the lease's node (retried until it is gone or the session is).

@@ -338,11 +338,7 @@ impl LockBackend for Broken {
         &self,
         leases: &[Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        let mut out = Vec::with_capacity(leases.len());
-        for lease in leases {
-            out.push(self.renew(lease, lease.ttl()).await);
-        }
-        Ok(out)
+        lock_core::backend::renew_one_by_one(self, leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {

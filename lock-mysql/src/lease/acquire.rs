@@ -16,7 +16,7 @@ use super::{ANSWER_GRACE, Arg, LeaseStrategy, MIN_TRY, micros, queue};
 use crate::{
     error::{Class, Error, classify},
     rows::{LEASE_COLUMNS, LeaseRow, LeaseState},
-    sql::{retry_deadlocks, run, run_pooled, tagged, within},
+    sql::{close_if_broken, retry_deadlocks, run, run_pooled, tagged, within},
 };
 
 /// Takes an abandoned `acquire` call's place out of the queue, in the background, when the
@@ -242,12 +242,7 @@ impl LeaseStrategy {
                 }
                 within(until, query.execute(&mut *conn)).await
             };
-            if result
-                .as_ref()
-                .is_err_and(|e| classify(e) == Class::Connection)
-            {
-                conn.close_on_drop();
-            }
+            close_if_broken(&mut conn, &result);
             result
         })
         .await

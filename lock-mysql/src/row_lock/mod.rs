@@ -180,40 +180,17 @@ impl RowLockStrategy {
     /// server-side idle limit to `ttl` (the hold's task does it, see [`hold`]).
     pub(crate) async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
         validate_ttl(ttl)?;
-        let name = lease.name();
-        let held = self
-            .shared
-            .find(lease)
-            .ok_or_else(|| LockError::not_held(name))?;
-        let (reply, answer) = oneshot::channel();
         self.shared
-            .ask(&held, hold::Command::Renew { ttl, reply }, answer, name)
+            .ask(lease, |reply| hold::Command::Renew { ttl, reply })
             .await
             .map(|sent| Grant::new(lease.clone().with_ttl(ttl), sent))
-    }
-
-    /// Renews each lease on its own connection, all at once.
-    pub(crate) async fn renew_many(
-        &self,
-        leases: &[Lease],
-    ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        Ok(
-            futures::future::join_all(leases.iter().map(|lease| self.renew(lease, lease.ttl())))
-                .await,
-        )
     }
 
     /// Ends the hold: rolls its transaction back (waiters wake) and keeps the connection for
     /// the next hold.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        let name = lease.name();
-        let held = self
-            .shared
-            .find(lease)
-            .ok_or_else(|| LockError::not_held(name))?;
-        let (reply, answer) = oneshot::channel();
         self.shared
-            .ask(&held, hold::Command::Release { reply }, answer, name)
+            .ask(lease, |reply| hold::Command::Release { reply })
             .await
     }
 
@@ -293,16 +270,19 @@ impl Shared {
         self.holds().remove(token);
     }
 
-    /// Sends `command` to the task owning `held` and waits for its answer, at most the
-    /// statement timeout (the task bounds its own statements by it too).
+    /// Sends the command `command` makes (with the channel for its answer) to the task
+    /// owning the hold of `lease`, and waits for the answer, at most the statement timeout
+    /// (the task bounds its own statements by it too). `NotHeld` when this client has no such
+    /// hold.
     async fn ask<T>(
         &self,
-        held: &Held,
-        command: hold::Command,
-        answer: oneshot::Receiver<Result<T, LockError>>,
-        name: &LockName,
+        lease: &Lease,
+        command: impl FnOnce(oneshot::Sender<Result<T, LockError>>) -> hold::Command,
     ) -> Result<T, LockError> {
-        if held.commands.send(command).await.is_err() {
+        let name = lease.name();
+        let held = self.find(lease).ok_or_else(|| LockError::not_held(name))?;
+        let (reply, answer) = oneshot::channel();
+        if held.commands.send(command(reply)).await.is_err() {
             // The task has ended: the hold is over.
             return Err(LockError::not_held(name));
         }

@@ -4,13 +4,14 @@ mod backend;
 mod config;
 mod encoding;
 mod error;
+mod metrics;
 mod node;
 mod recipe;
 mod session;
 
 pub use backend::ZkBackend;
 pub use config::{ZkAuth, ZkConfig};
-pub use session::OpCounts;
+pub use metrics::OpCounts;
 
 #[cfg(test)]
 mod bounds {

@@ -163,6 +163,24 @@ impl LockError {
         }
     }
 
+    /// This error with the server it failed on named at the end of its message, for the
+    /// errors that come from the store ([`LockError::Unavailable`], [`LockError::Backend`]);
+    /// any other error is returned as it is. A backend names its server here, in one place.
+    #[must_use]
+    pub fn on_server(self, server: impl fmt::Display) -> Self {
+        match self {
+            Self::Unavailable { message, source } => Self::Unavailable {
+                message: format!("{message} (server {server})"),
+                source,
+            },
+            Self::Backend { message, source } => Self::Backend {
+                message: format!("{message} (server {server})"),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// A [`LockError::Unsupported`]: `what` names the operation that is not supported.
     pub fn unsupported(what: impl Into<String>) -> Self {
         Self::Unsupported { what: what.into() }
@@ -227,6 +245,16 @@ mod tests {
         assert!(matches!(
             LockError::unsupported("x"),
             LockError::Unsupported { .. }
+        ));
+        let named = LockError::unavailable_msg("redis: ping failed").on_server("127.0.0.1:1");
+        assert_eq!(
+            named.to_string(),
+            "lock store unavailable: redis: ping failed (server 127.0.0.1:1)"
+        );
+        assert!(named.is_retryable());
+        assert!(matches!(
+            LockError::not_held("a").on_server("h"),
+            LockError::NotHeld { name } if name == "a"
         ));
     }
 }

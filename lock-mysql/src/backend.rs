@@ -33,6 +33,8 @@ pub struct MySqlBackend {
 }
 
 struct Inner {
+    /// The server's URL with its password hidden, for error messages.
+    url: String,
     table: TableName,
     pool: MySqlPool,
     imp: Imp,
@@ -56,6 +58,14 @@ impl Imp {
 }
 
 impl MySqlBackend {
+    /// Runs `work`, naming the server in a store error (see [`LockError::on_server`]).
+    async fn on_server<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        work.await.map_err(|e| e.on_server(&self.inner.url))
+    }
+
     /// Connects (verifying the server answers), creates the lock table if it is missing and
     /// allowed to, and checks its schema version and strategy.
     ///
@@ -124,6 +134,7 @@ impl MySqlBackend {
         };
         Ok(Self {
             inner: Arc::new(Inner {
+                url: url.clone(),
                 table,
                 pool,
                 imp,
@@ -240,41 +251,56 @@ impl LockBackend for MySqlBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        match &self.inner.imp {
-            Imp::Lease(s) => s.acquire(request).await,
-            Imp::RowLock(s) => s.acquire(request).await,
-        }
+        self.on_server(async {
+            match &self.inner.imp {
+                Imp::Lease(s) => s.acquire(request).await,
+                Imp::RowLock(s) => s.acquire(request).await,
+            }
+        })
+        .await
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        match &self.inner.imp {
-            Imp::Lease(s) => s.renew(lease, ttl).await,
-            Imp::RowLock(s) => s.renew(lease, ttl).await,
-        }
+        self.on_server(async {
+            match &self.inner.imp {
+                Imp::Lease(s) => s.renew(lease, ttl).await,
+                Imp::RowLock(s) => s.renew(lease, ttl).await,
+            }
+        })
+        .await
     }
 
     async fn renew_many(
         &self,
         leases: &[Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        match &self.inner.imp {
-            Imp::Lease(s) => s.renew_many(leases).await,
-            // Each hold on its own connection, all at once.
-            Imp::RowLock(_) => lock_core::backend::renew_concurrently(self, leases).await,
-        }
+        self.on_server(async {
+            match &self.inner.imp {
+                Imp::Lease(s) => s.renew_many(leases).await,
+                // Each hold on its own connection, all at once.
+                Imp::RowLock(_) => lock_core::backend::renew_concurrently(self, leases).await,
+            }
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        match &self.inner.imp {
-            Imp::Lease(s) => s.release(lease).await,
-            Imp::RowLock(s) => s.release(lease).await,
-        }
+        self.on_server(async {
+            match &self.inner.imp {
+                Imp::Lease(s) => s.release(lease).await,
+                Imp::RowLock(s) => s.release(lease).await,
+            }
+        })
+        .await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        match &self.inner.imp {
-            Imp::Lease(s) => s.inspect(name).await,
-            Imp::RowLock(s) => s.inspect(name).await,
-        }
+        self.on_server(async {
+            match &self.inner.imp {
+                Imp::Lease(s) => s.inspect(name).await,
+                Imp::RowLock(s) => s.inspect(name).await,
+            }
+        })
+        .await
     }
 }

@@ -1,6 +1,7 @@
 //! [`RedisBackend`]: the lock contract on one Redis server or a Redis Cluster.
 
 use std::{
+    future::Future,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -60,6 +61,15 @@ struct Inner {
 }
 
 impl RedisBackend {
+    /// Runs `work`, naming the server(s) in a store error (see [`LockError::on_server`]).
+    async fn on_server<T>(
+        &self,
+        work: impl Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        work.await
+            .map_err(|e| e.on_server(redacted(&self.inner.config.urls).join(",")))
+    }
+
     /// Connects as `config` says (one server, or a cluster when `config.cluster`).
     ///
     /// # Errors
@@ -354,32 +364,38 @@ impl LockBackend for RedisBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        let keys = self.keys(request.name());
-        let token = LeaseToken::random();
-        let mut conn = self.inner.conn.clone();
-        // The uncontended path: one round trip, no subscription.
-        let holder_left = match self
-            .try_once(&mut conn, request, &keys, &token, Mark::No, Duration::ZERO)
-            .await?
-        {
-            Ok(grant) => return Ok(grant),
-            Err(busy) => busy.left,
-        };
-        if Instant::now() >= request.deadline() {
-            return Err(request.timeout_error());
-        }
-        self.wait_in_line(conn, request, &keys, &token, holder_left)
-            .await
+        self.on_server(async {
+            let keys = self.keys(request.name());
+            let token = LeaseToken::random();
+            let mut conn = self.inner.conn.clone();
+            // The uncontended path: one round trip, no subscription.
+            let holder_left = match self
+                .try_once(&mut conn, request, &keys, &token, Mark::No, Duration::ZERO)
+                .await?
+            {
+                Ok(grant) => return Ok(grant),
+                Err(busy) => busy.left,
+            };
+            if Instant::now() >= request.deadline() {
+                return Err(request.timeout_error());
+            }
+            self.wait_in_line(conn, request, &keys, &token, holder_left)
+                .await
+        })
+        .await
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
-        lock_core::backend::validate_ttl(ttl)?;
-        let mut conn = self.inner.conn.clone();
-        let sent = Instant::now();
-        match ops::renew(&mut conn, &self.keys(lease.name()), lease.token(), ttl).await? {
-            Some(server_ms) => Ok(Grant::new(ops::renewed(lease, ttl, server_ms), sent)),
-            None => Err(LockError::not_held(lease.name())),
-        }
+        self.on_server(async {
+            lock_core::backend::validate_ttl(ttl)?;
+            let mut conn = self.inner.conn.clone();
+            let sent = Instant::now();
+            match ops::renew(&mut conn, &self.keys(lease.name()), lease.token(), ttl).await? {
+                Some(server_ms) => Ok(Grant::new(ops::renewed(lease, ttl, server_ms), sent)),
+                None => Err(LockError::not_held(lease.name())),
+            }
+        })
+        .await
     }
 
     async fn renew_many(
@@ -419,24 +435,30 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        let mut conn = self.inner.conn.clone();
-        if ops::release(
-            &mut conn,
-            &self.keys(lease.name()),
-            lease.token(),
-            self.tell(),
-        )
-        .await?
-        {
-            Ok(())
-        } else {
-            Err(LockError::not_held(lease.name()))
-        }
+        self.on_server(async {
+            let mut conn = self.inner.conn.clone();
+            if ops::release(
+                &mut conn,
+                &self.keys(lease.name()),
+                lease.token(),
+                self.tell(),
+            )
+            .await?
+            {
+                Ok(())
+            } else {
+                Err(LockError::not_held(lease.name()))
+            }
+        })
+        .await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        let mut conn = self.inner.conn.clone();
-        ops::inspect(&mut conn, name, &self.keys(name)).await
+        self.on_server(async {
+            let mut conn = self.inner.conn.clone();
+            ops::inspect(&mut conn, name, &self.keys(name)).await
+        })
+        .await
     }
 }
 

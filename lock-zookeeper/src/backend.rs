@@ -51,6 +51,15 @@ struct Held {
 }
 
 impl ZkBackend {
+    /// Runs `work`, naming the ensemble in a store error (see [`LockError::on_server`]).
+    async fn on_server<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        work.await
+            .map_err(|e| e.on_server(&self.inner.sessions.config().hosts))
+    }
+
     /// Validates `config` and establishes the backend's session.
     ///
     /// # Errors
@@ -168,23 +177,26 @@ impl LockBackend for ZkBackend {
     /// request's TTL is not used: the hold lasts as long as the session, and the lease's TTL is
     /// the session timeout less half a server tick ([`ZkConfig::lease_ttl`](crate::ZkConfig::lease_ttl)).
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
-        let lock_path = self.lock_path(request.name());
-        let granted = recipe::acquire(&self.inner.sessions, &lock_path, request).await?;
-        let lease = Lease::new(
-            request.name().clone(),
-            granted.token.clone(),
-            granted.fence,
-            granted.ttl,
-        );
-        self.table().insert(
-            granted.token,
-            Held {
-                name: request.name().clone(),
-                path: granted.path,
-                session: granted.session,
-            },
-        );
-        Ok(Grant::new(lease, granted.valid_from))
+        self.on_server(async {
+            let lock_path = self.lock_path(request.name());
+            let granted = recipe::acquire(&self.inner.sessions, &lock_path, request).await?;
+            let lease = Lease::new(
+                request.name().clone(),
+                granted.token.clone(),
+                granted.fence,
+                granted.ttl,
+            );
+            self.table().insert(
+                granted.token,
+                Held {
+                    name: request.name().clone(),
+                    path: granted.path,
+                    session: granted.session,
+                },
+            );
+            Ok(Grant::new(lease, granted.valid_from))
+        })
+        .await
     }
 
     /// Checks that the lease's node still exists and belongs to the backend's live session
@@ -196,43 +208,47 @@ impl LockBackend for ZkBackend {
     /// [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session ended;
     /// [`LockError::Unavailable`] while disconnected (the session may still be alive).
     async fn renew(&self, lease: &Lease, _ttl: Duration) -> Result<Grant, LockError> {
-        let held = self.held(lease)?;
-        let conn = self.session_of(&held)?;
-        if conn.state() == SessionState::Disconnected {
-            return Err(LockError::unavailable_msg(format!(
-                "disconnected from ZooKeeper; the session holding `{}` may still be alive",
-                held.name
-            )));
-        }
-        let sent = Instant::now();
-        // `sync` first, pipelined with the check (one round trip): the server answers the
-        // check only after catching up with the leader, so a server cut off from the quorum,
-        // which would answer from its own stale state while the leader expires the session,
-        // cannot confirm the hold.
-        let (synced, found) = futures::join!(conn.sync(&held.path), conn.exists(&held.path));
-        if let Err(e) = synced {
-            if is_session_end(&e) {
-                return Err(session_ended(&held.name));
+        self.on_server(async {
+            let held = self.held(lease)?;
+            let conn = self.session_of(&held)?;
+            if conn.state() == SessionState::Disconnected {
+                return Err(LockError::unavailable_msg(format!(
+                    "disconnected from ZooKeeper; the session holding `{}` may still be alive",
+                    held.name
+                )));
             }
-            if !matches!(e, zookeeper_client::Error::NoNode) {
-                return Err(ZkError::new("sync", held.path, e).into());
+            let sent = Instant::now();
+            // `sync` first, pipelined with the check (one round trip): the server answers the
+            // check only after catching up with the leader, so a server cut off from the quorum,
+            // which would answer from its own stale state while the leader expires the session,
+            // cannot confirm the hold.
+            let (synced, found) = futures::join!(conn.sync(&held.path), conn.exists(&held.path));
+            if let Err(e) = synced {
+                if is_session_end(&e) {
+                    return Err(session_ended(&held.name));
+                }
+                if !matches!(e, zookeeper_client::Error::NoNode) {
+                    return Err(ZkError::new("sync", held.path, e).into());
+                }
             }
-        }
-        match found {
-            Ok(Some(stat))
-                if stat.ephemeral_owner == held.session.0
-                    && recipe::fence(stat.czxid, &held.path).is_ok_and(|f| f == lease.fence()) =>
-            {
-                let renewed = lease.clone().with_ttl(conn.lease_ttl());
-                Ok(Grant::new(renewed, sent))
+            match found {
+                Ok(Some(stat))
+                    if stat.ephemeral_owner == held.session.0
+                        && recipe::fence(stat.czxid, &held.path)
+                            .is_ok_and(|f| f == lease.fence()) =>
+                {
+                    let renewed = lease.clone().with_ttl(conn.lease_ttl());
+                    Ok(Grant::new(renewed, sent))
+                }
+                Ok(_) => {
+                    self.forget(lease);
+                    Err(LockError::not_held(lease.name()))
+                }
+                Err(e) if is_session_end(&e) => Err(session_ended(&held.name)),
+                Err(e) => Err(ZkError::new("exists", held.path, e).into()),
             }
-            Ok(_) => {
-                self.forget(lease);
-                Err(LockError::not_held(lease.name()))
-            }
-            Err(e) if is_session_end(&e) => Err(session_ended(&held.name)),
-            Err(e) => Err(ZkError::new("exists", held.path, e).into()),
-        }
+        })
+        .await
     }
 
     /// Renews every lease at once: the checks are sent together and answered in one round
@@ -251,44 +267,50 @@ impl LockBackend for ZkBackend {
     /// backend's; [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session
     /// ended (the server deletes its nodes).
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-        let held = self.held(lease)?;
-        let conn = match self.session_of(&held) {
-            Ok(conn) => conn,
-            Err(error) => {
-                self.forget(lease);
-                return Err(error);
+        self.on_server(async {
+            let held = self.held(lease)?;
+            let conn = match self.session_of(&held) {
+                Ok(conn) => conn,
+                Err(error) => {
+                    self.forget(lease);
+                    return Err(error);
+                }
+            };
+            match recipe::delete(&conn, &held.path).await {
+                Ok(true) => {
+                    self.forget(lease);
+                    Ok(())
+                }
+                Ok(false) => {
+                    self.forget(lease);
+                    Err(LockError::not_held(lease.name()))
+                }
+                Err(e) if is_session_end(&e) => {
+                    self.forget(lease);
+                    Err(session_ended(&held.name))
+                }
+                Err(e) => Err(ZkError::new("delete", held.path, e).into()),
             }
-        };
-        match recipe::delete(&conn, &held.path).await {
-            Ok(true) => {
-                self.forget(lease);
-                Ok(())
-            }
-            Ok(false) => {
-                self.forget(lease);
-                Err(LockError::not_held(lease.name()))
-            }
-            Err(e) if is_session_end(&e) => {
-                self.forget(lease);
-                Err(session_ended(&held.name))
-            }
-            Err(e) => Err(ZkError::new("delete", held.path, e).into()),
-        }
+        })
+        .await
     }
 
     /// The lowest contender: its token (for nodes of this library, the lease token; for
     /// Curator's, the node name), its creation zxid as the fence, no expiry. Reads after a
     /// `sync`, so a follower's lag does not show a released lock as held.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        let conn = self.inner.sessions.live().await?;
-        let limit = conn.timeout().max(Duration::from_secs(1));
-        let lock_path = self.lock_path(name);
-        match tokio::time::timeout(limit, recipe::inspect(&conn, &lock_path, name)).await {
-            Ok(info) => info,
-            Err(_) => Err(LockError::unavailable_msg(format!(
-                "ZooKeeper did not answer within {limit:?} while inspecting `{name}`"
-            ))),
-        }
+        self.on_server(async {
+            let conn = self.inner.sessions.live().await?;
+            let limit = conn.timeout().max(Duration::from_secs(1));
+            let lock_path = self.lock_path(name);
+            match tokio::time::timeout(limit, recipe::inspect(&conn, &lock_path, name)).await {
+                Ok(info) => info,
+                Err(_) => Err(LockError::unavailable_msg(format!(
+                    "ZooKeeper did not answer within {limit:?} while inspecting `{name}`"
+                ))),
+            }
+        })
+        .await
     }
 }
 

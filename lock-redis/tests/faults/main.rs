@@ -124,6 +124,9 @@ fn main() -> ExitCode {
         .case("restart_while_held_fires_lost", || {
             Box::pin(outages::restart_while_held_fires_lost())
         })
+        .case("store_errors_name_the_server", || {
+            Box::pin(outages::store_errors_name_the_server())
+        })
         .case("fences_grow_after_the_counter_is_lost", || {
             Box::pin(fences::fences_grow_after_the_counter_is_lost())
         })

@@ -139,3 +139,28 @@ pub(super) async fn unreachable_server_is_unavailable() -> Outcome {
     );
     Ok(())
 }
+
+/// A store error names the server it failed on: with the server stopped, an acquire of a
+/// connected client fails `Unavailable` with the server's address in its message.
+pub(super) async fn store_errors_name_the_server() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let client = single_client(&url).await?;
+    let lock = unique_name("errors-name-server")?;
+    let server = url.trim_start_matches("redis://").to_owned();
+    let stopped = Stopped::instances(&["redis"]).await?;
+    let result = client.try_lock_with(&lock, &LockOptions::new()).await;
+    stopped.start().await?;
+    match result {
+        Err(error @ LockError::Unavailable { .. }) => {
+            let message = error.to_string();
+            ensure!(
+                message.contains(&server),
+                "the error does not name the server {server}: {message}"
+            );
+            Ok(())
+        }
+        other => Err(Failure(format!(
+            "acquire with the server stopped returned {other:?}, expected Unavailable"
+        ))),
+    }
+}

@@ -13,6 +13,7 @@
 //! deliberately broken wrappers of [`lock_core::MemoryBackend`] and checks each is caught.
 
 pub mod bench;
+pub mod bounds;
 mod cases;
 mod delaying;
 pub mod faults;

@@ -19,19 +19,17 @@ pub use table_name::TableName;
 
 #[cfg(test)]
 mod bounds {
-    //! Compile-time checks that the backends, their configs and futures can move across
-    //! tasks.
-    use super::*;
+    //! The backend, its config and its futures can move across tasks.
+    use conformance_tests::bounds::{send, send_sync_static};
 
-    fn is_send_sync_static<T: Send + Sync + 'static>() {}
-    fn is_send<F: std::future::Future + Send>(_: &F) {}
+    use super::*;
 
     #[test]
     fn backends_and_futures_are_send() {
-        is_send_sync_static::<MySqlBackend>();
-        is_send_sync_static::<MySqlConfig>();
-        let config = MySqlConfig::new("mysql://u@127.0.0.1:1/db");
-        // Not awaited: only the types are checked.
-        is_send(&MySqlBackend::connect(&config));
+        send_sync_static::<MySqlBackend>();
+        send_sync_static::<MySqlConfig>();
+        send(&MySqlBackend::connect(&MySqlConfig::new(
+            "mysql://u@127.0.0.1:1/db",
+        )));
     }
 }

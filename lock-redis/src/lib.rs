@@ -17,24 +17,21 @@ pub use redlock::RedlockBackend;
 
 #[cfg(test)]
 mod bounds {
-    //! Compile-time checks that the backends, their configs and futures can move across
-    //! tasks.
-    use super::*;
+    //! The backends, their configs and their futures can move across tasks.
+    use conformance_tests::bounds::{send, send_sync_static};
 
-    fn is_send_sync_static<T: Send + Sync + 'static>() {}
-    fn is_send<F: std::future::Future + Send>(_: &F) {}
+    use super::*;
 
     #[test]
     fn backends_and_futures_are_send() {
-        is_send_sync_static::<RedisBackend>();
-        is_send_sync_static::<RedlockBackend>();
-        is_send_sync_static::<RedisConfig>();
-        is_send_sync_static::<RedlockConfig>();
-        // Not awaited: only the types are checked.
-        is_send(&RedisBackend::connect(RedisConfig::single(
+        send_sync_static::<RedisBackend>();
+        send_sync_static::<RedlockBackend>();
+        send_sync_static::<RedisConfig>();
+        send_sync_static::<RedlockConfig>();
+        send(&RedisBackend::connect(RedisConfig::single(
             "redis://127.0.0.1:1",
         )));
-        is_send(&RedlockBackend::connect(RedlockConfig::new([
+        send(&RedlockBackend::connect(RedlockConfig::new([
             "redis://127.0.0.1:1",
         ])));
     }

@@ -15,16 +15,15 @@ pub use metrics::OpCounts;
 
 #[cfg(test)]
 mod bounds {
-    //! Compile-time checks that the backend and its futures can move across tasks.
-    use super::*;
+    //! The backend, its config and its futures can move across tasks.
+    use conformance_tests::bounds::{send, send_sync_static};
 
-    fn is_send_sync_static<T: Send + Sync + 'static>() {}
+    use super::*;
 
     #[test]
     fn backend_and_futures_are_send() {
-        is_send_sync_static::<ZkBackend>();
-        is_send_sync_static::<ZkConfig>();
-        fn future_is_send<F: std::future::Future + Send>(_: F) {}
-        future_is_send(ZkBackend::connect(ZkConfig::default()));
+        send_sync_static::<ZkBackend>();
+        send_sync_static::<ZkConfig>();
+        send(&ZkBackend::connect(ZkConfig::default()));
     }
 }

@@ -11,7 +11,7 @@ use lock_core::{LockClient, LockError, LockOptions, LossReason};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 
 use super::{
-    client, kill_connection, spawn_acquire,
+    client, handed_on, kill_connection, spawn_acquire,
     support::{self, MySqlStore},
     until_waiting,
 };
@@ -123,14 +123,7 @@ pub(super) async fn lease_kill_holder() -> Outcome {
         took <= ttl + Duration::from_millis(800),
         "the lease ended only after {took:?}"
     );
-    ensure!(
-        next.fence() > held.fence(),
-        "fence {} after {}",
-        next.fence(),
-        held.fence()
-    );
-    next.release().await.map_err(err)?;
-    drop(held);
+    handed_on(held, next).await?;
 
     let name2 = unique_name("kill-lease-renewed")?;
     let ttl = Duration::from_secs(1);

@@ -12,7 +12,7 @@ use lock_mysql::{MySqlBackend, Strategy};
 use sqlx::AssertSqlSafe;
 
 use super::{
-    admin_conn, client, spawn_acquire,
+    admin_conn, client, handed_on, spawn_acquire,
     support::{MySqlStore, hex},
     until_waiting,
 };
@@ -64,14 +64,7 @@ pub(super) async fn lease_lock_wait_timeout() -> Outcome {
         start.elapsed() >= ttl,
         "the waiter got the lock before the TTL"
     );
-    ensure!(
-        next.fence() > held.fence(),
-        "fence {} after {}",
-        next.fence(),
-        held.fence()
-    );
-    next.release().await.map_err(err)?;
-    drop(held);
+    handed_on(held, next).await?;
     Ok(())
 }
 

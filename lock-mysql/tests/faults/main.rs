@@ -143,6 +143,20 @@ async fn until_waiting(store: &MySqlStore, name: &LockName) -> Outcome {
         .map_err(Failure)
 }
 
+/// The lock went from `held` to `next`: `next`'s fence is above `held`'s. Releases `next`
+/// and drops `held`.
+pub(crate) async fn handed_on(held: LockGuard, next: LockGuard) -> Outcome {
+    conformance_tests::ensure!(
+        next.fence() > held.fence(),
+        "fence {} after {}",
+        next.fence(),
+        held.fence()
+    );
+    next.release().await.map_err(err)?;
+    drop(held);
+    Ok(())
+}
+
 /// Waits up to a second for no statement on `name` to run on `store`'s server.
 async fn until_no_statement(store: &MySqlStore, name: &LockName) -> Outcome {
     support::until_no_statement(store.admin(), name)

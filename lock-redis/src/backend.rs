@@ -55,6 +55,9 @@ pub struct RedisBackend {
 
 #[derive(Debug)]
 struct Inner {
+    /// The server's (or the cluster's seed) addresses, passwords hidden, for error messages:
+    /// built once, not on every busy try.
+    server: String,
     conn: Conn,
     waiters: Arc<Waiters>,
     config: RedisConfig,
@@ -66,8 +69,7 @@ impl RedisBackend {
         &self,
         work: impl Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
-        work.await
-            .map_err(|e| e.on_server(redacted(&self.inner.config.urls).join(",")))
+        work.await.map_err(|e| e.on_server(&self.inner.server))
     }
 
     /// Connects as `config` says (one server, or a cluster when `config.cluster`).
@@ -94,6 +96,7 @@ impl RedisBackend {
         let pubsub = connection::client(&first)?;
         Ok(Self {
             inner: Arc::new(Inner {
+                server: redacted(&config.urls).join(","),
                 conn,
                 waiters: Waiters::new(pubsub, config.response_timeout, !config.cluster),
                 config,

@@ -44,6 +44,11 @@ pub fn role() -> Option<String> {
 /// When the path of the running executable cannot be found.
 pub fn child(role: &str) -> Result<tokio::process::Command, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    Ok(command(&exe, role))
+}
+
+/// `exe` in `role`, with the stdio and kill-on-drop of every child role.
+fn command(exe: &std::path::Path, role: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(exe);
     command
         .env(ROLE_VAR, role)
@@ -51,7 +56,7 @@ pub fn child(role: &str) -> Result<tokio::process::Command, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true);
-    Ok(command)
+    command
 }
 
 /// How to start a separate holder process (the runner's own executable in holder mode).
@@ -91,15 +96,10 @@ impl HolderProcess {
     /// # Cancel safety
     /// Dropping the future kills the child.
     pub async fn spawn(&self, name: &LockName, ttl: Duration) -> Result<HeldByChild, String> {
-        let mut child = tokio::process::Command::new(&self.exe)
-            .env(ROLE_VAR, HOLDER_ROLE)
+        let mut child = command(&self.exe, HOLDER_ROLE)
             .env(HOLDER_STORE_VAR, &self.store)
             .env(HOLDER_NAME_VAR, name.as_str())
             .env(HOLDER_TTL_VAR, ttl.as_millis().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start the holder process: {e}"))?;
         let stdout = child

@@ -191,8 +191,11 @@ async fn renew(backend: Arc<dyn LockBackend>, round: Round) {
             }
             Ok(answer) => {
                 // The batch failed as a whole, or answered for the wrong number of leases.
-                let error = answer.err().map(|e| e.to_string());
-                tracing::debug!(?error, "a batched renewal failed; its locks retry soon");
+                if let Err(error) = &answer {
+                    tracing::debug!(%error, "a batched renewal failed; its locks retry soon");
+                } else {
+                    tracing::debug!("a batched renewal answered for the wrong number of locks");
+                }
                 for (hold, _, _) in &round.batch {
                     hold.retry_soon(sent);
                 }

@@ -18,8 +18,8 @@
 //!   no earlier than it would have without parking;
 //! - chunks are parked only until one second before the end of the lease
 //!   (`valid_from + ttl`). The last one, when it runs to its end undisturbed, sets
-//!   `wait_timeout` to 1 s on the server (`SET @p = SLEEP(..); SET SESSION wait_timeout =
-//!   IF(@p = 0, 1, <ttl>)`; an interrupted sleep fails or returns 1 and keeps the TTL), so a
+//!   `wait_timeout` to 1 s on the server (`SET SESSION wait_timeout = IF(SLEEP(..) = 0, 1,
+//!   <ttl>)`; an interrupted sleep fails or returns 1 and keeps the TTL), so a
 //!   holder that does not renew loses the hold at `valid_from + ttl` by the server's count,
 //!   never earlier than the client's own deadline (the server started counting after the
 //!   client sent the chunk);
@@ -233,14 +233,25 @@ async fn park(
 ) -> Next {
     let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
     // `DO 0` first: its answer tells the client the server is inside the batch, where a
-    // `KILL QUERY` stops the rest of it (one sent before the batch starts is lost).
+    // `KILL QUERY` stops the rest of it (one sent before the batch starts is lost). The
+    // sleep and the idle limit are one statement, the batch's last: MariaDB looks for a kill
+    // between the statements of a batch, and one found there ends the batch without the rest
+    // of its answer though the answer before said more would follow, so the client would
+    // wait until the server's idle limit closed the connection (fault case
+    // `row_lock/park_killed_between_statements`). Killed inside its one statement, the sleep
+    // ends early (or the statement fails with 1317), and the answer comes whole.
     let park = format!(
-        "DO 0; SET @lock_mysql_parked = SLEEP({}.{:06}); \
-         SET SESSION wait_timeout = IF(@lock_mysql_parked = 0, {}, {big})",
+        "DO 0; SET SESSION wait_timeout = IF(SLEEP({}.{:06}) = 0, {}, {big})",
         chunk.as_secs(),
         chunk.subsec_micros(),
         if last { LAST_IDLE_SECS } else { big },
     );
+    if last {
+        // Whether the chunk runs to its end (and leaves the server's idle limit at
+        // `LAST_IDLE_SECS`) is not known when a command stops it just then: count on the
+        // shorter limit, so the next renewal sets the TTL's again.
+        dedicated.wait_timeout = Some(LAST_IDLE_SECS);
+    }
     let id = dedicated.id;
     let (started_tx, started) = oneshot::channel();
     let conn = &mut dedicated.conn;
@@ -258,6 +269,8 @@ async fn park(
     let next = tokio::select! {
         result = &mut parked => match result {
             Ok(()) => Next::Again,
+            // Stopped by a kill nobody here sent: the connection (and the hold) lives on.
+            Err(error) if classify(&error) == Class::Interrupted => Next::Again,
             Err(error) => return Next::Lost(error, None),
         },
         command = rx.recv() => {
@@ -270,9 +283,6 @@ async fn park(
         }
     };
     drop(parked);
-    if last {
-        dedicated.wait_timeout = Some(LAST_IDLE_SECS);
-    }
     next
 }
 

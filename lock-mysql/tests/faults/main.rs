@@ -9,6 +9,8 @@
 //! - one client's waiters for a name: only one waits in InnoDB, the others (and their budgets)
 //!   in the client; a fence issued by someone else between a grant and its bump is recorded
 //!   as the fence the holder really got;
+//! - a renewal's `KILL QUERY` of the row-lock hold's parked statement landing between two
+//!   statements of its batch (played by a proxy): the hold goes on;
 //! - the lease's waiters' queue: a dead waiter, the holder's own place, places locked behind;
 //! - an unreachable server and a refused login: typed errors;
 //! - a server restart while locks are held and waited for: typed errors, then recovery with
@@ -34,6 +36,7 @@ mod foreign_transactions;
 mod lease_queue;
 mod restart;
 mod row_lock_fences;
+mod row_lock_park;
 mod row_lock_waits;
 mod sent_times;
 mod skewed;
@@ -81,6 +84,9 @@ fn main() -> ExitCode {
         })
         .case("row_lock/one_waiter_per_name_per_client", || {
             Box::pin(row_lock_waits::row_lock_one_waiter_per_client())
+        })
+        .case("row_lock/park_killed_between_statements", || {
+            Box::pin(row_lock_park::killed_between_statements())
         })
         .case("row_lock/fence_bumped_between_grant_and_bump", || {
             Box::pin(row_lock_fences::row_lock_fence_bumped_in_between())

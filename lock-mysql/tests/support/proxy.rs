@@ -112,3 +112,71 @@ impl Hook for Recorder {
         Flow::Forward
     }
 }
+
+impl Proxy {
+    /// Starts a proxy to `upstream` that plays a `KILL QUERY` landing between two statements
+    /// of a row-lock hold's parked batch (`.. SLEEP(..) ..`): MariaDB then ends the batch
+    /// without the rest of its answer, though the last answer it sent said more would follow,
+    /// and the client waits for an answer that never comes. Here the answer to a parked batch
+    /// is passed on up to its second OK, the sleep's; if that OK says more results follow,
+    /// the rest is dropped.
+    pub async fn cutting_parks(upstream: SocketAddr) -> Result<Self, String> {
+        Self::new(Relay::with_hook(upstream, ParkCutter::default).await)
+    }
+}
+
+/// The hook of [`Proxy::cutting_parks`], for one connection.
+#[derive(Default)]
+struct ParkCutter {
+    /// A parked batch was sent; its answer is being read.
+    armed: bool,
+    /// OK packets of that answer passed on so far.
+    oks: usize,
+    /// The rest of the answer is dropped.
+    cutting: bool,
+    /// A partial packet from the server.
+    partial: Vec<u8>,
+}
+
+impl Hook for ParkCutter {
+    fn client_sent(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Flow {
+        let text = String::from_utf8_lossy(bytes);
+        if text.contains("SLEEP(") && text.contains("wait_timeout") {
+            self.armed = true;
+            self.oks = 0;
+        }
+        out.extend_from_slice(bytes);
+        Flow::Forward
+    }
+
+    fn server_sent(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Flow {
+        if !self.armed && self.partial.is_empty() {
+            if !self.cutting {
+                out.extend_from_slice(bytes);
+            }
+            return Flow::Forward;
+        }
+        self.partial.extend_from_slice(bytes);
+        for packet in wire::packets(&mut self.partial) {
+            if self.cutting {
+                continue;
+            }
+            out.extend_from_slice(&packet);
+            if !self.armed {
+                continue;
+            }
+            match wire::ok_says_more(&packet) {
+                Some(more) => {
+                    self.oks += 1;
+                    if self.oks == 2 {
+                        self.armed = false;
+                        self.cutting = more;
+                    }
+                }
+                // An error or a result set: not the parked batch's answer as expected.
+                None => self.armed = false,
+            }
+        }
+        Flow::Forward
+    }
+}

@@ -31,3 +31,43 @@ pub fn commands(bytes: &[u8], texts: &mut Vec<String>, executes: &mut Vec<Vec<u8
         at += 4 + len;
     }
 }
+
+/// `SERVER_MORE_RESULTS_EXISTS`: an OK packet's status flag saying more results of the same
+/// batch follow.
+const MORE_RESULTS: u16 = 0x0008;
+
+/// Splits the complete packets off the front of `buffer` (a 3-byte little-endian payload
+/// length, a sequence number, the payload), leaving a partial one in it.
+pub fn packets(buffer: &mut Vec<u8>) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while buffer.len() >= 4 {
+        let len =
+            usize::from(buffer[0]) | usize::from(buffer[1]) << 8 | usize::from(buffer[2]) << 16;
+        if buffer.len() < 4 + len {
+            break;
+        }
+        out.push(buffer.drain(..4 + len).collect());
+    }
+    out
+}
+
+/// For an OK packet (header included): whether its status says more results follow; `None`
+/// for any other packet.
+pub fn ok_says_more(packet: &[u8]) -> Option<bool> {
+    let payload = packet.get(4..)?;
+    if payload.first() != Some(&0x00) {
+        return None;
+    }
+    // Header byte, then affected rows and last insert id (length-encoded), then the status.
+    let mut at = 1;
+    for _ in 0..2 {
+        at += match payload.get(at)? {
+            0xfc => 3,
+            0xfd => 4,
+            0xfe => 9,
+            _ => 1,
+        };
+    }
+    let status = u16::from_le_bytes([*payload.get(at)?, *payload.get(at + 1)?]);
+    Some(status & MORE_RESULTS != 0)
+}

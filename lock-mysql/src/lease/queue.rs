@@ -43,8 +43,11 @@
 //!   that finds it free while someone else is first cuts that place to the first waiter's
 //!   own turn from then.
 //! - **Leaving**: a waiter that gives up (budget spent, error) deletes its place and frees a
-//!   lease handed to it meanwhile; one whose `acquire` future is dropped leaves both to lapse
-//!   (the place after at most [`place_for`], a handed lease after its turn).
+//!   lease handed to it meanwhile; one whose `acquire` future is dropped does the same in
+//!   the background. That clean-up does not wait for a queue batch of the dropped call still
+//!   in flight, so a place written just after it is left to lapse (after at most
+//!   [`place_for`]; a handed lease after its turn). A parked waiter behind such a place wakes
+//!   when it lapses (see [`park_batch`]).
 //!
 //! The queue only decides who may take a free lease; a lease handed over is an ordinary lease
 //! row. A lost or stale place can delay a waiter but never grant a lock twice.
@@ -181,7 +184,11 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> Strin
 
 /// A waiter's park: record this connection in its place, then sleep up to `park` unless the
 /// lease has been handed to it meanwhile, or is free with this waiter first (a release that
-/// freed it without seeing the place, which came just after: nobody would wake it). Answers
+/// freed it without seeing the place, which came just after: nobody would wake it). The
+/// sleep also ends when the first live place of someone else lapses (a waiter that died, or
+/// a place left behind by an `acquire` dropped while it was being written): nobody wakes a
+/// waiter then, and a whole park past it could outlast the waiter's budget (fault case
+/// `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). Answers
 /// `'parked'` with 1 when the sleep was cut short or skipped, else 0 (a `KILL QUERY` may also
 /// end the batch with error 1317).
 pub(crate) fn park_batch(table: &TableName, name: &[u8], token: &[u8], park: Duration) -> String {
@@ -193,10 +200,11 @@ pub(crate) fn park_batch(table: &TableName, name: &[u8], token: &[u8], park: Dur
          OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
          AND NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
          AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}))), \
-         1, SLEEP({}.{:06})) AS woke, '{PARK_MARK}{}' AS mark",
-        park.as_secs(),
-        park.subsec_micros(),
+         1, SLEEP(LEAST({park}, COALESCE((SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), o.until_at), 0) / 1000000 + 0.001 \
+         FROM {q} o FORCE INDEX (by_arrival) WHERE o.name = {n} AND o.until_at > NOW(6) AND o.token <> {k} \
+         ORDER BY o.arrived_at, o.token LIMIT 1), {park})))) AS woke, '{PARK_MARK}{}' AS mark",
         token_text(token),
+        park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
     )
 }
 

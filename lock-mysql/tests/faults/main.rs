@@ -73,6 +73,10 @@ fn main() -> ExitCode {
         .case("lease/a_locked_place_behind_stalls_no_waiter", || {
             Box::pin(lease_queue::lease_locked_place_behind())
         })
+        .case(
+            "lease/a_lapsing_place_ahead_stalls_only_until_it_lapses",
+            || Box::pin(lease_queue::lease_lapsing_place_ahead()),
+        )
         .case("lease/renewal_batch_deadlock_is_retried", || {
             Box::pin(foreign_transactions::lease_deadlock_retried())
         })

@@ -141,3 +141,59 @@ impl History {
         }
     }
 }
+
+/// One line a worker writes (JSON, one per line, flushed at once, so a worker killed
+/// mid-run leaves every record it made before).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "record", rename_all = "snake_case")]
+pub enum Record {
+    /// A grant, written as soon as `acquire` returned (`held_seen` and `ended` are `None`).
+    Grant(Section),
+    /// The end of the section of `worker`'s grant of `name` with `fence`.
+    End {
+        /// The worker.
+        worker: u32,
+        /// The lock.
+        name: String,
+        /// The grant's fence.
+        fence: u64,
+        /// The last time the holder saw `is_held() == true`.
+        held_seen: Option<Nanos>,
+        /// When the section ended.
+        ended: Nanos,
+    },
+    /// How the worker ended (not written by a worker that was killed or panicked).
+    Done(WorkerEnd),
+}
+
+impl History {
+    /// Adds `records` (of any workers, in any order): grants become sections, completed by
+    /// their ends; a grant without an end is a worker that died holding.
+    pub fn add(&mut self, records: impl IntoIterator<Item = Record>) {
+        let mut ends = std::collections::HashMap::new();
+        let mut grants = Vec::new();
+        for record in records {
+            match record {
+                Record::Grant(section) => grants.push(section),
+                Record::End {
+                    worker,
+                    name,
+                    fence,
+                    held_seen,
+                    ended,
+                } => {
+                    ends.insert((worker, name, fence), (held_seen, ended));
+                }
+                Record::Done(end) => self.workers.push(end),
+            }
+        }
+        for mut section in grants {
+            let key = (section.worker, section.name.clone(), section.fence);
+            if let Some((held_seen, ended)) = ends.remove(&key) {
+                section.held_seen = held_seen;
+                section.ended = Some(ended);
+            }
+            self.sections.push(section);
+        }
+    }
+}

@@ -35,10 +35,15 @@
 //! assert!(findings.violations(true).is_empty(), "{:?}", findings.violations(true));
 //! ```
 
+pub mod campaign;
 mod check;
+pub mod clock;
 mod history;
 mod resource;
+pub mod server;
+pub mod stores;
+pub mod worker;
 
 pub use check::{Findings, check};
-pub use history::{Fault, History, Nanos, Section, WorkerEnd, Write};
+pub use history::{Fault, History, Nanos, Record, Section, WorkerEnd, Write};
 pub use resource::Resource;

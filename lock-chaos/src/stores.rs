@@ -1,0 +1,132 @@
+//! The stores a campaign runs against, connected from the variables `cargo xtask services env`
+//! prints, and the servers a store fault takes down.
+
+use std::time::Duration;
+
+use lock_core::{Fencing, LockClient, LockError};
+use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
+use lock_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
+use lock_zookeeper::{ZkBackend, ZkConfig};
+
+/// Every store a campaign knows, by the name the command line uses.
+pub const STORES: [&str; 7] = [
+    "redis",
+    "redis-cluster",
+    "redlock",
+    "mysql-lease",
+    "mysql-rowlock",
+    "zookeeper",
+    "zk-ensemble",
+];
+
+/// The ZooKeeper session timeout of campaign clients (the TTL of a session store: a worker
+/// that died keeps its place, held or waiting, until its session expires).
+const ZK_SESSION: Duration = Duration::from_secs(4);
+
+/// The key prefix, table and ZooKeeper root of campaign locks.
+const PREFIX: &str = "chaos";
+
+fn var(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| {
+        format!(
+            "{name} is not set: run `cargo xtask services up` and export `cargo xtask services env`"
+        )
+    })
+}
+
+fn list(name: &str) -> Result<Vec<String>, String> {
+    Ok(var(name)?.split(',').map(str::to_owned).collect())
+}
+
+fn text(error: LockError) -> String {
+    error.to_string()
+}
+
+/// A client of `store` (one of [`STORES`]).
+///
+/// # Errors
+/// An unknown store, a missing variable, or the store not answering.
+pub async fn connect(store: &str) -> Result<LockClient, String> {
+    Ok(match store {
+        "redis" => LockClient::new(
+            RedisBackend::connect(
+                RedisConfig::single(var("LOCK_TEST_REDIS_URL")?).key_prefix(PREFIX),
+            )
+            .await
+            .map_err(text)?,
+        ),
+        "redis-cluster" => LockClient::new(
+            RedisBackend::connect(
+                RedisConfig::cluster(list("LOCK_TEST_REDIS_CLUSTER_URLS")?).key_prefix(PREFIX),
+            )
+            .await
+            .map_err(text)?,
+        ),
+        "redlock" => LockClient::new(
+            RedlockBackend::connect(
+                RedlockConfig::new(list("LOCK_TEST_REDLOCK_URLS")?).key_prefix(PREFIX),
+            )
+            .await
+            .map_err(text)?,
+        ),
+        "mysql-lease" | "mysql-rowlock" => {
+            let strategy = if store == "mysql-lease" {
+                Strategy::Lease
+            } else {
+                Strategy::RowLock
+            };
+            let table =
+                TableName::new(format!("chaos_{}", store.replace('-', "_"))).map_err(text)?;
+            let config = MySqlConfig::new(var("LOCK_TEST_MYSQL_URL")?)
+                .strategy(strategy)
+                .table(table)
+                .pool_size(2)
+                .connect_timeout(Duration::from_secs(3));
+            LockClient::new(MySqlBackend::connect(&config).await.map_err(text)?)
+        }
+        "zookeeper" | "zk-ensemble" => {
+            let hosts = if store == "zookeeper" {
+                var("LOCK_TEST_ZK_ADDR")?
+            } else {
+                var("LOCK_TEST_ZK_ENSEMBLE")?
+            };
+            LockClient::new(
+                ZkBackend::connect(
+                    ZkConfig::new(hosts)
+                        .root(format!("/{PREFIX}"))
+                        .session_timeout(ZK_SESSION),
+                )
+                .await
+                .map_err(text)?,
+            )
+        }
+        other => {
+            return Err(format!(
+                "unknown store `{other}`; known: {}",
+                STORES.join(", ")
+            ));
+        }
+    })
+}
+
+/// Whether `client`'s store declares strict fencing (then stale writes and fence regressions
+/// fail a run).
+pub fn strict(client: &LockClient) -> bool {
+    client.capabilities().fencing == Fencing::Strict
+}
+
+/// The service instances a store fault takes down for `store`, and whether the store can
+/// serve nobody meanwhile (an outage that explains a gap with no holder).
+pub fn outage_instances(store: &str) -> (&'static [&'static str], bool) {
+    match store {
+        "redis" => (&["redis"], true),
+        "redis-cluster" => (&["redis-cluster"], true),
+        // Two of five: a majority is left, so the lock must still work.
+        "redlock" => (&["redlock-3", "redlock-4"], false),
+        "mysql-lease" | "mysql-rowlock" => (&["mariadb"], true),
+        "zookeeper" => (&["zookeeper"], true),
+        // One of three: a quorum is left.
+        "zk-ensemble" => (&["zk-ensemble-1"], false),
+        _ => (&[], false),
+    }
+}

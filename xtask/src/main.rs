@@ -4,9 +4,12 @@
 //!
 //! * `cargo xtask services up|down|status|env` manages the local Redis, MariaDB and
 //!   ZooKeeper servers the tests run against (state under `<workspace>/target/services`).
-//! * `cargo xtask test` starts the services, then runs fmt, clippy and the test suite.
+//! * `cargo xtask test` starts the services, then runs fmt, clippy, the docs, the package
+//!   check, the test suite and a short seeded fault campaign (20 s per store).
 //! * `cargo xtask compare` runs the comparison.
+//! * `cargo xtask chaos [STORE...] [--duration S] [--seed N]` runs the fault campaign.
 
+mod chaos;
 mod compare;
 mod msrv;
 mod services;
@@ -38,10 +41,18 @@ enum Command {
         #[command(subcommand)]
         action: ServicesAction,
     },
-    /// Start the services, then run `cargo fmt --check`, `cargo clippy` and `cargo test`.
+    /// Start the services, then run `cargo fmt --check`, `cargo clippy`, `cargo doc`,
+    /// `cargo package`, `cargo test` and a short fault campaign (`chaos run --duration 20`).
     Test(test_cmd::TestArgs),
     /// Run the comparison.
     Compare,
+    /// Run the fault campaign: worker processes contend for locks under faults, and the
+    /// history is judged (arguments go to `chaos run`: stores, `--duration`, `--seed`, ...).
+    Chaos {
+        /// Stores and options for `chaos run`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// Subcommands of `cargo xtask services`.
@@ -80,6 +91,7 @@ fn main() -> ExitCode {
         },
         Command::Test(args) => test_cmd::run(&args),
         Command::Compare => compare::run(),
+        Command::Chaos { args } => chaos::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -77,6 +77,26 @@ pub(crate) fn steps() -> Vec<Step> {
             args: vec!["test", "--workspace"],
             env: Vec::new(),
         },
+        // The fault campaign, short and seeded: 20 s per store; fails on a stale write or a
+        // fence regression where fencing is strict, a stuck lock or a panic.
+        Step {
+            name: "chaos",
+            args: vec![
+                "run",
+                "--quiet",
+                "-p",
+                "lock-chaos",
+                "--bin",
+                "chaos",
+                "--",
+                "run",
+                "--duration",
+                "20",
+                "--seed",
+                "1",
+            ],
+            env: Vec::new(),
+        },
     ]
 }
 
@@ -185,7 +205,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn steps_are_fmt_clippy_doc_package_test() {
+    fn steps_are_fmt_clippy_doc_package_test_chaos() {
         let lines: Vec<String> = steps().iter().map(|s| s.args.join(" ")).collect();
         assert_eq!(
             lines,
@@ -195,6 +215,7 @@ mod tests {
                 "doc --workspace --no-deps",
                 "package --workspace --exclude xtask --allow-dirty --no-verify --quiet",
                 "test --workspace",
+                "run --quiet -p lock-chaos --bin chaos -- run --duration 20 --seed 1",
             ]
         );
     }

@@ -81,27 +81,18 @@ pub(crate) fn steps() -> Vec<Step> {
         // fence regression where fencing is strict, a stuck lock or a panic.
         Step {
             name: "chaos",
-            args: vec![
-                "run",
-                "--quiet",
-                "-p",
-                "lock-chaos",
-                "--bin",
-                "chaos",
-                "--",
-                "run",
-                "--duration",
-                "20",
-                "--seed",
-                "1",
-            ],
+            args: [
+                &crate::chaos::CHAOS_RUN[..],
+                &["--duration", "20", "--seed", "1"],
+            ]
+            .concat(),
             env: Vec::new(),
         },
     ]
 }
 
 /// The cargo binary: the one that runs us (`$CARGO`), else `cargo` from `$PATH`.
-fn cargo() -> OsString {
+pub(crate) fn cargo() -> OsString {
     std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
 }
 

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use conformance_tests::faults::{Stopped, signal};
+use conformance_tests::faults::signal;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 use tokio::{
@@ -17,7 +17,8 @@ use tokio::{
 };
 
 use crate::{
-    Fault, Findings, History, Nanos, Record, Resource, WorkerEnd, check, clock, server, stores,
+    Fault, Findings, History, Nanos, Record, Resource, WorkerEnd, check, clock, server,
+    store_faults, stores,
 };
 
 /// What a campaign does.
@@ -193,15 +194,17 @@ pub async fn run(plan: &Plan, exe: std::path::PathBuf) -> Result<(History, Summa
     let shared = std::mem::take(&mut *run.shared.lock().unwrap_or_else(PoisonError::into_inner));
     history.add(shared.records);
     // Stuck: no holder for longer than the TTL plus the wait budget, where the TTL is the
-    // one the store's leases really have (a session store's is its session timeout: a
-    // waiter or holder that died keeps its place until its session expires).
+    // time a participant that died or froze can keep the lock from others: the leases' own
+    // TTL, or on a session store the session timeout (its lease TTL is shorter, but the
+    // server keeps a dead waiter's or holder's place until the session expires).
     let ttl = history
         .sections
         .iter()
         .map(|s| s.ttl)
         .max()
         .unwrap_or(0)
-        .max(u64::try_from(plan.ttl.as_nanos()).unwrap_or(u64::MAX));
+        .max(u64::try_from(plan.ttl.as_nanos()).unwrap_or(u64::MAX))
+        .max(u64::try_from(stores::place_kept(&plan.store).as_nanos()).unwrap_or(u64::MAX));
     history.stuck_after =
         ttl.saturating_add(u64::try_from(plan.wait.as_nanos()).unwrap_or(u64::MAX));
     history.workers.extend(shared.exits);
@@ -227,10 +230,11 @@ pub async fn run(plan: &Plan, exe: std::path::PathBuf) -> Result<(History, Summa
 
 /// Workers that froze themselves in their write path (see [`Plan::pause_writes`]): each is
 /// continued after 1.5-3 TTLs.
-#[derive(Default)]
 struct SelfPaused {
     /// By pid: the worker, since when, until when.
     frozen: HashMap<u32, (u32, Nanos, Nanos)>,
+    /// Draws how long each pause lasts.
+    rng: StdRng,
 }
 
 /// Whether process `pid` is stopped (state `T` in `/proc/<pid>/stat`).
@@ -248,7 +252,6 @@ impl SelfPaused {
     fn tend(
         &mut self,
         workers: &[Worker],
-        rng: &mut StdRng,
         ttl: Duration,
         except: Option<u32>,
         faults: &mut Vec<Fault>,
@@ -261,7 +264,7 @@ impl SelfPaused {
             if Some(pid) == except || self.frozen.contains_key(&pid) || !is_stopped(pid) {
                 continue;
             }
-            let lasts = ttl.mul_f64(rng.random_range(1.5..3.0));
+            let lasts = ttl.mul_f64(self.rng.random_range(1.5..3.0));
             let until = now + u64::try_from(lasts.as_nanos()).unwrap_or(0);
             self.frozen.insert(pid, (worker.id, now, until));
         }
@@ -305,14 +308,13 @@ async fn wait(
     how_long: Duration,
     workers: &[Worker],
     paused: &mut SelfPaused,
-    rng: &mut StdRng,
     ttl: Duration,
     except: Option<u32>,
     faults: &mut Vec<Fault>,
 ) {
     let end = tokio::time::Instant::now() + how_long;
     loop {
-        paused.tend(workers, rng, ttl, except, faults);
+        paused.tend(workers, ttl, except, faults);
         let now = tokio::time::Instant::now();
         if now >= end {
             return;
@@ -322,15 +324,19 @@ async fn wait(
 }
 
 /// Injects seeded faults until the end: every 0.5-1.5 s one of a paused worker (half the
-/// time the holder) for 1.5-3 TTLs, a killed and restarted worker, or the store's servers
-/// down for one TTL; and continues workers that froze themselves in their write path.
+/// time the holder) for 1.5-3 TTLs, a killed and restarted worker, or a fault of the store's
+/// servers ([`store_faults::begin`]); and continues workers that froze themselves in their
+/// write path.
 async fn inject(
     run: &mut Run,
     workers: &mut Vec<Worker>,
     faults: &mut Vec<Fault>,
 ) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(run.plan.seed);
-    let mut paused = SelfPaused::default();
+    let mut paused = SelfPaused {
+        frozen: HashMap::new(),
+        rng: StdRng::seed_from_u64(run.plan.seed.wrapping_add(1)),
+    };
     let ttl = run.plan.ttl;
     let margin = u64::try_from((ttl * 4).as_nanos()).unwrap_or(u64::MAX);
     let result = async {
@@ -339,7 +345,7 @@ async fn inject(
             if clock::now() + u64::try_from(pause.as_nanos()).unwrap_or(0) + margin >= run.until {
                 return Ok(());
             }
-            wait(pause, workers, &mut paused, &mut rng, ttl, None, faults).await;
+            wait(pause, workers, &mut paused, ttl, None, faults).await;
             let from = clock::now();
             match rng.random_range(0..3) {
                 0 => {
@@ -353,7 +359,7 @@ async fn inject(
                     }
                     let stop = ttl.mul_f64(rng.random_range(1.5..3.0));
                     signal(pid, "STOP").map_err(|f| f.0)?;
-                    wait(stop, workers, &mut paused, &mut rng, ttl, Some(pid), faults).await;
+                    wait(stop, workers, &mut paused, ttl, Some(pid), faults).await;
                     signal(pid, "CONT").map_err(|f| f.0)?;
                     faults.push(Fault {
                         what: format!(
@@ -387,16 +393,9 @@ async fn inject(
                     });
                 }
                 _ => {
-                    let (names, outage) = stores::outage_instances(&run.plan.store);
-                    let down = Stopped::instances(names).await.map_err(|f| f.0)?;
-                    wait(ttl, workers, &mut paused, &mut rng, ttl, None, faults).await;
-                    down.start().await.map_err(|f| f.0)?;
-                    faults.push(Fault {
-                        what: format!("restart {}", names.join(",")),
-                        from,
-                        to: clock::now(),
-                        outage,
-                    });
+                    let down = store_faults::begin(&run.plan.store, ttl, &mut rng).await?;
+                    wait(down.lasts(), workers, &mut paused, ttl, None, faults).await;
+                    faults.push(down.end().await?);
                 }
             }
         }
@@ -404,7 +403,7 @@ async fn inject(
     .await;
     // Until the end of the run, keep tending; then continue everyone.
     let left = Duration::from_nanos(run.until.saturating_sub(clock::now()));
-    wait(left, workers, &mut paused, &mut rng, ttl, None, faults).await;
+    wait(left, workers, &mut paused, ttl, None, faults).await;
     paused.resume_all(faults);
     result
 }

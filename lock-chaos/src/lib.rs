@@ -41,6 +41,7 @@ pub mod clock;
 mod history;
 mod resource;
 pub mod server;
+pub mod store_faults;
 pub mod stores;
 pub mod worker;
 

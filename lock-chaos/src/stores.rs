@@ -21,7 +21,7 @@ pub const STORES: [&str; 7] = [
 
 /// The ZooKeeper session timeout of campaign clients (the TTL of a session store: a worker
 /// that died keeps its place, held or waiting, until its session expires).
-const ZK_SESSION: Duration = Duration::from_secs(4);
+pub const ZK_SESSION: Duration = Duration::from_secs(4);
 
 /// The key prefix, table and ZooKeeper root of campaign locks.
 const PREFIX: &str = "chaos";
@@ -75,8 +75,7 @@ pub async fn connect(store: &str) -> Result<LockClient, String> {
             } else {
                 Strategy::RowLock
             };
-            let table =
-                TableName::new(format!("chaos_{}", store.replace('-', "_"))).map_err(text)?;
+            let table = TableName::new(mysql_table(store)).map_err(text)?;
             let config = MySqlConfig::new(var("LOCK_TEST_MYSQL_URL")?)
                 .strategy(strategy)
                 .table(table)
@@ -107,6 +106,21 @@ pub async fn connect(store: &str) -> Result<LockClient, String> {
             ));
         }
     })
+}
+
+/// How long `store`'s server keeps the place of a client that died or froze (held or
+/// waiting): ZooKeeper's session timeout plus a second for the server to notice (it expires
+/// sessions on its tick); zero where the lease's TTL is that bound.
+pub fn place_kept(store: &str) -> Duration {
+    match store {
+        "zookeeper" | "zk-ensemble" => ZK_SESSION + Duration::from_secs(1),
+        _ => Duration::ZERO,
+    }
+}
+
+/// The table of a MySQL store's campaign locks (`chaos_mysql_lease`, `chaos_mysql_rowlock`).
+pub fn mysql_table(store: &str) -> String {
+    format!("chaos_{}", store.replace('-', "_"))
 }
 
 /// Whether `client`'s store declares strict fencing (then stale writes and fence regressions

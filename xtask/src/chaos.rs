@@ -1,9 +1,11 @@
 //! `cargo xtask chaos`: the fault campaign (the `chaos` binary of `lock-chaos`), with the
 //! services up.
 
-use std::process::Command;
+use std::{path::Path, process::Command};
 
 use anyhow::{Context, Result, bail};
+use comfy_table::Table;
+use serde_json::Value;
 
 use crate::services;
 
@@ -34,4 +36,101 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         bail!("the chaos campaign failed ({status})");
     }
     Ok(())
+}
+
+/// The latest campaign's figures per store (the summaries `chaos run` wrote into `dir`), as
+/// a table in `preset`; `None` when no campaign ran yet. The summaries are read as JSON
+/// values, so `xtask` needs no build of the campaign.
+pub(crate) fn render_latest(dir: &Path, preset: &str) -> Result<Option<String>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(None);
+    };
+    let mut summaries = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(&path)?;
+            let value: Value = serde_json::from_str(&text)
+                .with_context(|| format!("reading {}", path.display()))?;
+            summaries.push(value);
+        }
+    }
+    if summaries.is_empty() {
+        return Ok(None);
+    }
+    summaries.sort_by_key(|s| s["store"].as_str().unwrap_or_default().to_owned());
+    let mut table = Table::new();
+    table.load_preset(preset);
+    table.set_header([
+        "store",
+        "fencing strict",
+        "seconds (seed)",
+        "acquisitions",
+        "overlaps (trusted)",
+        "stale writes",
+        "fence regressions",
+        "stuck gaps",
+        "panics",
+        "faults",
+        "verdict",
+    ]);
+    for s in &summaries {
+        let f = &s["findings"];
+        let n = |key: &str| f[key].as_u64().unwrap_or_default().to_string();
+        let violations = s["violations"].as_array().map_or(0, Vec::len);
+        table.add_row([
+            s["store"].as_str().unwrap_or_default().to_owned(),
+            s["strict"].as_bool().unwrap_or_default().to_string(),
+            format!(
+                "{:.0} ({})",
+                s["seconds"].as_f64().unwrap_or_default(),
+                s["seed"].as_u64().unwrap_or_default()
+            ),
+            n("acquisitions"),
+            format!("{} ({})", n("overlaps"), n("trusted_overlaps")),
+            n("stale_writes"),
+            n("fence_regressions"),
+            n("stuck_gaps"),
+            n("panics"),
+            n("faults"),
+            if violations == 0 {
+                "pass".into()
+            } else {
+                "FAIL".into()
+            },
+        ]);
+    }
+    Ok(Some(format!(
+        "## Fault campaign (the latest `cargo xtask chaos` or `cargo xtask test`, {})\n\n{table}",
+        dir.display()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_latest_summaries_become_a_table() {
+        let dir = std::env::temp_dir().join(format!("xtask-chaos-{}", std::process::id()));
+        assert!(
+            render_latest(&dir, "||  |-|||          ")
+                .unwrap()
+                .is_none()
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        let summary = r#"{"store":"redis","seed":1,"seconds":20.0,"strict":true,"faults":{},
+            "findings":{"acquisitions":344,"overlaps":189,"trusted_overlaps":0,"stale_writes":2,
+            "fence_regressions":0,"stuck_gaps":0,"panics":0,"faults":14},
+            "violations":["2 stale writes accepted"]}"#;
+        std::fs::write(dir.join("redis.json"), summary).unwrap();
+        let table = render_latest(&dir, comfy_table::presets::ASCII_MARKDOWN)
+            .unwrap()
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(table.contains("| redis "), "{table}");
+        assert!(table.contains("344"), "{table}");
+        assert!(table.contains("189 (0)"), "{table}");
+        assert!(table.contains("FAIL"), "{table}");
+    }
 }

@@ -78,13 +78,20 @@ pub(crate) fn run() -> Result<()> {
     }
     let reports = load(&runs)?;
     let perf = load_benches(&benches)?;
-    let markdown = format!(
+    let chaos_dir = root.join("target/chaos");
+    let mut markdown = format!(
         "{}\n{}\n",
         render(&reports),
         render_benches(&perf, presets::ASCII_MARKDOWN)
     );
+    if let Some(chaos) = crate::chaos::render_latest(&chaos_dir, presets::ASCII_MARKDOWN)? {
+        markdown.push_str(&format!("\n{chaos}\n"));
+    }
     println!("{}", render_with(&reports, presets::UTF8_FULL_CONDENSED));
     println!("{}", render_benches(&perf, presets::UTF8_FULL_CONDENSED));
+    if let Some(chaos) = crate::chaos::render_latest(&chaos_dir, presets::UTF8_FULL_CONDENSED)? {
+        println!("{chaos}");
+    }
     std::fs::write(out.join("report.md"), &markdown)?;
     eprintln!("wrote {}", out.join("report.md").display());
     if !failed_suites.is_empty() {

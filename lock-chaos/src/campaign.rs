@@ -87,6 +87,8 @@ struct Run {
     names: Vec<String>,
     shared: Arc<Mutex<Records>>,
     next_id: u32,
+    /// The tasks reading the workers' records.
+    readers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Run {
@@ -111,7 +113,7 @@ impl Run {
             .map_err(|e| format!("starting a worker ({}): {e}", self.exe.display()))?;
         let stdout = child.stdout.take().ok_or("a worker without its output")?;
         let shared = self.shared.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Ok(record) = serde_json::from_str::<Record>(&line) {
@@ -123,6 +125,7 @@ impl Run {
                 }
             }
         });
+        self.readers.push(reader);
         Ok(Worker { id, child })
     }
 
@@ -155,12 +158,52 @@ impl Run {
     }
 }
 
+/// How long no holder is a stuck gap.
+fn stuck_after(plan: &Plan, history: &History) -> Nanos {
+    // Stuck: no holder for longer than the TTL plus the wait budget, where the TTL is the
+    // time participants that died or froze can keep the lock from others: the leases' own
+    // TTL, or longer where the store keeps their places ([`stores::place_kept`]). With many
+    // names a name nobody happened to pick is free without being stuck: judged with one.
+    let ttl = history
+        .sections
+        .iter()
+        .map(|s| s.ttl)
+        .max()
+        .unwrap_or(0)
+        .max(u64::try_from(plan.ttl.as_nanos()).unwrap_or(u64::MAX))
+        .max(
+            u64::try_from(stores::place_kept(&plan.store, plan.ttl * 3).as_nanos())
+                .unwrap_or(u64::MAX),
+        );
+    if plan.names > 1 {
+        u64::MAX
+    } else {
+        ttl.saturating_add(u64::try_from(plan.wait.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Whether `plan` can run.
+fn validate(plan: &Plan) -> Result<(), String> {
+    if plan.workers == 0
+        || plan.names == 0
+        || plan.ttl < Duration::from_millis(10)
+        || plan.ttl > Duration::from_secs(600)
+        || plan.duration > Duration::from_secs(86_400)
+    {
+        return Err(format!(
+            "a campaign needs workers >= 1, names >= 1, a TTL from 10 ms to 10 min and at most a day: {plan:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// Runs `plan`: its history and summary. The campaign's own binary (`exe`) runs the workers
 /// (its `worker` subcommand).
 ///
 /// # Errors
 /// When the store, a worker or a server script cannot be started.
 pub async fn run(plan: &Plan, exe: std::path::PathBuf) -> Result<(History, Summary), String> {
+    validate(plan)?;
     let client = stores::connect(&plan.store).await?;
     let strict = stores::strict(&client);
     drop(client);
@@ -179,6 +222,7 @@ pub async fn run(plan: &Plan, exe: std::path::PathBuf) -> Result<(History, Summa
             .collect(),
         shared: Arc::default(),
         next_id: 1,
+        readers: Vec::new(),
     };
     let mut workers = Vec::with_capacity(plan.workers);
     for _ in 0..plan.workers {
@@ -189,24 +233,15 @@ pub async fn run(plan: &Plan, exe: std::path::PathBuf) -> Result<(History, Summa
         inject(&mut run, &mut workers, &mut faults).await?;
     }
     finish(&run, &mut workers).await;
+    // Every record the workers wrote, read to the end of their output.
+    for reader in run.readers.drain(..) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    }
     let end = clock::now().min(until);
     let mut history = History::new(start, end, 0);
     let shared = std::mem::take(&mut *run.shared.lock().unwrap_or_else(PoisonError::into_inner));
     history.add(shared.records);
-    // Stuck: no holder for longer than the TTL plus the wait budget, where the TTL is the
-    // time a participant that died or froze can keep the lock from others: the leases' own
-    // TTL, or on a session store the session timeout (its lease TTL is shorter, but the
-    // server keeps a dead waiter's or holder's place until the session expires).
-    let ttl = history
-        .sections
-        .iter()
-        .map(|s| s.ttl)
-        .max()
-        .unwrap_or(0)
-        .max(u64::try_from(plan.ttl.as_nanos()).unwrap_or(u64::MAX))
-        .max(u64::try_from(stores::place_kept(&plan.store).as_nanos()).unwrap_or(u64::MAX));
-    history.stuck_after =
-        ttl.saturating_add(u64::try_from(plan.wait.as_nanos()).unwrap_or(u64::MAX));
+    history.stuck_after = stuck_after(plan, &history);
     history.workers.extend(shared.exits);
     history.writes = resource.log();
     history.faults = faults;
@@ -393,9 +428,7 @@ async fn inject(
                     });
                 }
                 _ => {
-                    let down = store_faults::begin(&run.plan.store, ttl, &mut rng).await?;
-                    wait(down.lasts(), workers, &mut paused, ttl, None, faults).await;
-                    faults.push(down.end().await?);
+                    store_fault(run, workers, &mut paused, &mut rng, faults).await?;
                 }
             }
         }
@@ -408,9 +441,37 @@ async fn inject(
     result
 }
 
+/// One fault of the store's servers ([`store_faults::begin`]), tending the workers while it
+/// lasts; a fault that cannot begin is skipped.
+async fn store_fault(
+    run: &Run,
+    workers: &[Worker],
+    paused: &mut SelfPaused,
+    rng: &mut StdRng,
+    faults: &mut Vec<Fault>,
+) -> Result<(), String> {
+    let ttl = run.plan.ttl;
+    let down = match store_faults::begin(&run.plan.store, ttl, rng).await {
+        Ok(down) => down,
+        Err(error) => {
+            eprintln!("chaos: a store fault could not begin ({error}); skipped");
+            return Ok(());
+        }
+    };
+    wait(down.lasts(), workers, paused, ttl, None, faults).await;
+    faults.push(down.end().await?);
+    Ok(())
+}
+
 /// Waits for the workers to end (they stop at the run's end), killing any that has not a
 /// few seconds after; records how each ended.
 async fn finish(run: &Run, workers: &mut Vec<Worker>) {
+    // None may stay frozen (a worker can freeze itself in a turn begun before the end).
+    for worker in workers.iter() {
+        if let Some(pid) = worker.child.id() {
+            let _ = signal(pid, "CONT");
+        }
+    }
     let grace = Duration::from_nanos(run.until.saturating_sub(clock::now()))
         + run.plan.wait
         + Duration::from_secs(10);
@@ -422,18 +483,26 @@ async fn finish(run: &Run, workers: &mut Vec<Worker>) {
                 worker.child.wait().await.ok()
             }
         };
-        // A Rust panic exits with 101.
-        let panicked = status.and_then(|s| s.code()) == Some(101);
-        if panicked {
+        // A Rust panic exits with 101 (the worker's panic hook makes any panic do so);
+        // any other failure exit is counted as an error of that worker.
+        let code = status.and_then(|s| s.code());
+        if code.is_some_and(|c| c != 0) {
+            let mut end = WorkerEnd {
+                worker: worker.id,
+                panicked: code == Some(101),
+                ..WorkerEnd::default()
+            };
+            if !end.panicked {
+                end.errors.insert(
+                    format!("worker exited with {}", code.unwrap_or_default()),
+                    1,
+                );
+            }
             run.shared
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .exits
-                .push(WorkerEnd {
-                    worker: worker.id,
-                    panicked,
-                    ..WorkerEnd::default()
-                });
+                .push(end);
         }
     }
 }

@@ -145,6 +145,20 @@ fn overlaps(sections: &[&Section], findings: &mut Findings) {
 /// Grants of one lock (sorted by `acquired`) whose fence is not above the highest fence of
 /// the grants that had returned before their acquire was called.
 fn regressions(sections: &[&Section], findings: &mut Findings) {
+    // Two grants with one fence are a repeat whatever their timing (racing grants included);
+    // each counts once, here or in the sweep below.
+    let mut by_fence: HashMap<u64, &Section> = HashMap::new();
+    let mut repeated = std::collections::HashSet::new();
+    for section in sections {
+        if let Some(first) = by_fence.insert(section.fence, section) {
+            findings.fence_regressions += 1;
+            repeated.insert(std::ptr::from_ref(*section));
+            findings.example(format!(
+                "fence repeated: `{}` fence {} granted to worker {} and to worker {}",
+                section.name, section.fence, first.worker, section.worker
+            ));
+        }
+    }
     let mut by_call: Vec<&Section> = sections.to_vec();
     by_call.sort_by_key(|s| s.called);
     let (mut returned, mut highest) = (0, None::<&Section>);
@@ -157,7 +171,8 @@ fn regressions(sections: &[&Section], findings: &mut Findings) {
             returned += 1;
         }
         if let Some(before) = highest
-            && section.fence <= before.fence
+            && section.fence < before.fence
+            && !repeated.contains(&std::ptr::from_ref(section))
         {
             findings.fence_regressions += 1;
             if findings.fence_regressions as usize <= EXAMPLES {
@@ -181,12 +196,10 @@ fn regressions(sections: &[&Section], findings: &mut Findings) {
 fn gaps(history: &History, sections: &[&Section], findings: &mut Findings) {
     let mut free_from = history.start;
     let report = |from: Nanos, to: Nanos, findings: &mut Findings| {
-        let length = to.saturating_sub(from);
-        let explained = history
-            .faults
-            .iter()
-            .any(|f| f.outage && f.from < to && f.to > from);
-        if length == 0 || explained {
+        let length = to
+            .saturating_sub(from)
+            .saturating_sub(outage_time(history, from, to));
+        if length == 0 {
             return;
         }
         findings.longest_gap = findings.longest_gap.max(length);
@@ -210,6 +223,34 @@ fn gaps(history: &History, sections: &[&Section], findings: &mut Findings) {
     if history.end > free_from {
         report(free_from, history.end, findings);
     }
+}
+
+/// How much of `from..to` outages explain: each outage from its start until `stuck_after`
+/// after its end (the store back, its clients reconnecting and the lock changing hands), the
+/// windows merged.
+fn outage_time(history: &History, from: Nanos, to: Nanos) -> Nanos {
+    let mut windows: Vec<(Nanos, Nanos)> = history
+        .faults
+        .iter()
+        .filter(|f| f.outage)
+        .map(|f| {
+            (
+                f.from.max(from),
+                f.to.saturating_add(history.stuck_after).min(to),
+            )
+        })
+        .filter(|(a, b)| a < b)
+        .collect();
+    windows.sort_unstable();
+    let (mut covered, mut reach) = (0, from);
+    for (a, b) in windows {
+        let a = a.max(reach);
+        if b > a {
+            covered += b - a;
+            reach = b;
+        }
+    }
+    covered
 }
 
 /// Accepted writes below a fence the resource had accepted before under the same lock.
@@ -374,6 +415,35 @@ mod tests {
             1,
             "a worker's pause explains nothing"
         );
+    }
+
+    #[test]
+    fn an_outage_explains_only_its_own_time() {
+        let mut history = clean();
+        history.end = 200 * MS;
+        // Down from 40 to 50 ms; with 20 ms to recover, 40..70 is explained, 29..40 and
+        // 70..200 (141 ms) are not.
+        history.faults.push(Fault {
+            what: "store restart".into(),
+            from: 40 * MS,
+            to: 50 * MS,
+            outage: true,
+        });
+        let findings = check(&history);
+        assert_eq!(findings.stuck_gaps, 1, "{findings:?}");
+        assert_eq!(findings.longest_gap, 141 * MS);
+    }
+
+    #[test]
+    fn one_fence_granted_twice_is_a_regression_even_when_racing() {
+        let mut history = History::new(0, 10 * MS, 20 * MS);
+        history
+            .sections
+            .push(Section::released("a", 1, 5, 0, 2 * MS, 3 * MS));
+        history
+            .sections
+            .push(Section::released("a", 2, 5, MS, 4 * MS, 5 * MS));
+        assert_eq!(check(&history).fence_regressions, 1);
     }
 
     #[test]

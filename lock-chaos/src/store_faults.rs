@@ -27,7 +27,6 @@ pub struct Down {
 #[derive(Debug)]
 enum Undo {
     Start(Stopped),
-    Restart(Instance),
     Resume(Paused),
     Nothing,
 }
@@ -68,8 +67,11 @@ pub async fn begin(store: &str, ttl: Duration, rng: &mut StdRng) -> Result<Down,
         "mysql-lease" | "mysql-rowlock" => {
             let mariadb = Instance::named("mariadb").map_err(failure)?;
             signal(mariadb.pid().map_err(failure)?, "KILL").map_err(failure)?;
+            // The stop script waits until the killed process is gone; its guard starts the
+            // server again, even if this campaign fails first.
+            let down = Stopped::instances(&["mariadb"]).await.map_err(failure)?;
             let what = "crash mariadb (SIGKILL), then start".to_owned();
-            (what, true, ttl, Undo::Restart(mariadb))
+            (what, true, ttl, Undo::Start(down))
         }
         "zookeeper" => {
             let zookeeper = Instance::named("zookeeper").map_err(failure)?;
@@ -115,7 +117,6 @@ impl Down {
     pub async fn end(self) -> Result<Fault, String> {
         match self.undo {
             Undo::Start(down) => down.start().await.map_err(failure)?,
-            Undo::Restart(instance) => instance.start().await.map_err(failure)?,
             Undo::Resume(paused) => paused.resume().map_err(failure)?,
             Undo::Nothing => {}
         }
@@ -153,7 +154,8 @@ async fn kill_connection(store: &str) -> Result<u64, String> {
     }
     if target.is_none() {
         let ids: Vec<u64> = sqlx::query_scalar(
-            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = CURRENT_USER() AND ID <> CONNECTION_ID()",
+            "SELECT ID FROM information_schema.PROCESSLIST \
+             WHERE USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND ID <> CONNECTION_ID()",
         )
         .fetch_all(&mut admin)
         .await

@@ -130,7 +130,10 @@ async fn turn(
         if guard.is_held() {
             held_seen = Some(clock::now());
         }
-        if rng.random_range(0..1000) < job.pause_writes {
+        // Drawn every time, so the seed fixes the draws; never after the end, when nobody
+        // continues frozen workers any more.
+        let freeze = rng.random_range(0..1000) < job.pause_writes;
+        if freeze && clock::now() < job.until {
             signal(std::process::id(), "STOP").map_err(|f| f.0)?;
         }
         resource.write(name, fence, job.id).await?;

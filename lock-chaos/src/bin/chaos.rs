@@ -114,6 +114,12 @@ fn main() -> ExitCode {
 }
 
 async fn worker(args: WorkerArgs) -> Result<(), String> {
+    // A panic anywhere (a task of the lock library included) ends the worker with 101, which
+    // the campaign counts.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("chaos worker: {info}");
+        std::process::exit(101);
+    }));
     let job = Job {
         store: args.store,
         id: args.id,

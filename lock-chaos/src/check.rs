@@ -125,7 +125,9 @@ fn overlaps(sections: &[&Section], findings: &mut Findings) {
             if trusted {
                 findings.trusted_overlaps += 1;
             }
-            if findings.overlaps as usize <= EXAMPLES {
+            if findings.overlaps as usize <= EXAMPLES
+                || (trusted && findings.trusted_overlaps as usize <= EXAMPLES)
+            {
                 findings.example(format!(
                     "overlap{}: `{}` worker {} fence {} until {} and worker {} fence {} from {}",
                     if trusted { " (trusted)" } else { "" },

@@ -153,7 +153,8 @@ async fn kill_connection(store: &str) -> Result<u64, String> {
             .and_then(|row| row.try_get::<Option<u64>, _>(0).ok().flatten());
     }
     if target.is_none() {
-        let ids: Vec<u64> = sqlx::query_scalar(
+        // `PROCESSLIST.ID` is a signed BIGINT on MariaDB.
+        let ids: Vec<i64> = sqlx::query_scalar(
             "SELECT ID FROM information_schema.PROCESSLIST \
              WHERE USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND ID <> CONNECTION_ID()",
         )
@@ -164,7 +165,7 @@ async fn kill_connection(store: &str) -> Result<u64, String> {
             .len()
             .checked_sub(1)
             .map(|last| ids[(clock::now() as usize) % (last + 1)]);
-        target = pick;
+        target = pick.and_then(|id| u64::try_from(id).ok());
     }
     if let Some(id) = target {
         // The connection may be gone by now: that is no failure of the campaign.

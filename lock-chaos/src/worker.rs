@@ -127,8 +127,11 @@ async fn turn(
         // work is done. Whether it still sees the lock held is recorded (a trusted overlap
         // is one seen held after a newer grant); the write goes out either way, and only
         // the fence can stop a stale one.
+        // The time is read before asking: a pause between the answer and a clock read
+        // after it would date the answer late.
+        let asked = clock::now();
         if guard.is_held() {
-            held_seen = Some(clock::now());
+            held_seen = Some(asked);
         }
         // Drawn every time, so the seed fixes the draws; never after the end, when nobody
         // continues frozen workers any more.

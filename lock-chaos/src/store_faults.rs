@@ -60,7 +60,7 @@ pub async fn begin(store: &str, ttl: Duration, rng: &mut StdRng) -> Result<Down,
             (what, three, ttl, Undo::Start(down))
         }
         "mysql-lease" | "mysql-rowlock" if rng.random_bool(0.5) => {
-            let killed = kill_connection(store).await?;
+            let killed = kill_connection(store, rng).await?;
             let what = format!("kill-connection {killed}");
             (what, false, Duration::ZERO, Undo::Nothing)
         }
@@ -88,12 +88,11 @@ pub async fn begin(store: &str, ttl: Duration, rng: &mut StdRng) -> Result<Down,
             let what = format!("restart {leader} (the leader)");
             (what, true, ttl, Undo::Start(down))
         }
-        _ => {
-            let (names, outage) = stores::outage_instances(store);
-            let down = Stopped::instances(names).await.map_err(failure)?;
-            let what = format!("restart {}", names.join(","));
-            (what, outage, ttl, Undo::Start(down))
+        "redis" | "redis-cluster" => {
+            let down = Stopped::instances(&[store]).await.map_err(failure)?;
+            (format!("restart {store}"), true, ttl, Undo::Start(down))
         }
+        other => return Err(format!("no store fault for `{other}`")),
     };
     Ok(Down {
         what,
@@ -131,7 +130,7 @@ impl Down {
 
 /// `KILL CONNECTION` of the row-lock holder's connection, or (lease, or nobody holds) of a
 /// random connection of the campaign's user; the id killed (0: none found).
-async fn kill_connection(store: &str) -> Result<u64, String> {
+async fn kill_connection(store: &str, rng: &mut StdRng) -> Result<u64, String> {
     let url = std::env::var("LOCK_TEST_MYSQL_URL")
         .map_err(|_| "LOCK_TEST_MYSQL_URL is not set".to_owned())?;
     let mut admin = MySqlConnection::connect(&url)
@@ -161,10 +160,7 @@ async fn kill_connection(store: &str) -> Result<u64, String> {
         .fetch_all(&mut admin)
         .await
         .map_err(|e| e.to_string())?;
-        let pick = ids
-            .len()
-            .checked_sub(1)
-            .map(|last| ids[(clock::now() as usize) % (last + 1)]);
+        let pick = (!ids.is_empty()).then(|| ids[rng.random_range(0..ids.len())]);
         target = pick.and_then(|id| u64::try_from(id).ok());
     }
     if let Some(id) = target {

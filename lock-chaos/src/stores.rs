@@ -132,19 +132,3 @@ pub fn mysql_table(store: &str) -> String {
 pub fn strict(client: &LockClient) -> bool {
     client.capabilities().fencing == Fencing::Strict
 }
-
-/// The service instances a store fault takes down for `store`, and whether the store can
-/// serve nobody meanwhile (an outage that explains a gap with no holder).
-pub fn outage_instances(store: &str) -> (&'static [&'static str], bool) {
-    match store {
-        "redis" => (&["redis"], true),
-        "redis-cluster" => (&["redis-cluster"], true),
-        // Two of five: a majority is left, so the lock must still work.
-        "redlock" => (&["redlock-3", "redlock-4"], false),
-        "mysql-lease" | "mysql-rowlock" => (&["mariadb"], true),
-        "zookeeper" => (&["zookeeper"], true),
-        // One of three: a quorum is left.
-        "zk-ensemble" => (&["zk-ensemble-1"], false),
-        _ => (&[], false),
-    }
-}

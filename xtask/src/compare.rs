@@ -43,7 +43,7 @@ pub(crate) fn run() -> Result<()> {
         std::fs::remove_dir_all(&runs).with_context(|| format!("clearing {}", runs.display()))?;
     }
     std::fs::create_dir_all(&runs)?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let cargo = crate::test_cmd::cargo();
     let mut failed_suites = Vec::new();
     for (package, target) in SUITES {
         eprintln!("==> conformance: cargo test -p {package} --test {target}");

@@ -10,21 +10,29 @@
 //! ([`EndNotifier::end`]): `is_held()` turns false before the server can grant the lock to
 //! anyone else (the server closes the socket before it rolls the transaction back).
 //!
+//! **The whole lease is watched.** Chunks are parked up to the end of the lease
+//! (`valid_from + ttl`), its last second included, whatever the TTL. (They once stopped a
+//! second before it, so that the server's idle limit would end a frozen holder's hold at the
+//! lease's end exactly; a lease of a TTL up to a second was then never parked, and neither
+//! was any lease's last second: a holder whose connection was killed there kept
+//! `is_held() == true` after the server had granted the lock to the next client. The fault
+//! campaign found it as trusted overlaps; `hold_end`'s
+//! `row_lock/killed_connection_seen_before_the_next_grant` has the TTLs that showed it.)
+//!
 //! **The server still ends a stopped holder's hold.** The server's idle limit
-//! (`wait_timeout`) ends a hold whose client stopped: never before its local deadline, and not
-//! much after it:
+//! (`wait_timeout`) ends a hold whose client stopped: never before its local deadline, and at
+//! most about a second after the lease's end:
 //! - while a chunk runs the connection is not idle; between chunks (a few microseconds for a
 //!   live client) `wait_timeout` is the TTL rounded up, so a client frozen there loses the hold
 //!   no earlier than it would have without parking;
-//! - chunks are parked only until one second before the end of the lease
-//!   (`valid_from + ttl`). The last one, when it runs to its end undisturbed, sets
-//!   `wait_timeout` to 1 s on the server (`SET SESSION wait_timeout = IF(SLEEP(..) = 0, 1,
-//!   <ttl>)`; an interrupted sleep fails or returns 1 and keeps the TTL), so a
-//!   holder that does not renew loses the hold at `valid_from + ttl` by the server's count,
-//!   never earlier than the client's own deadline (the server started counting after the
-//!   client sent the chunk);
-//! - a lease of a TTL up to one second is not parked at all (nothing is left to park after
-//!   the last second), and behaves as before: its end is seen at the next renewal.
+//! - the last chunk of a lease, when it runs to its end undisturbed (the lease was not
+//!   renewed), sets `wait_timeout` to 1 s on the server (`SET SESSION wait_timeout =
+//!   IF(SLEEP(..) = 0, 1, <ttl>)`; an interrupted sleep fails or returns 1 and keeps the TTL),
+//!   so a holder that froze loses the hold one second (the server's idle limit counts whole
+//!   seconds) after `valid_from + ttl` by the server's count, never earlier than the client's
+//!   own deadline (the server started counting after the client sent the chunk). That second
+//!   is the price of watching the last one: the lock is free that much later after a frozen
+//!   holder, never earlier than it is safe.
 //!
 //! **Costs.** A renewal or the release first stops the parked chunk with `KILL QUERY` from a
 //! pooled connection (one round trip more than an idle connection needs). A holder process
@@ -192,33 +200,26 @@ async fn own(
     }
 }
 
-/// Parks a chunk until the next command (or the chunk's end); in the lease's last second, or
-/// for a TTL up to a second, nothing is parked: waits for a command, looking now and then
-/// whether anyone still listens.
+/// Parks a chunk until the next command (or the chunk's end), up to the end of the lease (a
+/// remainder shorter than [`MIN_PARK`] joins the last chunk); once the lease is over, nothing
+/// is parked: waits for a command, looking now and then whether anyone still listens.
 async fn next(
     shared: &Shared,
     hold: &Hold,
     dedicated: &mut Dedicated,
     rx: &mut mpsc::Receiver<Command>,
 ) -> Next {
-    let now = Instant::now();
-    let last_end = (hold.valid_from + hold.ttl).checked_sub(Duration::from_secs(LAST_IDLE_SECS));
-    let chunk = last_end.map_or(Duration::ZERO, |end| end.saturating_duration_since(now));
-    if chunk < MIN_PARK {
+    let left = (hold.valid_from + hold.ttl).saturating_duration_since(Instant::now());
+    if left < MIN_PARK {
         return match tokio::time::timeout(PARK_CHUNK, rx.recv()).await {
             Ok(Some(command)) => Next::Command(command),
             Ok(None) => Next::Finish,
             Err(_) => Next::Again,
         };
     }
-    park(
-        shared,
-        dedicated,
-        rx,
-        chunk.min(PARK_CHUNK),
-        chunk <= PARK_CHUNK,
-    )
-    .await
+    let last = left <= PARK_CHUNK + MIN_PARK;
+    let chunk = if last { left } else { PARK_CHUNK };
+    park(shared, dedicated, rx, chunk, last).await
 }
 
 /// Runs one parked chunk of `chunk` on the connection until it ends or a command comes (then

@@ -17,8 +17,8 @@ use tokio::{
 };
 
 use crate::{
-    Fault, Findings, History, Nanos, Record, Resource, WorkerEnd, check, clock, server,
-    store_faults, stores,
+    Fault, Findings, History, Nanos, Record, Resource, WorkerEnd, check, clock, links::Links,
+    server, store_faults, stores,
 };
 
 /// What a campaign does.
@@ -89,6 +89,8 @@ struct Run {
     next_id: u32,
     /// The tasks reading the workers' records.
     readers: Vec<tokio::task::JoinHandle<()>>,
+    /// The relays workers reach the store through (with faults, where the store allows).
+    links: Option<Links>,
 }
 
 impl Run {
@@ -106,6 +108,11 @@ impl Run {
             .args(["--resource", &self.resource])
             .args(["--seed", &self.plan.seed.to_string()])
             .args(["--pause-writes", &self.pause_writes().to_string()])
+            .envs(
+                self.links
+                    .iter()
+                    .flat_map(|links| links.env().iter().cloned()),
+            )
             .stdout(Stdio::piped())
             .stdin(Stdio::null())
             .kill_on_drop(true)
@@ -223,6 +230,11 @@ pub async fn run(plan: &Plan, exe: std::path::PathBuf) -> Result<(History, Summa
         shared: Arc::default(),
         next_id: 1,
         readers: Vec::new(),
+        links: if plan.faults {
+            Links::start(&plan.store).await?
+        } else {
+            None
+        },
     };
     let mut workers = Vec::with_capacity(plan.workers);
     for _ in 0..plan.workers {
@@ -359,9 +371,10 @@ async fn wait(
 }
 
 /// Injects seeded faults until the end: every 0.5-1.5 s one of a paused worker (half the
-/// time the holder) for 1.5-3 TTLs, a killed and restarted worker, or a fault of the store's
-/// servers ([`store_faults::begin`]); and continues workers that froze themselves in their
-/// write path.
+/// time the holder) for 1.5-3 TTLs, a killed and restarted worker, a fault of the store's
+/// servers ([`store_faults::begin`]), or one of the links between workers and servers
+/// ([`Links::begin`], where they are relayed); and continues workers that froze themselves
+/// in their write path.
 async fn inject(
     run: &mut Run,
     workers: &mut Vec<Worker>,
@@ -382,7 +395,8 @@ async fn inject(
             }
             wait(pause, workers, &mut paused, ttl, None, faults).await;
             let from = clock::now();
-            match rng.random_range(0..3) {
+            let kinds = if run.links.is_some() { 4 } else { 3 };
+            match rng.random_range(0..kinds) {
                 0 => {
                     let holder = run.holder(workers).filter(|_| rng.random_bool(0.5));
                     let i = holder.unwrap_or_else(|| rng.random_range(0..workers.len()));
@@ -427,9 +441,10 @@ async fn inject(
                         outage: false,
                     });
                 }
-                _ => {
+                2 => {
                     store_fault(run, workers, &mut paused, &mut rng, faults).await?;
                 }
+                _ => link_fault(run, workers, &mut paused, &mut rng, faults).await,
             }
         }
     }
@@ -461,6 +476,23 @@ async fn store_fault(
     wait(down.lasts(), workers, paused, ttl, None, faults).await;
     faults.push(down.end().await?);
     Ok(())
+}
+
+/// One fault of the links between workers and servers ([`Links::begin`]), tending the
+/// workers while it lasts; nothing where the links are not relayed.
+async fn link_fault(
+    run: &Run,
+    workers: &[Worker],
+    paused: &mut SelfPaused,
+    rng: &mut StdRng,
+    faults: &mut Vec<Fault>,
+) {
+    if let Some(links) = &run.links {
+        let ttl = run.plan.ttl;
+        let fault = links.begin(ttl, rng);
+        wait(fault.lasts(), workers, paused, ttl, None, faults).await;
+        faults.push(links.end(fault));
+    }
 }
 
 /// Waits for the workers to end (they stop at the run's end), killing any that has not a

@@ -39,6 +39,7 @@ pub mod campaign;
 mod check;
 pub mod clock;
 mod history;
+pub mod links;
 mod resource;
 pub mod server;
 pub mod store_faults;

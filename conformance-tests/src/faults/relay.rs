@@ -1,6 +1,8 @@
 //! A TCP relay between a client and its server, for faults on the wire: it can watch the
 //! traffic, cut a connection at a chosen message, drop everything while keeping the sockets
-//! open (a half-open connection), or accept connections and never answer them.
+//! open (a half-open connection), accept connections and never answer them, slow every
+//! message down, hold the link for a while as a network partition does, or close every
+//! connection at once.
 //!
 //! The relay knows no protocol. A backend's test that needs to see messages gives it a
 //! [`Hook`] that splits the bytes into its own frames.
@@ -11,11 +13,13 @@ use std::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
+    time::Duration,
 };
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt, copy, sink},
     net::{TcpListener, TcpStream},
+    sync::watch,
     task::{JoinHandle, JoinSet},
 };
 
@@ -55,6 +59,18 @@ impl Hook for Plain {}
 
 type MakeHook = Arc<dyn Fn() -> Box<dyn Hook> + Send + Sync>;
 
+/// The state of the link a relay plays, which its connections follow as it changes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Link {
+    /// How long each piece waits before it is passed on.
+    delay: Duration,
+    /// Partitioned: nothing is read or passed on, and no connection is made upstream.
+    held: bool,
+    /// How many times every connection was closed at once; a connection made before the
+    /// latest of those ends.
+    cuts: u64,
+}
+
 /// What the test changes while the relay runs.
 #[derive(Debug)]
 struct Controls {
@@ -62,6 +78,8 @@ struct Controls {
     dark: AtomicBool,
     /// Connections after this many in all are stalled.
     forwarded: AtomicUsize,
+    /// The link's delay, partition and cuts.
+    link: watch::Sender<Link>,
 }
 
 /// A running relay to one server; dropping it closes every connection it accepted.
@@ -121,6 +139,7 @@ impl Relay {
         let controls = Arc::new(Controls {
             dark: AtomicBool::new(false),
             forwarded: AtomicUsize::new(usize::MAX),
+            link: watch::Sender::new(Link::default()),
         });
         let make: MakeHook = Arc::new(move || Box::new(make()));
         let task = tokio::spawn(accept(listener, upstream, make, controls.clone()));
@@ -147,6 +166,28 @@ impl Relay {
     /// dropped, and no side learns that the other closed (a half-open connection).
     pub fn blackhole(&self) {
         self.controls.dark.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on every piece of traffic, either way, waits `delay` before it is passed on
+    /// (`Duration::ZERO`: no delay). A request and its answer each wait, so a round trip
+    /// takes about twice `delay` more.
+    pub fn delay(&self, delay: Duration) {
+        self.controls.link.send_modify(|link| link.delay = delay);
+    }
+
+    /// Partitions the link (`true`) or heals it (`false`). While it is partitioned nothing is
+    /// read or passed on, either way, and no side learns anything (no reset, no close): a
+    /// half-open connection, as a cable pulled or a firewall dropping packets leaves it.
+    /// What was sent meanwhile waits in the sockets and flows on once the link heals, as TCP
+    /// delivers it after a partition; connections accepted meanwhile reach the server then.
+    pub fn partition(&self, held: bool) {
+        self.controls.link.send_modify(|link| link.held = held);
+    }
+
+    /// Closes every connection the relay carries now, both sides at once (a link that
+    /// dropped, a proxy that restarted); later connections pass as before.
+    pub fn cut_all(&self) {
+        self.controls.link.send_modify(|link| link.cuts += 1);
     }
 }
 
@@ -175,9 +216,21 @@ async fn accept(
         }
         let (hook, controls) = (make(), controls.clone());
         connections.spawn(async move {
+            let mut link = controls.link.subscribe();
+            let cuts = link.borrow().cuts;
+            // Across a partition the connection reaches the server once it heals (or ends
+            // with a cut, or with the relay).
+            if link
+                .wait_for(|now| !now.held || now.cuts != cuts)
+                .await
+                .is_err()
+                || link.borrow().cuts != cuts
+            {
+                return;
+            }
             // A server that does not answer: the client's connection is closed.
             if let Ok(outbound) = TcpStream::connect(upstream).await {
-                relay(inbound, outbound, hook, &controls).await;
+                relay(inbound, outbound, hook, &controls, link).await;
             }
         });
         // Finished connections' results are not needed.
@@ -200,21 +253,35 @@ impl Side {
     }
 }
 
-/// Relays one connection until both sides closed, or the hook cuts it.
+/// Relays one connection until both sides closed, the hook cuts it, or every connection is
+/// cut.
 async fn relay(
     inbound: TcpStream,
     outbound: TcpStream,
     mut hook: Box<dyn Hook>,
     controls: &Controls,
+    mut link: watch::Receiver<Link>,
 ) {
     let (mut client_read, mut client_write) = inbound.into_split();
     let (mut server_read, mut server_write) = outbound.into_split();
     let (mut client, mut server) = (Side::new(), Side::new());
     let mut out = Vec::new();
+    let cuts = link.borrow().cuts;
     while client.open || server.open {
+        let now = *link.borrow_and_update();
+        if now.cuts != cuts {
+            // Dropping the sockets closes both sides.
+            return;
+        }
         let (read, from_client) = tokio::select! {
-            read = client_read.read(&mut client.buf), if client.open => (read, true),
-            read = server_read.read(&mut server.buf), if server.open => (read, false),
+            changed = link.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+            read = client_read.read(&mut client.buf), if client.open && !now.held => (read, true),
+            read = server_read.read(&mut server.buf), if server.open && !now.held => (read, false),
         };
         let (side, to) = if from_client {
             (&mut client, &mut server_write)
@@ -241,6 +308,9 @@ async fn relay(
         } else {
             hook.server_sent(&side.buf[..n], &mut out)
         };
+        if !now.delay.is_zero() {
+            tokio::time::sleep(now.delay).await;
+        }
         if !out.is_empty() && to.write_all(&out).await.is_err() {
             return;
         }
@@ -251,5 +321,95 @@ async fn relay(
     if controls.dark.load(Ordering::SeqCst) {
         // Half-open: neither side learns that the other one ended.
         std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::{TcpListener, TcpStream},
+    };
+
+    use super::Relay;
+
+    /// An echo server's address.
+    async fn echo() -> std::net::SocketAddr {
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = server.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(client: &mut TcpStream) -> std::io::Result<[u8; 4]> {
+        client.write_all(b"ping").await?;
+        let mut answer = [0u8; 4];
+        client.read_exact(&mut answer).await?;
+        Ok(answer)
+    }
+
+    #[tokio::test]
+    async fn a_delay_slows_each_way() {
+        let relay = Relay::start(echo().await).await.unwrap();
+        let mut client = TcpStream::connect(relay.addr()).await.unwrap();
+        assert_eq!(&round_trip(&mut client).await.unwrap(), b"ping");
+        relay.delay(Duration::from_millis(40));
+        let start = Instant::now();
+        assert_eq!(&round_trip(&mut client).await.unwrap(), b"ping");
+        assert!(
+            start.elapsed() >= Duration::from_millis(80),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_partition_holds_traffic_until_it_heals() {
+        let relay = Relay::start(echo().await).await.unwrap();
+        let mut client = TcpStream::connect(relay.addr()).await.unwrap();
+        relay.partition(true);
+        client.write_all(b"ping").await.unwrap();
+        let mut answer = [0u8; 4];
+        let held =
+            tokio::time::timeout(Duration::from_millis(200), client.read_exact(&mut answer)).await;
+        assert!(held.is_err(), "an answer crossed the partition: {held:?}");
+        // A connection made during the partition waits too.
+        let mut late = TcpStream::connect(relay.addr()).await.unwrap();
+        late.write_all(b"pong").await.unwrap();
+        relay.partition(false);
+        client.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"ping");
+        late.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"pong");
+    }
+
+    #[tokio::test]
+    async fn a_cut_closes_every_connection_and_later_ones_pass() {
+        let relay = Relay::start(echo().await).await.unwrap();
+        let mut first = TcpStream::connect(relay.addr()).await.unwrap();
+        let mut second = TcpStream::connect(relay.addr()).await.unwrap();
+        assert_eq!(&round_trip(&mut first).await.unwrap(), b"ping");
+        assert_eq!(&round_trip(&mut second).await.unwrap(), b"ping");
+        relay.cut_all();
+        for client in [&mut first, &mut second] {
+            let mut buf = [0u8; 4];
+            let read = client.read(&mut buf).await;
+            assert!(matches!(read, Ok(0) | Err(_)), "still open: {read:?}");
+        }
+        let mut after = TcpStream::connect(relay.addr()).await.unwrap();
+        assert_eq!(&round_trip(&mut after).await.unwrap(), b"ping");
     }
 }

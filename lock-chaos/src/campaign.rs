@@ -108,6 +108,7 @@ impl Run {
             .args(["--resource", &self.resource])
             .args(["--seed", &self.plan.seed.to_string()])
             .args(["--pause-writes", &self.pause_writes().to_string()])
+            .args(["--campaign", &std::process::id().to_string()])
             .envs(
                 self.links
                     .iter()

@@ -84,6 +84,9 @@ struct WorkerArgs {
     seed: u64,
     #[arg(long, default_value_t = 0)]
     pause_writes: u32,
+    /// The campaign's pid: the worker ends when that process does.
+    #[arg(long)]
+    campaign: u32,
 }
 
 fn main() -> ExitCode {
@@ -120,6 +123,14 @@ async fn worker(args: WorkerArgs) -> Result<(), String> {
         eprintln!("chaos worker: {info}");
         std::process::exit(101);
     }));
+    // A campaign that dies (killed, say) takes its workers with it, frozen ones too: the
+    // kernel kills this process when the thread that started it ends. A campaign gone
+    // before that was set up is seen in the parent's pid.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| format!("setting the parent-death signal: {e}"))?;
+    if std::os::unix::process::parent_id() != args.campaign {
+        return Err("the campaign that started this worker is gone".into());
+    }
     let job = Job {
         store: args.store,
         id: args.id,

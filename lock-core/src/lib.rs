@@ -17,6 +17,7 @@ mod options;
 mod redact;
 mod reentry;
 mod request;
+mod store_url;
 mod waiting;
 mod watchdog;
 

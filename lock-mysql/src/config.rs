@@ -3,7 +3,10 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use lock_core::{LockError, backend::redact_url};
+use lock_core::{
+    LockError,
+    backend::{StoreUrl, redact_url},
+};
 use serde::{Deserialize, Serialize};
 use sqlx::mysql::MySqlConnectOptions;
 
@@ -131,6 +134,23 @@ pub struct MySqlConfig {
     pub idle_hold_connections: usize,
 }
 
+/// The URL parameters [`MySqlConfig::from_url`] hands on to sqlx (sqlx reads these and
+/// ignores any other).
+pub const SQLX_PARAMETERS: [&str; 12] = [
+    "ssl-mode",
+    "sslmode",
+    "ssl-ca",
+    "sslca",
+    "ssl-cert",
+    "sslcert",
+    "ssl-key",
+    "sslkey",
+    "charset",
+    "collation",
+    "statement-cache-capacity",
+    "socket",
+];
+
 impl Default for MySqlConfig {
     fn default() -> Self {
         Self {
@@ -157,15 +177,36 @@ impl MySqlConfig {
         }
     }
 
-    /// Parses a URL whose query parameters `strategy`, `table`, `pool_size`,
-    /// `connect_timeout_ms`, `lock_wait_timeout_ms`, `statement_timeout_ms`, `create_table` and
-    /// `idle_hold_connections` set the fields of the same names; other parameters stay in
-    /// [`MySqlConfig::url`] for sqlx.
+    /// Parses a URL (`mysql://` or `mariadb://`) whose query parameters `strategy`, `table`,
+    /// `pool_size`, `connect_timeout_ms`, `lock_wait_timeout_ms`, `statement_timeout_ms`,
+    /// `create_table` and `idle_hold_connections` set the fields of the same names; sqlx's
+    /// own parameters ([`SQLX_PARAMETERS`]: TLS, character set, statement cache, socket)
+    /// stay in [`MySqlConfig::url`] for sqlx. Any other parameter is an error that names it
+    /// (sqlx would ignore it silently); `timezone` too, as the library pins sessions to UTC.
     ///
     /// # Errors
     /// [`LockError::InvalidOptions`] naming the parameter that is wrong.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let mut parsed = url::Url::parse(url).map_err(|e| {
+        // The common checks of every store URL first (length, characters, hosts and ports,
+        // percent-encoding, keys given twice): the `url` crate drops tabs and newlines
+        // silently, for one.
+        let checked = StoreUrl::parse(url)?;
+        let url = match checked.scheme() {
+            "mysql" => url.to_owned(),
+            "mariadb" => format!("mysql{}", &url["mariadb".len()..]),
+            other => {
+                return Err(invalid(format!(
+                    "`{other}://` is not a MySQL URL; expected mysql://user:password@host:port/database \
+                     (or mariadb://)"
+                )));
+            }
+        };
+        if checked.require_hosts()?.len() > 1 {
+            return Err(invalid(
+                "the MySQL URL names several hosts; it takes one server".into(),
+            ));
+        }
+        let mut parsed = url::Url::parse(&url).map_err(|e| {
             invalid(format!(
                 "the MySQL URL does not parse ({e}); expected mysql://user:password@host:port/database"
             ))
@@ -191,7 +232,22 @@ impl MySqlConfig {
                 "idle_hold_connections" => {
                     config.idle_hold_connections = number(&key, &value)?;
                 }
-                _ => rest.push((key, value)),
+                "timezone" | "time-zone" => {
+                    return Err(invalid(format!(
+                        "URL parameter `{key}`: sessions of this library always read the \
+                         server clock in UTC"
+                    )));
+                }
+                sqlx if SQLX_PARAMETERS.contains(&sqlx) => rest.push((key, value)),
+                other => {
+                    return Err(invalid(format!(
+                        "the MySQL URL has no parameter `{other}`; the library's are strategy, \
+                         table, pool_size, connect_timeout_ms, lock_wait_timeout_ms, \
+                         statement_timeout_ms, create_table, idle_hold_connections, and sqlx's \
+                         {}",
+                        SQLX_PARAMETERS.join(", ")
+                    )));
+                }
             }
         }
         if rest.is_empty() {
@@ -375,6 +431,8 @@ mod tests {
         assert_eq!(config.url, format!("{URL}?ssl-mode=disabled"));
         let plain = MySqlConfig::from_url(URL).unwrap();
         assert_eq!(plain.url, URL);
+        let maria = MySqlConfig::from_url(&URL.replace("mysql://", "mariadb://")).unwrap();
+        assert_eq!(maria.url, URL);
     }
 
     #[test]
@@ -385,7 +443,12 @@ mod tests {
             (format!("{URL}?pool_size=many"), "pool_size"),
             (format!("{URL}?pool_size=0"), "pool_size"),
             ("mysql://lock:pw@127.0.0.1:13306".to_string(), "no database"),
-            ("not a url".to_string(), "does not parse"),
+            ("not a url".to_string(), "U+0020"),
+            ("mysql:/h/db".to_string(), "scheme"),
+            (format!("{URL}?pool=3"), "no parameter `pool`"),
+            (format!("{URL}?timezone=%2B02:00"), "UTC"),
+            ("postgres://lock:pw@h/db".to_string(), "not a MySQL URL"),
+            ("mysql://lock:pw@h:1,h:2/db".to_string(), "several hosts"),
         ];
         for (url, word) in cases {
             let err = MySqlConfig::from_url(&url).unwrap_err();

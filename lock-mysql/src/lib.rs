@@ -13,7 +13,7 @@ mod sql;
 mod table_name;
 
 pub use backend::MySqlBackend;
-pub use config::{MySqlConfig, Strategy};
+pub use config::{MySqlConfig, SQLX_PARAMETERS, Strategy};
 pub use schema::{SCHEMA_VERSION, create_table_sql};
 pub use table_name::TableName;
 

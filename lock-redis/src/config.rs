@@ -1,8 +1,11 @@
 //! [`RedisConfig`] and [`RedlockConfig`]: how to reach the servers and name the keys.
 
-use std::{fmt, time::Duration};
+use std::{fmt, str::FromStr, time::Duration};
 
-use lock_core::{LockError, backend::redact_url};
+use lock_core::{
+    LockError,
+    backend::{StoreUrl, redact_url},
+};
 use serde::{Deserialize, Serialize};
 
 /// Configuration of a [`RedisBackend`](crate::RedisBackend) (one server, or a cluster).
@@ -83,6 +86,87 @@ impl RedisConfig {
         self.replica_acks = replicas;
         self.replica_timeout = timeout;
         self
+    }
+
+    /// Parses the URL form (also what `parse` and [`FromStr`] read):
+    ///
+    /// - `redis://[user:password@]host:port[/db]`: one server;
+    /// - `redis+cluster://[user:password@]host:port,host:port,...`: a cluster, through these
+    ///   seed nodes;
+    ///
+    /// with the settings `prefix`, `replica_acks`, `replica_timeout_ms` and
+    /// `response_timeout_ms` in the query. `rediss://` (TLS) is refused: this build of
+    /// lock-redis has no TLS.
+    ///
+    /// ```
+    /// use lock_redis::RedisConfig;
+    ///
+    /// let config: RedisConfig = "redis+cluster://:s3cret@10.0.0.1:7000,10.0.0.2:7000?prefix=app".parse()?;
+    /// assert!(config.cluster);
+    /// assert_eq!(config.urls, ["redis://:s3cret@10.0.0.1:7000", "redis://:s3cret@10.0.0.2:7000"]);
+    /// assert_eq!(config.key_prefix, "app");
+    /// assert!("redis://127.0.0.1:6379?prefx=app".parse::<RedisConfig>().is_err());
+    /// # Ok::<(), lock_core::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] naming what is wrong: another scheme, no host, several
+    /// hosts for one server, a database that is not a number, an unknown or bad setting.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let mut parsed = StoreUrl::parse(url)?;
+        let cluster = match parsed.scheme() {
+            "redis" => false,
+            "redis+cluster" => true,
+            "rediss" | "rediss+cluster" => {
+                return Err(invalid(
+                    "`rediss://` (TLS) is not supported: lock-redis is built without TLS".into(),
+                ));
+            }
+            other => {
+                return Err(invalid(format!(
+                    "`{other}://` is not a Redis URL; expected `redis://host:port[/db]` or \
+                     `redis+cluster://host:port,host:port`"
+                )));
+            }
+        };
+        let hosts = parsed.require_hosts()?.to_vec();
+        let db = database(parsed.path())?;
+        if !cluster && hosts.len() > 1 {
+            return Err(invalid(format!(
+                "`redis://` names {} hosts; one server takes one (a cluster is \
+                 `redis+cluster://`, Redlock `redlock://`)",
+                hosts.len()
+            )));
+        }
+        if cluster && db.is_some() {
+            return Err(invalid(
+                "a Redis Cluster has only database 0; the URL names another".into(),
+            ));
+        }
+        let userinfo = parsed.userinfo_prefix();
+        let mut config = Self {
+            urls: hosts
+                .iter()
+                .map(|host| node_url(&userinfo, host, db))
+                .collect(),
+            cluster,
+            ..Self::default()
+        };
+        if let Some(prefix) = parsed.take("prefix")? {
+            config.key_prefix = prefix;
+        }
+        if let Some(acks) = parsed.take_parsed("replica_acks")? {
+            config.replica_acks = acks;
+        }
+        if let Some(timeout) = parsed.take_millis("replica_timeout_ms")? {
+            config.replica_timeout = timeout;
+        }
+        if let Some(timeout) = parsed.take_millis("response_timeout_ms")? {
+            config.response_timeout = timeout;
+        }
+        parsed.finish()?;
+        config.validate()?;
+        Ok(config)
     }
 
     /// Checks the configuration.
@@ -185,6 +269,45 @@ impl RedlockConfig {
         self
     }
 
+    /// Parses the URL form `redlock://[user:password@]host:port,host:port,...[/db]` with the
+    /// settings `prefix` and `node_timeout_ms` in the query (also what `parse` and
+    /// [`FromStr`] read); the credentials and database apply to every server.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_redis::RedlockConfig;
+    ///
+    /// let config: RedlockConfig = "redlock://a:6379,b:6379,c:6379?node_timeout_ms=80".parse()?;
+    /// assert_eq!(config.urls, ["redis://a:6379", "redis://b:6379", "redis://c:6379"]);
+    /// assert_eq!(config.node_timeout, Duration::from_millis(80));
+    /// # Ok::<(), lock_core::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] naming what is wrong.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let mut parsed = StoreUrl::parse(url)?;
+        if parsed.scheme() != "redlock" {
+            return Err(invalid(format!(
+                "`{}://` is not a Redlock URL; expected `redlock://host:port,host:port,host:port`",
+                parsed.scheme()
+            )));
+        }
+        let hosts = parsed.require_hosts()?.to_vec();
+        let db = database(parsed.path())?;
+        let userinfo = parsed.userinfo_prefix();
+        let mut config = Self::new(hosts.iter().map(|host| node_url(&userinfo, host, db)));
+        if let Some(prefix) = parsed.take("prefix")? {
+            config.key_prefix = prefix;
+        }
+        if let Some(timeout) = parsed.take_millis("node_timeout_ms")? {
+            config.node_timeout = timeout;
+        }
+        parsed.finish()?;
+        config.validate()?;
+        Ok(config)
+    }
+
     /// The number of servers that must agree: N/2 + 1.
     pub fn quorum(&self) -> usize {
         self.urls.len() / 2 + 1
@@ -218,8 +341,42 @@ impl fmt::Debug for RedlockConfig {
     }
 }
 
+impl FromStr for RedisConfig {
+    type Err = LockError;
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        Self::from_url(url)
+    }
+}
+
+impl FromStr for RedlockConfig {
+    type Err = LockError;
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        Self::from_url(url)
+    }
+}
+
 fn invalid(reason: String) -> LockError {
     LockError::invalid_options(reason)
+}
+
+/// The database a URL's path names (`/3`), if any.
+fn database(path: &str) -> Result<Option<u32>, LockError> {
+    match path.trim_start_matches('/') {
+        "" => Ok(None),
+        db => db.parse().map(Some).map_err(|_| {
+            invalid(format!(
+                "the URL's path {path:?} is not a database number (`/0` to `/15` by default)"
+            ))
+        }),
+    }
+}
+
+/// The URL of one server for the Redis client.
+fn node_url(userinfo: &str, host: &str, db: Option<u32>) -> String {
+    match db {
+        Some(db) => format!("redis://{userinfo}{host}/{db}"),
+        None => format!("redis://{userinfo}{host}"),
+    }
 }
 
 fn validate_prefix(prefix: &str) -> Result<(), LockError> {
@@ -276,6 +433,37 @@ mod tests {
         );
         assert!(RedlockConfig::new(Vec::<String>::new()).validate().is_err());
         assert_eq!(RedlockConfig::new(["a", "b", "c", "d", "e"]).quorum(), 3);
+    }
+
+    #[test]
+    fn url_forms() {
+        let config: RedisConfig =
+            "redis://:pw@h:1/2?prefix=p&replica_acks=1&replica_timeout_ms=100&response_timeout_ms=900"
+                .parse()
+                .unwrap();
+        assert_eq!(config.urls, ["redis://:pw@h:1/2"]);
+        assert_eq!((config.key_prefix.as_str(), config.replica_acks), ("p", 1));
+        assert_eq!(config.replica_timeout, Duration::from_millis(100));
+        assert_eq!(config.response_timeout, Duration::from_millis(900));
+        let redis = |url: &str| url.parse::<RedisConfig>().unwrap_err().to_string();
+        let redlock = |url: &str| url.parse::<RedlockConfig>().unwrap_err().to_string();
+        for (text, word) in [
+            (redis("redis://h:1,h:2"), "one server"),
+            (redis("redis://h:1/x"), "database"),
+            (redis("redis+cluster://h:1/3"), "database 0"),
+            (redis("rediss://h:1"), "TLS"),
+            (redis("redlock://h:1"), "not a Redis URL"),
+            (redis("redis://"), "no host"),
+            (redis("redis://h:1?prefix=a{b"), "key prefix"),
+            (redis("redis://h:1?response_timeout_ms=0"), "response_timeout"),
+            (redis("redis://:hunter2@h:1?db=2"), "`db`"),
+            (redlock("redlock://:hunter2@a:1,b:1?prefix=x&timeout=5"), "`timeout`"),
+            (redlock("redlock://a:1?node_timeout_ms=-5"), "node_timeout_ms"),
+            (redlock("redis://a:1"), "not a Redlock URL"),
+        ] {
+            assert!(text.contains(word), "{word}: {text}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
     }
 
     #[test]

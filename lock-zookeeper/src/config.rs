@@ -3,10 +3,10 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use lock_core::{Failover, LockError, LockName};
+use lock_core::{Failover, LockError, LockName, backend::StoreUrl};
 use serde::{Deserialize, Serialize};
 
-use crate::encoding::{encode_name, percent_decode};
+use crate::encoding::encode_name;
 
 /// How to reach ZooKeeper and where to keep locks.
 ///
@@ -217,10 +217,12 @@ impl ZkConfig {
 }
 
 /// Parses the URL form
-/// `zk://[user:password@]host:port[,host:port...][/lock/root][?session_timeout_ms=N&connect_timeout_ms=N]`.
+/// `zk://[user:password@]host:port[,host:port...][/lock/root][?session_timeout_ms=N&connect_timeout_ms=N&failover=quorum|single]`
+/// (`zookeeper://` too).
 ///
 /// `user:password` becomes `digest` credentials (percent-decoded); the path is the lock root
-/// (default `/locks`).
+/// (default `/locks`); `failover` sets [`ZkConfig::failover`]. Any other setting is an error
+/// that names it.
 impl FromStr for ZkConfig {
     type Err = LockError;
 
@@ -230,52 +232,41 @@ impl FromStr for ZkConfig {
                 "ZooKeeper URL: {reason}; expected `zk://[user:password@]host:port[,host:port...][/root][?session_timeout_ms=N]`"
             ),
         };
-        let rest = url
-            .strip_prefix("zk://")
-            .or_else(|| url.strip_prefix("zookeeper://"))
-            .ok_or_else(|| invalid("it does not start with `zk://`".into()))?;
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match rest.find('/') {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
-        let mut config = Self::new(hosts);
-        if !path.is_empty() {
-            config.root = path.to_owned();
+        let mut parsed = StoreUrl::parse(url)?;
+        if !matches!(parsed.scheme(), "zk" | "zookeeper") {
+            return Err(invalid(format!(
+                "`{}://` is not `zk://` or `zookeeper://`",
+                parsed.scheme()
+            )));
         }
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            let decode = |part: &str| {
-                percent_decode(part)
-                    .and_then(|bytes| String::from_utf8(bytes).ok())
-                    .ok_or_else(|| {
-                        invalid("the credentials are not valid percent-encoded UTF-8".into())
-                    })
-            };
-            config.auth = Some(ZkAuth::digest(&decode(user)?, &decode(password)?));
+        let mut config = Self::new(parsed.require_hosts()?.join(","));
+        if !parsed.path().is_empty() {
+            config.root = parsed.path().to_owned();
         }
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let millis = || {
-                value
-                    .parse::<u64>()
-                    .map(Duration::from_millis)
-                    .map_err(|_| {
-                        invalid(format!(
-                            "`{key}` is {value:?}, not a number of milliseconds"
-                        ))
-                    })
-            };
-            match key {
-                "session_timeout_ms" => config.session_timeout = millis()?,
-                "connect_timeout_ms" => config.connect_timeout = millis()?,
-                other => return Err(invalid(format!("unknown option `{other}`"))),
-            }
+        if parsed.user().is_some() || parsed.password().is_some() {
+            config.auth = Some(ZkAuth::digest(
+                parsed.user().unwrap_or(""),
+                parsed.password().unwrap_or(""),
+            ));
         }
+        if let Some(timeout) = parsed.take_millis("session_timeout_ms")? {
+            config.session_timeout = timeout;
+        }
+        if let Some(timeout) = parsed.take_millis("connect_timeout_ms")? {
+            config.connect_timeout = timeout;
+        }
+        if let Some(failover) = parsed.take("failover")? {
+            config.failover = Some(match failover.as_str() {
+                "quorum" => Failover::Quorum,
+                "single" => Failover::SingleServer,
+                other => {
+                    return Err(invalid(format!(
+                        "`failover={other}`: it must be `quorum` or `single`"
+                    )));
+                }
+            });
+        }
+        parsed.finish()?;
         config.validate()?;
         Ok(config)
     }

@@ -65,8 +65,3 @@ where
         }
     }
 }
-
-/// The workspace README's example, compiled and run as a doc test.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;

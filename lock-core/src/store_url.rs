@@ -92,8 +92,11 @@ fn decode(text: &str, what: &str) -> Result<String, LockError> {
             i += 1;
         }
     }
-    String::from_utf8(out)
-        .map_err(|_| invalid(format!("store URL: the {what} is not UTF-8 once percent-decoded")))
+    String::from_utf8(out).map_err(|_| {
+        invalid(format!(
+            "store URL: the {what} is not UTF-8 once percent-decoded"
+        ))
+    })
 }
 
 /// Checks one `host[:port]` entry.

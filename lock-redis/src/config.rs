@@ -455,10 +455,19 @@ mod tests {
             (redis("redlock://h:1"), "not a Redis URL"),
             (redis("redis://"), "no host"),
             (redis("redis://h:1?prefix=a{b"), "key prefix"),
-            (redis("redis://h:1?response_timeout_ms=0"), "response_timeout"),
+            (
+                redis("redis://h:1?response_timeout_ms=0"),
+                "response_timeout",
+            ),
             (redis("redis://:hunter2@h:1?db=2"), "`db`"),
-            (redlock("redlock://:hunter2@a:1,b:1?prefix=x&timeout=5"), "`timeout`"),
-            (redlock("redlock://a:1?node_timeout_ms=-5"), "node_timeout_ms"),
+            (
+                redlock("redlock://:hunter2@a:1,b:1?prefix=x&timeout=5"),
+                "`timeout`",
+            ),
+            (
+                redlock("redlock://a:1?node_timeout_ms=-5"),
+                "node_timeout_ms",
+            ),
             (redlock("redis://a:1"), "not a Redlock URL"),
         ] {
             assert!(text.contains(word), "{word}: {text}");

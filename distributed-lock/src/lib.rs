@@ -1,0 +1,51 @@
+#![doc = include_str!("../README.md")]
+
+mod memory;
+mod requirement;
+mod scheme;
+mod store_config;
+mod stores;
+
+use std::sync::Arc;
+
+pub use lock_core::{
+    Capabilities, Fence, Holder, Lease, LockBackend, LockClient, LockError, LockGuard, LockInfo,
+    LockName, LockOptions, LossReason,
+};
+pub use requirement::{REQUIREMENTS, Requirement};
+pub use scheme::{Scheme, schemes};
+pub use store_config::{Store, StoreConfig};
+pub use stores::DECLARED;
+
+/// Connects to the store `url` names and makes a client of it: the one line a service needs.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let locks = distributed_lock::connect("memory://doc").await?;
+/// let guard = locks.lock("jobs/nightly").await?;
+/// println!("fence {}", guard.fence());
+/// guard.release().await?;
+/// # Ok::<(), distributed_lock::LockError>(())
+/// # }).unwrap();
+/// ```
+///
+/// # Errors
+/// [`LockError::InvalidOptions`] for a URL that does not parse (naming what is wrong, never
+/// the password) or a store weaker than its `require=`; whatever the store's `connect`
+/// answers otherwise.
+pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+    url.parse::<StoreConfig>()?.connect().await
+}
+
+/// Connects to the store `url` names: the backend, to wrap in layers or share.
+///
+/// # Errors
+/// As [`connect`].
+pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    url.parse::<StoreConfig>()?.backend().await
+}
+
+/// The workspace README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct WorkspaceReadmeDoctests;

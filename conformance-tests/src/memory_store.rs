@@ -132,7 +132,7 @@ impl TestStore for MemoryStore {
     }
 
     async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
-        self.backend.force_release(name);
+        self.backend.evict(name);
         Ok(())
     }
 

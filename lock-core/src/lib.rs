@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod admin;
 pub mod backend;
 mod capabilities;
 mod client;
@@ -21,6 +22,7 @@ mod store_url;
 mod waiting;
 mod watchdog;
 
+pub use admin::{Forced, HeldLock, LockAdmin};
 pub use backend::LockBackend;
 pub use capabilities::{Capabilities, Clock, Expiry, Failover, Fencing, WaitOrder, Wakeup};
 pub use client::LockClient;

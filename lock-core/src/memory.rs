@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::{
-    Capabilities, Clock, Expiry, Failover, Fence, Fencing, Lease, LockError, LockInfo, LockName,
-    WaitOrder, Wakeup,
+    Capabilities, Clock, Expiry, Failover, Fence, Fencing, Forced, HeldLock, Lease, LockAdmin,
+    LockError, LockInfo, LockName, WaitOrder, Wakeup,
     backend::{AcquireRequest, Grant, LeaseToken, LockBackend},
 };
 
@@ -60,20 +60,32 @@ impl MemoryBackend {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Removes whatever lease `name` has, as an administrator deleting the key would, and wakes
-    /// waiters. Returns whether there was a live lease. The holder learns of it at its next
-    /// renewal (its `lost()` fires).
-    pub fn force_release(&self, name: &LockName) -> bool {
+    /// Ends whatever lease `name` has and wakes waiters (the [`LockAdmin::force_release`] of
+    /// this store, without its answer); whether there was a live lease. The holder learns of
+    /// it at its next renewal (its `lost()` fires).
+    pub fn evict(&self, name: &LockName) -> bool {
+        self.evict_and_bump(name).is_some()
+    }
+
+    /// Ends `name`'s live lease, bumps its fence counter and wakes waiters: the lease ended,
+    /// and the counter after the bump.
+    fn evict_and_bump(&self, name: &LockName) -> Option<Forced> {
+        let now = Instant::now();
         let mut slots = self.slots();
-        let Some(slot) = slots.get_mut(name) else {
-            return false;
-        };
-        let live = slot
-            .current
-            .take()
-            .is_some_and(|c| c.expires > Instant::now());
+        let slot = slots.get_mut(name)?;
+        let current = slot.current.take().filter(|c| c.expires > now)?;
+        slot.fence += 1;
         slot.released.notify_waiters();
-        live
+        Some(Forced {
+            evicted: HeldLock::new(
+                name.clone(),
+                &current.token,
+                Fence::new(current.fence),
+                Some(current.expires - now),
+                Some(slot.queue.len() as u64),
+            ),
+            fence_floor: Fence::new(slot.fence),
+        })
     }
 
     fn notifier(&self, name: &LockName) -> Arc<Notify> {
@@ -259,5 +271,33 @@ impl LockBackend for MemoryBackend {
                     Some(c.expires - now),
                 )
             }))
+    }
+}
+
+#[async_trait]
+impl LockAdmin for MemoryBackend {
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>, LockError> {
+        let now = Instant::now();
+        let slots = self.slots();
+        let mut held: Vec<HeldLock> = slots
+            .iter()
+            .filter(|(name, _)| name.as_str().starts_with(prefix))
+            .filter_map(|(name, slot)| {
+                let current = slot.current.as_ref().filter(|c| c.expires > now)?;
+                Some(HeldLock::new(
+                    name.clone(),
+                    &current.token,
+                    Fence::new(current.fence),
+                    Some(current.expires - now),
+                    Some(slot.queue.len() as u64),
+                ))
+            })
+            .collect();
+        held.sort_by(|a, b| a.name.as_str().cmp(b.name.as_str()));
+        Ok(held)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Option<Forced>, LockError> {
+        Ok(self.evict_and_bump(name))
     }
 }

@@ -271,7 +271,7 @@ impl LockBackend for Broken {
                 }
             }
             Fault::GrantsEveryone => {
-                self.inner.force_release(request.name());
+                self.inner.evict(request.name());
                 self.inner.acquire(request).await
             }
             Fault::ValidFromAfterReply => {
@@ -344,7 +344,7 @@ impl LockBackend for Broken {
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         match self.fault {
             Fault::IgnoresOwnerOnRelease => {
-                self.inner.force_release(lease.name());
+                self.inner.evict(lease.name());
                 Ok(())
             }
             Fault::SessionIgnoresToken => {

@@ -11,7 +11,8 @@ use std::{
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, Lease, LockBackend, LockClient, LockError, LockInfo, LockName, MemoryBackend,
+    Capabilities, Lease, LockAdmin, LockBackend, LockClient, LockError, LockInfo, LockName,
+    MemoryBackend,
     backend::{AcquireRequest, Grant},
 };
 
@@ -134,6 +135,10 @@ impl TestStore for MemoryStore {
     async fn revoke(&self, name: &LockName) -> Result<(), LockError> {
         self.backend.evict(name);
         Ok(())
+    }
+
+    async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {
+        Ok(Arc::new(self.backend.clone()))
     }
 
     async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {

@@ -2,10 +2,10 @@
 //! the fault tools (taking a lock away behind its holder's back, planting foreign values,
 //! taking the store away for a moment).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use lock_core::{LockClient, LockError, LockName};
+use lock_core::{LockAdmin, LockClient, LockError, LockName};
 
 /// A backend under test, with the raw access to its store that fault scenarios need.
 #[async_trait]
@@ -16,6 +16,13 @@ pub trait TestStore: Send + Sync + 'static {
     /// Removes the lock from the store behind its holder's back, as an administrator would
     /// (delete the key, row or node).
     async fn revoke(&self, name: &LockName) -> Result<(), LockError>;
+
+    /// The store's [`LockAdmin`], connected as an operator's tool would be (its own
+    /// connections). Every backend of this workspace has one; the default is for a store
+    /// that does not, whose `admin/` scenario then fails.
+    async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {
+        Err(LockError::unsupported("LockAdmin"))
+    }
 
     /// What the store still has for `name` besides the fence counter (keys, rows, nodes),
     /// described for a failure message. Empty when nothing remains.

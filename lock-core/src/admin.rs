@@ -59,6 +59,16 @@ pub struct Forced {
     pub fence_floor: Fence,
 }
 
+impl Forced {
+    /// A forced release that ended `evicted` and left the fence counter at `fence_floor`.
+    pub fn new(evicted: HeldLock, fence_floor: Fence) -> Self {
+        Self {
+            evicted,
+            fence_floor,
+        }
+    }
+}
+
 /// An operator's view of a store: list held locks, end a hold by force.
 #[async_trait]
 pub trait LockAdmin: Send + Sync + fmt::Debug {

@@ -76,16 +76,16 @@ impl MemoryBackend {
         let current = slot.current.take().filter(|c| c.expires > now)?;
         slot.fence += 1;
         slot.released.notify_waiters();
-        Some(Forced {
-            evicted: HeldLock::new(
+        Some(Forced::new(
+            HeldLock::new(
                 name.clone(),
                 &current.token,
                 Fence::new(current.fence),
                 Some(current.expires - now),
                 Some(slot.queue.len() as u64),
             ),
-            fence_floor: Fence::new(slot.fence),
-        })
+            Fence::new(slot.fence),
+        ))
     }
 
     fn notifier(&self, name: &LockName) -> Arc<Notify> {

@@ -65,7 +65,7 @@ struct Inner {
 
 impl RedisBackend {
     /// Runs `work`, naming the server(s) in a store error (see [`LockError::on_server`]).
-    async fn on_server<T>(
+    pub(crate) async fn on_server<T>(
         &self,
         work: impl Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
@@ -104,8 +104,18 @@ impl RedisBackend {
         })
     }
 
-    fn keys(&self, name: &LockName) -> Keys {
+    pub(crate) fn keys(&self, name: &LockName) -> Keys {
         Keys::new(&self.inner.config.key_prefix, name)
+    }
+
+    /// The configuration.
+    pub(crate) fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// A handle on the shared connection.
+    pub(crate) fn conn(&self) -> Conn {
+        self.inner.conn.clone()
     }
 
     /// Waits for the configured replicas to acknowledge; releases and fails when they do not,
@@ -141,7 +151,7 @@ impl RedisBackend {
 
     /// How releases tell waiters: each named waiter's client on its own channel, but on a
     /// cluster once on the lock's channel (see [`scripts::RELEASE`]).
-    fn tell(&self) -> ops::Tell {
+    pub(crate) fn tell(&self) -> ops::Tell {
         if self.inner.config.cluster {
             ops::Tell::Everyone
         } else {

@@ -57,6 +57,34 @@ impl RedisKeys {
     }
 }
 
+impl RedisKeys {
+    /// The hash tag text of a name (or of the start of one: the encoding maps each character
+    /// on its own, so the tag of a name's prefix is a prefix of its tag).
+    pub(crate) fn tag_of(name: &str) -> String {
+        encode(name)
+    }
+}
+
+/// The name a tag written by [`encode`] stands for; `None` for a tag it never writes.
+pub(crate) fn decode(tag: &str) -> Option<String> {
+    let mut out = String::with_capacity(tag.len());
+    let mut rest = tag;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let escape = rest.get(at..at + 3)?;
+        out.push(match escape {
+            "%25" => '%',
+            "%7B" => '{',
+            "%7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    // Only the canonical form is ours: `%7B` stands for `{`, and a bare `{` for nothing.
+    (encode(&out) == tag).then_some(out)
+}
+
 fn encode(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for c in name.chars() {

@@ -180,16 +180,21 @@ impl RedlockBackend {
         })
     }
 
-    fn keys(&self, name: &LockName) -> Keys {
+    pub(crate) fn keys(&self, name: &LockName) -> Keys {
         Keys::new(&self.inner.config.key_prefix, name)
     }
 
-    fn quorum(&self) -> usize {
+    /// The key prefix.
+    pub(crate) fn key_prefix(&self) -> &str {
+        &self.inner.config.key_prefix
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
         self.inner.config.quorum()
     }
 
     /// Runs `op` on every server in parallel, each within the per-server time-out.
-    async fn everywhere<T, F, Fut>(&self, what: &'static str, op: F) -> Vec<Vote<T>>
+    pub(crate) async fn everywhere<T, F, Fut>(&self, what: &'static str, op: F) -> Vec<Vote<T>>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, LockError>>,
@@ -220,7 +225,11 @@ impl RedlockBackend {
         .await
     }
 
-    async fn release_everywhere(&self, keys: &Keys, token: &LeaseToken) -> Vec<Vote<bool>> {
+    pub(crate) async fn release_everywhere(
+        &self,
+        keys: &Keys,
+        token: &LeaseToken,
+    ) -> Vec<Vote<bool>> {
         self.everywhere("release", |mut conn| async move {
             // Redlock's waiters poll: no client is named, nothing is published.
             ops::release(&mut conn, keys, token, ops::Tell::Clients).await

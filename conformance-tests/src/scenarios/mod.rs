@@ -15,6 +15,7 @@ macro_rules! scenario {
     };
 }
 
+pub mod admin;
 pub mod cancel;
 pub mod drop;
 pub mod errors;
@@ -51,6 +52,7 @@ pub fn all() -> Vec<Scenario> {
         errors::scenarios(),
         leaks::scenarios(),
         leases::scenarios(),
+        admin::scenarios(),
         outage::scenarios(),
     ]
     .concat()

@@ -394,6 +394,11 @@ impl TestStore for BrokenStore {
         self.memory.revoke(name).await
     }
 
+    async fn admin(&self) -> Result<Arc<dyn lock_core::LockAdmin>, LockError> {
+        // The operator's view of the store underneath: every fault is in the clients.
+        self.memory.admin().await
+    }
+
     async fn leftovers(&self, name: &LockName) -> Result<Vec<String>, LockError> {
         self.memory.leftovers(name).await
     }

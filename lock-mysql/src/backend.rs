@@ -43,7 +43,7 @@ struct Inner {
 }
 
 #[derive(Debug)]
-enum Imp {
+pub(crate) enum Imp {
     Lease(LeaseStrategy),
     RowLock(RowLockStrategy),
 }
@@ -59,11 +59,16 @@ impl Imp {
 
 impl MySqlBackend {
     /// Runs `work`, naming the server in a store error (see [`LockError::on_server`]).
-    async fn on_server<T>(
+    pub(crate) async fn on_server<T>(
         &self,
         work: impl std::future::Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
         work.await.map_err(|e| e.on_server(&self.inner.url))
+    }
+
+    /// The strategy's implementation.
+    pub(crate) fn imp(&self) -> &Imp {
+        &self.inner.imp
     }
 
     /// Connects (verifying the server answers), creates the lock table if it is missing and

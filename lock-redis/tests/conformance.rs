@@ -1,9 +1,9 @@
 //! The conformance suite against a single Redis, Redlock over five servers, and Redis Cluster.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use conformance_tests::{Runner, Services, TestStore};
-use lock_core::{LockClient, LockError, LockName, backend::async_trait};
+use lock_core::{LockAdmin, LockClient, LockError, LockName, backend::async_trait};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 use redis::{AsyncCommands, aio::MultiplexedConnection, cluster_async::ClusterConnection};
 
@@ -171,6 +171,15 @@ impl TestStore for RedisStore {
             Kind::Redlock(config) => {
                 LockClient::new(RedlockBackend::connect(config.clone()).await?)
             }
+        })
+    }
+
+    async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {
+        Ok(match &self.kind {
+            Kind::Single(config) | Kind::Cluster(config) => {
+                Arc::new(RedisBackend::connect(config.clone()).await?)
+            }
+            Kind::Redlock(config) => Arc::new(RedlockBackend::connect(config.clone()).await?),
         })
     }
 

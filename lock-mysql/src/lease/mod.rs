@@ -18,6 +18,7 @@
 //! - Released rows stay, with token and expiry NULL, so the fence never goes back.
 
 mod acquire;
+mod admin;
 pub(crate) mod queue;
 mod release;
 mod renew;

@@ -230,14 +230,27 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 /// cut that waiter's place to its turn; then wake it with `KILL QUERY` on the connection it
 /// parked on. Answers `'released'` with the number of rows released (0 or 1) and the fence
 /// released (`LAST_INSERT_ID(fence)`), before the wake-up, whose failure does not undo it.
-pub(crate) fn release_batch(table: &TableName, name: &[u8], token: &[u8], fence: u64) -> String {
+///
+/// `bump` (1 for a forced release, else 0) raises the fence counter past the released fence
+/// in the same statement, before the hand-off takes the next fence: the waiter's fence is then
+/// above the floor the operator is told of.
+pub(crate) fn release_batch(
+    table: &TableName,
+    name: &[u8],
+    token: &[u8],
+    fence: u64,
+    bump: u8,
+) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
     let current = crate::rows::lease_current(&k, &fence.to_string());
     // Handed over only below the fence maximum (as an acquire would take it). Every
     // assignment reads `fence` before it changes (it is assigned last), so the row's update is
     // the same whichever order the server evaluates assignments in.
-    let give = "(@lm_next IS NOT NULL AND fence < 18446744073709551615)";
+    let give = format!(
+        "(@lm_next IS NOT NULL AND fence < {})",
+        u64::MAX - u64::from(bump)
+    );
     format!(
         "SET @lm_next = NULL, @lm_turn = NULL, @lm_conn = NULL, @lm_id = LAST_INSERT_ID(0); \
          DELETE FROM {q} WHERE name = {n} AND token = {k}; \
@@ -246,7 +259,7 @@ pub(crate) fn release_batch(table: &TableName, name: &[u8], token: &[u8], fence:
          UPDATE {t} SET token = IF({give}, @lm_next, NULL), \
          expires_at = IF({give}, NOW(6) + INTERVAL @lm_turn MICROSECOND, NULL), \
          acquired_at = IF({give}, NOW(6), acquired_at), \
-         fence = LAST_INSERT_ID(fence) + IF({give}, 1, 0) \
+         fence = LAST_INSERT_ID(fence) + {bump} + IF({give}, 1, 0) \
          WHERE name = {n} AND {current}; \
          SET @lm_done = ROW_COUNT(), @lm_fence = LAST_INSERT_ID(); \
          SELECT 'released', @lm_done, @lm_fence; \

@@ -46,6 +46,7 @@ impl LeaseStrategy {
             name.as_str().as_bytes(),
             lease.token().as_str().as_bytes(),
             lease.fence().get(),
+            0,
         )
         .into();
         let what = format!("releasing `{name}`");
@@ -77,7 +78,7 @@ impl LeaseStrategy {
     /// Runs one release batch: the fence it released (`None` when the lease was not current).
     /// An error after the `'released'` answer (the wake-up) is logged, not returned: the
     /// release itself is done.
-    async fn release_once(
+    pub(super) async fn release_once(
         &self,
         sql: Arc<str>,
         until: Instant,

@@ -46,6 +46,7 @@ use std::{
 };
 
 mod acquire;
+mod admin;
 mod connections;
 mod hold;
 

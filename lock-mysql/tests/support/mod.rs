@@ -12,14 +12,14 @@ pub mod admin;
 pub mod proxy;
 pub mod wire;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use conformance_tests::{
     CaseFuture, Failure, TestStore,
     faults::{env_var, poll_every},
 };
-use lock_core::{LockClient, LockError, LockName};
+use lock_core::{LockAdmin, LockClient, LockError, LockName};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
 use sqlx::{
     AssertSqlSafe, ConnectOptions, MySqlConnection, MySqlPool, Row,
@@ -190,6 +190,10 @@ impl MySqlStore {
 impl TestStore for MySqlStore {
     async fn client(&self) -> Result<LockClient, LockError> {
         Ok(LockClient::new(MySqlBackend::connect(&self.config).await?))
+    }
+
+    async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {
+        Ok(Arc::new(MySqlBackend::connect(&self.config).await?))
     }
 
     /// Lease: the administrator clears the row's token and expiry (`DELETE` would also reset

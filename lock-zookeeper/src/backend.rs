@@ -52,7 +52,7 @@ struct Held {
 
 impl ZkBackend {
     /// Runs `work`, naming the ensemble in a store error (see [`LockError::on_server`]).
-    async fn on_server<T>(
+    pub(crate) async fn on_server<T>(
         &self,
         work: impl std::future::Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
@@ -81,6 +81,11 @@ impl ZkBackend {
     /// The configuration.
     pub fn config(&self) -> &ZkConfig {
         self.inner.sessions.config()
+    }
+
+    /// The live session (waiting for one after a session ended).
+    pub(crate) async fn live(&self) -> Result<Arc<crate::session::Conn>, LockError> {
+        self.inner.sessions.live().await
     }
 
     /// The node path of `name`'s lock (see [`ZkConfig::lock_path`]).

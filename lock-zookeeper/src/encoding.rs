@@ -39,7 +39,6 @@ pub(crate) fn encode_name(name: &LockName) -> String {
     out
 }
 
-#[cfg(test)]
 fn hex_value(digit: u8) -> Option<u8> {
     match digit {
         b'0'..=b'9' => Some(digit - b'0'),
@@ -49,9 +48,7 @@ fn hex_value(digit: u8) -> Option<u8> {
     }
 }
 
-/// Percent-decodes `text` into bytes; `None` when an escape is malformed (the tests' reading
-/// of the names [`encode_name`] writes).
-#[cfg(test)]
+/// Percent-decodes `text` into bytes; `None` when an escape is malformed.
 fn percent_decode(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -71,8 +68,7 @@ fn percent_decode(text: &str) -> Option<Vec<u8>> {
 }
 
 /// The lock name a segment written by [`encode_name`] stands for; `None` for a segment this
-/// encoding never produces.
-#[cfg(test)]
+/// encoding never produces (the listing of an operator's view reads names back with it).
 pub(crate) fn decode_segment(segment: &str) -> Option<LockName> {
     let bytes = percent_decode(segment)?;
     let name = LockName::from_bytes(&bytes).ok()?;

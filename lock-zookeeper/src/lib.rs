@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod admin;
 mod backend;
 mod config;
 mod encoding;

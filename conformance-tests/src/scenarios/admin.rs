@@ -1,6 +1,7 @@
 //! The operator's view ([`LockAdmin`](lock_core::LockAdmin)): `list` shows a held lock as it
-//! is, and `force_release` takes it away, raises the fence floor, hands the lock to the next
-//! waiter and makes the evicted holder's `lost()` fire.
+//! is, and `force_release` takes it away, sets a fence floor above the evicted holder's fence
+//! that the next holder's fence is not below, hands the lock to the next waiter and makes the
+//! evicted holder's `lost()` fire.
 
 use std::time::Duration;
 
@@ -64,8 +65,8 @@ pub async fn list_and_force_release(ctx: Ctx) -> Outcome {
         .map_err(|e| Failure(format!("the waiter's task: {e}")))?
         .map_err(|e| Failure(format!("the waiter did not get the lock: {e}")))?;
     ensure!(
-        next.fence() > forced.fence_floor,
-        "the next holder's fence {} is not above the floor {}",
+        next.fence() >= forced.fence_floor,
+        "the next holder's fence {} is below the floor {}",
         next.fence(),
         forced.fence_floor
     );

@@ -4,10 +4,10 @@
 // Each test binary uses its own part of this module.
 #![allow(dead_code)]
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use conformance_tests::{Failure, Services, TestStore, faults::env_var};
-use lock_core::{LockClient, LockError, LockName, backend::async_trait};
+use lock_core::{LockAdmin, LockClient, LockError, LockName, backend::async_trait};
 use lock_zookeeper::{ZkBackend, ZkConfig};
 use zookeeper_client::{Acls, Client, CreateMode};
 
@@ -126,6 +126,10 @@ impl ZkStore {
 impl TestStore for ZkStore {
     async fn client(&self) -> Result<LockClient, LockError> {
         Ok(LockClient::new(self.backend().await?))
+    }
+
+    async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {
+        Ok(Arc::new(self.backend().await?))
     }
 
     /// Deletes every child of the lock node.

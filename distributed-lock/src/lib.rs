@@ -9,12 +9,12 @@ mod stores;
 use std::sync::Arc;
 
 pub use lock_core::{
-    Capabilities, Fence, Holder, Lease, LockBackend, LockClient, LockError, LockGuard, LockInfo,
-    LockName, LockOptions, LossReason,
+    Capabilities, Fence, Forced, HeldLock, Holder, Lease, LockAdmin, LockBackend, LockClient,
+    LockError, LockGuard, LockInfo, LockName, LockOptions, LossReason,
 };
 pub use requirement::{REQUIREMENTS, Requirement};
 pub use scheme::{Scheme, schemes};
-pub use store_config::{Store, StoreConfig};
+pub use store_config::{AdminBackend, Store, StoreConfig};
 pub use stores::DECLARED;
 
 /// Connects to the store `url` names and makes a client of it: the one line a service needs.
@@ -37,11 +37,27 @@ pub async fn connect(url: &str) -> Result<LockClient, LockError> {
     url.parse::<StoreConfig>()?.connect().await
 }
 
-/// Connects to the store `url` names: the backend, to wrap in layers or share.
+/// Connects to the store `url` names: the backend, to wrap in layers or share, with the
+/// operator's view of it ([`LockAdmin`]: list held locks, release one by force).
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use distributed_lock::{LockAdmin, LockClient};
+///
+/// let store = distributed_lock::backend("memory://admin-doc").await?;
+/// let locks = LockClient::new(store.clone());
+/// let guard = locks.lock("jobs/a").await?;
+/// let held = store.list("jobs/").await?;
+/// assert_eq!(held[0].fence, guard.fence());
+/// let forced = store.force_release(&held[0].name).await?.expect("it was held");
+/// assert!(forced.fence_floor > guard.fence());
+/// # Ok::<(), distributed_lock::LockError>(())
+/// # }).unwrap();
+/// ```
 ///
 /// # Errors
 /// As [`connect`].
-pub async fn backend(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+pub async fn backend(url: &str) -> Result<Arc<dyn AdminBackend>, LockError> {
     url.parse::<StoreConfig>()?.backend().await
 }
 

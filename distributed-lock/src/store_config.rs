@@ -4,7 +4,7 @@
 use std::{fmt, str::FromStr, sync::Arc};
 
 use lock_core::{
-    LockBackend, LockClient, LockError,
+    LockAdmin, LockBackend, LockClient, LockError,
     backend::{StoreUrl, redact_url},
 };
 #[cfg(feature = "mysql")]
@@ -48,6 +48,13 @@ pub enum Store {
     #[cfg(feature = "zookeeper")]
     Zookeeper(ZkConfig),
 }
+
+/// A connected store: the lock contract and the operator's view of it ([`LockAdmin`]), which
+/// every store of this workspace has. An `Arc<dyn AdminBackend>` is an `Arc<dyn LockBackend>`
+/// and an `Arc<dyn LockAdmin>` too.
+pub trait AdminBackend: LockBackend + LockAdmin {}
+
+impl<T: LockBackend + LockAdmin> AdminBackend for T {}
 
 /// A store and the safety properties the configuration requires of it.
 ///
@@ -186,7 +193,7 @@ impl Store {
     /// # Errors
     /// Whatever the store's `connect` answers (an unreachable store is
     /// [`LockError::Unavailable`]).
-    pub async fn backend(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+    pub async fn backend(&self) -> Result<Arc<dyn AdminBackend>, LockError> {
         Ok(match self {
             Self::Memory { instance } => Arc::new(memory::instance(instance)),
             #[cfg(feature = "redis")]
@@ -210,7 +217,7 @@ impl StoreConfig {
     /// # Errors
     /// Whatever the store's `connect` answers, or [`LockError::InvalidOptions`] naming each
     /// missing property and the stores that have it.
-    pub async fn backend(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+    pub async fn backend(&self) -> Result<Arc<dyn AdminBackend>, LockError> {
         let backend = self.store.backend().await?;
         requirement::check(&self.store.label(), &backend.capabilities(), &self.require)?;
         Ok(backend)
@@ -221,7 +228,8 @@ impl StoreConfig {
     /// # Errors
     /// As [`StoreConfig::backend`].
     pub async fn connect(&self) -> Result<LockClient, LockError> {
-        Ok(LockClient::new(self.backend().await?))
+        let backend: Arc<dyn LockBackend> = self.backend().await?;
+        Ok(LockClient::new(backend))
     }
 }
 

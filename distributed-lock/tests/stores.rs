@@ -55,7 +55,7 @@ async fn connects(url: &str, label: &str) -> Outcome {
         "{label} declares {:?}; the table says {declared:?}",
         backend.capabilities()
     );
-    let locks = distributed_lock::LockClient::new(backend);
+    let locks = distributed_lock::LockClient::new(backend.clone());
     let name = format!("facade/{label}/{:016x}", rand::random::<u64>());
     let guard = locks
         .lock_with(

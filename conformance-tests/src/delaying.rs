@@ -91,6 +91,10 @@ impl LockBackend for DelayingBackend {
         self.inner.capabilities()
     }
 
+    fn store(&self) -> &'static str {
+        self.inner.store()
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         self.inner.acquire(request).await
     }

@@ -78,6 +78,10 @@ impl LockBackend for Switched {
         self.inner.capabilities()
     }
 
+    fn store(&self) -> &'static str {
+        self.inner.store()
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         self.up()?;
         self.inner.acquire(request).await

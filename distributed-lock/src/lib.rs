@@ -8,6 +8,8 @@ mod stores;
 
 use std::sync::Arc;
 
+/// Layers any backend can be wrapped in: `Counting`, and `Metrics` (feature `metrics`).
+pub use lock_core::layer;
 pub use lock_core::{
     Capabilities, Fence, Forced, HeldLock, Holder, Lease, LockAdmin, LockBackend, LockClient,
     LockError, LockGuard, LockInfo, LockName, LockOptions, LossReason,

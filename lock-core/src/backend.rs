@@ -38,6 +38,11 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// What this backend guarantees.
     fn capabilities(&self) -> Capabilities;
 
+    /// A short name of the store for logs, spans and metrics (`redis`, `mysql`, ...).
+    fn store(&self) -> &'static str {
+        "unknown"
+    }
+
     /// Acquires `request.name()` for `request.ttl()`, waiting up to `request.wait()` for the
     /// current holder to release (zero: one try). Waiting uses the store's own notification
     /// where it has one, else jittered back-off bounded by the holder's remaining TTL.
@@ -142,6 +147,9 @@ macro_rules! forward_backend {
         impl<T: LockBackend + ?Sized> LockBackend for $pointer<T> {
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
+            }
+            fn store(&self) -> &'static str {
+                (**self).store()
             }
             async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
                 (**self).acquire(request).await

@@ -190,11 +190,25 @@ impl LockClient {
                 "acquiring outside a Tokio runtime (lock-core's watchdog needs one)",
             ));
         }
-        let span =
-            tracing::debug_span!("lock.acquire", lock = %request.name(), holder = %holder.id());
-        self.acquire_inner(holder, request, options)
-            .instrument(span)
-            .await
+        let span = tracing::debug_span!(
+            "lock.acquire",
+            lock = %request.name(),
+            holder = %holder.id(),
+            store = self.backend.store(),
+            waited_ms = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let started = request.started();
+        let result = self
+            .acquire_inner(holder, request, options)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "waited_ms",
+            u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        );
+        span.record("outcome", outcome(&result));
+        result
     }
 
     async fn acquire_inner(
@@ -355,6 +369,15 @@ pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// How long after the wait budget a retry after a retryable failure may still answer.
 const RETRY_GRACE: Duration = Duration::from_millis(50);
+
+/// How an acquisition ended, for spans and metrics: `acquired`, `timeout` or `error`.
+pub(crate) fn outcome<T>(result: &Result<T, LockError>) -> &'static str {
+    match result {
+        Ok(_) => "acquired",
+        Err(LockError::Timeout { .. }) => "timeout",
+        Err(_) => "error",
+    }
+}
 
 impl fmt::Debug for LockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -189,6 +189,10 @@ impl LockBackend for MemoryBackend {
         .with_failover(Failover::SingleServer)
     }
 
+    fn store(&self) -> &'static str {
+        "memory"
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let mut place: Option<Place<'_>> = None;
         loop {

@@ -31,6 +31,15 @@ impl AcquireRequest {
         })
     }
 
+    /// The same request as one try (a zero wait budget), for a layer that must tell a wait
+    /// from a slow store (see `layer::Metrics`); the original keeps its own budget.
+    pub fn one_try(&self) -> Self {
+        Self {
+            wait: Duration::ZERO,
+            ..self.clone()
+        }
+    }
+
     /// The lock to acquire.
     pub fn name(&self) -> &LockName {
         &self.name

@@ -255,6 +255,13 @@ impl LockBackend for MySqlBackend {
         }
     }
 
+    fn store(&self) -> &'static str {
+        match self.strategy() {
+            Strategy::Lease => "mysql-lease",
+            Strategy::RowLock => "mysql-rowlock",
+        }
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         self.on_server(async {
             match &self.inner.imp {

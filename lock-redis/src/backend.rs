@@ -376,6 +376,14 @@ impl LockBackend for RedisBackend {
         .with_replica_acks(config.replica_acks)
     }
 
+    fn store(&self) -> &'static str {
+        if self.inner.config.cluster {
+            "redis-cluster"
+        } else {
+            "redis"
+        }
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         self.on_server(async {
             let keys = self.keys(request.name());

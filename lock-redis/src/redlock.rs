@@ -365,6 +365,10 @@ impl LockBackend for RedlockBackend {
         .with_failover(Failover::Quorum)
     }
 
+    fn store(&self) -> &'static str {
+        "redlock"
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let keys = self.keys(request.name());
         let token = LeaseToken::random();

@@ -178,6 +178,10 @@ impl LockBackend for ZkBackend {
         .with_replica_acks(acks)
     }
 
+    fn store(&self) -> &'static str {
+        "zookeeper"
+    }
+
     /// Queues a contender node and waits until it is the lowest (see the crate docs). The
     /// request's TTL is not used: the hold lasts as long as the session, and the lease's TTL is
     /// the session timeout less half a server tick ([`ZkConfig::lease_ttl`](crate::ZkConfig::lease_ttl)).

@@ -238,6 +238,10 @@ impl LockBackend for Broken {
         caps
     }
 
+    fn store(&self) -> &'static str {
+        self.inner.store()
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         if self.down.load(Ordering::SeqCst) {
             return Err(if self.fault == Fault::OutageIsFinal {

@@ -112,6 +112,10 @@ impl<B: LockBackend> LockBackend for Counting<B> {
         self.inner.capabilities()
     }
 
+    fn store(&self) -> &'static str {
+        self.inner.store()
+    }
+
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         self.acquire_calls.fetch_add(1, Ordering::SeqCst);
         self.inner.acquire(request).await

@@ -69,6 +69,9 @@ impl<F: Fault> LockBackend for Faulty<F> {
     fn capabilities(&self) -> Capabilities {
         self.store.capabilities()
     }
+    fn store(&self) -> &'static str {
+        self.store.store()
+    }
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         self.fault.acquire(&self.store, request).await
     }

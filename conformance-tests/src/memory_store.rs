@@ -141,6 +141,10 @@ impl TestStore for MemoryStore {
         Ok(())
     }
 
+    fn url(&self) -> String {
+        "memory://".into()
+    }
+
     async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {
         Ok(Arc::new(self.backend.clone()))
     }

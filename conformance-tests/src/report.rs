@@ -48,6 +48,10 @@ pub struct ScenarioResult {
 pub struct SuiteReport {
     /// The store's label (a column of the comparison).
     pub store: String,
+    /// The URL the store under test was declared with (password hidden), as
+    /// `distributed_lock::connect` takes it; empty when the store has none.
+    #[serde(default)]
+    pub url: String,
     /// The backend's declared capabilities, when a client could be made.
     pub capabilities: Option<Capabilities>,
     /// Why the store could not be tested at all (it counts as a failure).

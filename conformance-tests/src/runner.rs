@@ -107,6 +107,7 @@ impl Runner {
                     println!("  FAIL  `{label}` could not be set up: {error}");
                     SuiteReport {
                         store: label.clone(),
+                        url: String::new(),
                         capabilities: None,
                         error: Some(error),
                         results: Vec::new(),
@@ -183,6 +184,7 @@ pub async fn run_suite(
         Err(error) => {
             return SuiteReport {
                 store: label.to_owned(),
+                url: store.url(),
                 capabilities: None,
                 error: Some(format!("no client: {error}")),
                 results: Vec::new(),
@@ -233,6 +235,7 @@ pub async fn run_suite(
     }
     SuiteReport {
         store: label.to_owned(),
+        url: store.url(),
         capabilities: Some(capabilities),
         error: None,
         results,

@@ -17,6 +17,13 @@ pub trait TestStore: Send + Sync + 'static {
     /// (delete the key, row or node).
     async fn revoke(&self, name: &LockName) -> Result<(), LockError>;
 
+    /// The URL the store was declared with, password hidden (a store URL as
+    /// `distributed_lock::connect` reads it: `redis://...?prefix=...`); shown by `cargo xtask
+    /// compare` beside the results. Empty for a store without one.
+    fn url(&self) -> String {
+        String::new()
+    }
+
     /// The store's [`LockAdmin`], connected as an operator's tool would be (its own
     /// connections). Every backend of this workspace has one; the default is for a store
     /// that does not, whose `admin/` scenario then fails.

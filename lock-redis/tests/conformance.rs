@@ -31,6 +31,8 @@ enum Kind {
 }
 
 struct RedisStore {
+    /// The store URL the backend's config was parsed from.
+    url: String,
     kind: Kind,
     raw: Raw,
     services: Services,
@@ -54,14 +56,25 @@ impl RedisStore {
         Ok(Raw::Servers(conns))
     }
 
+    /// `scheme://host:port,...` of `redis://` server URLs, with this suite's key prefix.
+    fn store_url(scheme: &str, urls: &[String]) -> String {
+        let hosts: Vec<&str> = urls
+            .iter()
+            .map(|u| u.trim_start_matches("redis://"))
+            .collect();
+        format!("{scheme}://{}?prefix={PREFIX}", hosts.join(","))
+    }
+
     async fn single() -> Result<Self, String> {
         let url = var("LOCK_TEST_REDIS_URL")?;
-        let config = RedisConfig::single(&url).key_prefix(PREFIX);
+        let store_url = Self::store_url("redis", std::slice::from_ref(&url));
+        let config: RedisConfig = store_url.parse().map_err(|e: LockError| e.to_string())?;
         RedisBackend::connect(config.clone())
             .await
             .map_err(|e| e.to_string())?;
         Ok(Self {
             raw: Self::servers(&[url]).await?,
+            url: store_url,
             kind: Kind::Single(config),
             services: Services::from_env().map_err(|e| e.to_string())?,
         })
@@ -69,7 +82,8 @@ impl RedisStore {
 
     async fn cluster() -> Result<Self, String> {
         let urls = urls("LOCK_TEST_REDIS_CLUSTER_URLS")?;
-        let config = RedisConfig::cluster(urls.clone()).key_prefix(PREFIX);
+        let store_url = Self::store_url("redis+cluster", &urls);
+        let config: RedisConfig = store_url.parse().map_err(|e: LockError| e.to_string())?;
         RedisBackend::connect(config.clone())
             .await
             .map_err(|e| e.to_string())?;
@@ -80,6 +94,7 @@ impl RedisStore {
             .map_err(|e| e.to_string())?;
         Ok(Self {
             raw: Raw::Cluster(raw),
+            url: store_url,
             kind: Kind::Cluster(config),
             services: Services::from_env().map_err(|e| e.to_string())?,
         })
@@ -87,9 +102,11 @@ impl RedisStore {
 
     async fn redlock() -> Result<Self, String> {
         let urls = urls("LOCK_TEST_REDLOCK_URLS")?;
-        let config = RedlockConfig::new(urls.clone()).key_prefix(PREFIX);
+        let store_url = Self::store_url("redlock", &urls);
+        let config: RedlockConfig = store_url.parse().map_err(|e: LockError| e.to_string())?;
         Ok(Self {
             raw: Self::servers(&urls).await?,
+            url: store_url,
             kind: Kind::Redlock(config),
             services: Services::from_env().map_err(|e| e.to_string())?,
         })
@@ -172,6 +189,10 @@ impl TestStore for RedisStore {
                 LockClient::new(RedlockBackend::connect(config.clone()).await?)
             }
         })
+    }
+
+    fn url(&self) -> String {
+        lock_core::backend::redact_url(&self.url)
     }
 
     async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {

@@ -213,6 +213,15 @@ fn render_with(reports: &[SuiteReport], preset: &str) -> String {
         ("replica acks", |c| c.replica_acks.to_string()),
         ("batched renewals", |c| c.batched_renewals.to_string()),
     ];
+    let mut urls = vec!["URL".to_string()];
+    urls.extend(reports.iter().map(|r| {
+        if r.url.is_empty() {
+            "-".to_string()
+        } else {
+            r.url.clone()
+        }
+    }));
+    caps.add_row(urls);
     for (label, show) in properties {
         let mut row = vec![label.to_string()];
         row.extend(reports.iter().map(|r| {

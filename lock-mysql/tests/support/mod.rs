@@ -55,11 +55,23 @@ pub fn run_table(strategy: Strategy) -> Result<TableName, String> {
 
 /// The config of this run's clients.
 pub fn config(strategy: Strategy) -> Result<MySqlConfig, String> {
-    Ok(MySqlConfig::new(url()?)
-        .strategy(strategy)
-        .table(run_table(strategy)?)
-        .pool_size(4)
-        .connect_timeout(Duration::from_secs(3)))
+    store_url(strategy)?
+        .parse()
+        .map_err(|e: LockError| format!("this run's store URL: {e}"))
+}
+
+/// This run's store URL for `strategy`: the server's URL with the strategy, this run's table
+/// and the suite's pool settings in its query, as `distributed_lock::connect` takes it.
+///
+/// # Errors
+/// When the variable is not set or the table name is not valid.
+pub fn store_url(strategy: Strategy) -> Result<String, String> {
+    let url = url()?;
+    let separator = if url.contains('?') { '&' } else { '?' };
+    Ok(format!(
+        "{url}{separator}strategy={strategy}&table={}&pool_size=4&connect_timeout_ms=3000",
+        run_table(strategy)?
+    ))
 }
 
 fn admin_options() -> Result<MySqlConnectOptions, String> {
@@ -129,6 +141,8 @@ fn sql_error(what: &str) -> impl Fn(sqlx::Error) -> LockError + '_ {
 /// The conformance suite's view of one strategy on the test server.
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
+    /// The store URL `config` was parsed from.
+    url: String,
     config: MySqlConfig,
     table: TableName,
     admin: MySqlPool,
@@ -137,13 +151,17 @@ pub struct MySqlStore {
 impl MySqlStore {
     /// Connects (creating this run's table) or says why it cannot.
     pub async fn new(strategy: Strategy) -> Result<Self, String> {
-        let config = config(strategy)?;
+        let url = store_url(strategy)?;
+        let config: MySqlConfig = url
+            .parse()
+            .map_err(|e: LockError| format!("this run's store URL: {e}"))?;
         let admin = admin_pool().await?;
         // Creates and checks the table, so the administrator's statements find it.
         MySqlBackend::connect(&config)
             .await
             .map_err(|e| format!("the MySQL server at {URL_VAR} does not answer: {e}"))?;
         Ok(Self {
+            url,
             table: config.table_name(),
             config,
             admin,
@@ -190,6 +208,10 @@ impl MySqlStore {
 impl TestStore for MySqlStore {
     async fn client(&self) -> Result<LockClient, LockError> {
         Ok(LockClient::new(MySqlBackend::connect(&self.config).await?))
+    }
+
+    fn url(&self) -> String {
+        lock_core::backend::redact_url(&self.url)
     }
 
     async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {

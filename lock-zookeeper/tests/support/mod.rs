@@ -42,6 +42,8 @@ fn raw_error(what: &str, path: &str, e: zookeeper_client::Error) -> LockError {
 /// A ZooKeeper server or ensemble under test: every client is a backend with its own session;
 /// an administrator's session of its own removes, lists and plants nodes.
 pub(crate) struct ZkStore {
+    /// The store URL `config` was parsed from.
+    url: String,
     config: ZkConfig,
     /// The administrator's session; replaced by a new one when an outage ended it.
     admin: tokio::sync::Mutex<Client>,
@@ -56,13 +58,18 @@ impl ZkStore {
     pub(crate) async fn from_env(var: &str, session_timeout: Duration) -> Result<Self, String> {
         let hosts = hosts(var)?;
         let admin = raw_client(&hosts, session_timeout).await?;
-        let config = ZkConfig::new(hosts).session_timeout(session_timeout);
+        let url = format!(
+            "zk://{hosts}?session_timeout_ms={}",
+            session_timeout.as_millis()
+        );
+        let config: ZkConfig = url.parse().map_err(|e: LockError| e.to_string())?;
         let instances: &'static [&'static str] = if var == ENSEMBLE_VAR {
             &["zk-ensemble-1", "zk-ensemble-2", "zk-ensemble-3"]
         } else {
             &["zookeeper"]
         };
         Ok(Self {
+            url,
             config,
             session_timeout: admin.session_timeout(),
             admin: tokio::sync::Mutex::new(admin),
@@ -126,6 +133,10 @@ impl ZkStore {
 impl TestStore for ZkStore {
     async fn client(&self) -> Result<LockClient, LockError> {
         Ok(LockClient::new(self.backend().await?))
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
     }
 
     async fn admin(&self) -> Result<Arc<dyn LockAdmin>, LockError> {

@@ -17,7 +17,7 @@ pub use lock_core::{
 pub use requirement::{REQUIREMENTS, Requirement};
 pub use scheme::{Scheme, schemes};
 pub use store_config::{AdminBackend, Store, StoreConfig};
-pub use stores::DECLARED;
+pub use stores::declared;
 
 /// Connects to the store `url` names and makes a client of it: the one line a service needs.
 ///

@@ -7,7 +7,7 @@ use std::{fmt, str::FromStr};
 use lock_core::{Capabilities, Clock, Failover, Fencing, LockError, WaitOrder, Wakeup};
 use serde::{Deserialize, Serialize};
 
-use crate::stores::DECLARED;
+use crate::stores::declared;
 
 /// A property of a store's declared [`Capabilities`] that a configuration can require.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -74,12 +74,12 @@ impl Requirement {
     }
 
     /// The stores that declare this property with their default settings (see
-    /// [`DECLARED`]).
+    /// [`declared`]).
     pub fn stores_with_it(self) -> Vec<&'static str> {
-        DECLARED
-            .iter()
+        declared()
+            .into_iter()
             .filter(|(_, capabilities)| self.is_met_by(capabilities))
-            .map(|(store, _)| *store)
+            .map(|(store, _)| store)
             .collect()
     }
 }
@@ -167,10 +167,9 @@ mod tests {
 
     #[test]
     fn a_weaker_store_is_refused_with_what_it_lacks_and_who_has_it() {
-        let (_, redlock) = DECLARED
-            .iter()
+        let (_, redlock) = declared()
+            .into_iter()
             .find(|(store, _)| *store == "redlock")
-            .cloned()
             .unwrap_or_else(|| panic!("redlock is declared"));
         let error = check(
             "redlock",

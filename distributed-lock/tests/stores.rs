@@ -1,4 +1,4 @@
-//! Every scheme connects to the `cargo xtask services` servers, declares what [`DECLARED`]
+//! Every scheme connects to the `cargo xtask services` servers, declares what `declared()`
 //! says it does, and locks; `require=` refuses a weaker store and accepts a strong one.
 //!
 //! Needs the `LOCK_TEST_*` variables `cargo xtask test` sets; without them every case fails.
@@ -6,7 +6,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use conformance_tests::{Cases, Failure, Outcome, ensure, faults::env_var};
-use distributed_lock::{DECLARED, LockError, StoreConfig};
+use distributed_lock::{LockError, StoreConfig, declared};
 
 fn main() -> ExitCode {
     Cases::<Failure>::new("stores")
@@ -45,13 +45,13 @@ async fn connects(url: &str, label: &str) -> Outcome {
         config.store.label()
     );
     let backend = config.backend().await.map_err(failure)?;
-    let declared = DECLARED
-        .iter()
+    let declared = declared()
+        .into_iter()
         .find(|(store, _)| *store == label)
         .map(|(_, capabilities)| capabilities)
-        .ok_or_else(|| Failure(format!("{label} is not in DECLARED")))?;
+        .ok_or_else(|| Failure(format!("{label} is not in declared()")))?;
     ensure!(
-        backend.capabilities() == *declared,
+        backend.capabilities() == declared,
         "{label} declares {:?}; the table says {declared:?}",
         backend.capabilities()
     );

@@ -51,6 +51,17 @@ enum Try {
 }
 
 impl MemoryBackend {
+    /// What it declares (its [`LockBackend::capabilities`]).
+    pub const DECLARED: Capabilities = Capabilities::new(
+        Fencing::Strict,
+        Expiry::Ttl,
+        Wakeup::Push,
+        WaitOrder::Fifo,
+        Clock::Server,
+    )
+    .with_portable_lease(true)
+    .with_failover(Failover::SingleServer);
+
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
@@ -178,15 +189,7 @@ impl Drop for Place<'_> {
 #[async_trait]
 impl LockBackend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            Fencing::Strict,
-            Expiry::Ttl,
-            Wakeup::Push,
-            WaitOrder::Fifo,
-            Clock::Server,
-        )
-        .with_portable_lease(true)
-        .with_failover(Failover::SingleServer)
+        Self::DECLARED
     }
 
     fn store(&self) -> &'static str {

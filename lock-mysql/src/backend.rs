@@ -66,6 +66,40 @@ impl MySqlBackend {
         work.await.map_err(|e| e.on_server(&self.inner.url))
     }
 
+    /// What a backend of `strategy` declares (its [`LockBackend::capabilities`]), with the
+    /// `fencing` its server's durability settings allow ([`Fencing::Strict`] when every
+    /// commit is flushed).
+    pub fn declared(strategy: Strategy, fencing: Fencing) -> Capabilities {
+        match strategy {
+            Strategy::Lease => Capabilities::new(
+                fencing,
+                Expiry::Ttl,
+                Wakeup::Poll,
+                // Waiters queue in `<table>_queue` (see `lease::queue`).
+                WaitOrder::Fifo,
+                Clock::Server,
+            )
+            .with_portable_lease(true)
+            .with_failover(Failover::SingleServer),
+            Strategy::RowLock => Capabilities::new(
+                fencing,
+                Expiry::Session,
+                Wakeup::Push,
+                // InnoDB's lock queue: waiters for the row are granted it in the order they
+                // asked (MariaDB schedules first come, first served); a client that commits
+                // and asks again goes behind them. Not declared FIFO: the order is the
+                // server's scheduler's, which MySQL 8 weighs (CATS) and this suite cannot
+                // check here.
+                WaitOrder::Fair,
+                Clock::Server,
+            )
+            .with_portable_lease(false)
+            .with_failover(Failover::SingleServer)
+            // Each hold is its own connection's transaction: renewals cannot share a trip.
+            .with_batched_renewals(false),
+        }
+    }
+
     /// The strategy's implementation.
     pub(crate) fn imp(&self) -> &Imp {
         &self.inner.imp
@@ -225,34 +259,7 @@ impl std::fmt::Debug for MySqlBackend {
 #[async_trait]
 impl LockBackend for MySqlBackend {
     fn capabilities(&self) -> Capabilities {
-        match self.strategy() {
-            Strategy::Lease => Capabilities::new(
-                self.inner.fencing,
-                Expiry::Ttl,
-                Wakeup::Poll,
-                // Waiters queue in `<table>_queue` (see `lease::queue`).
-                WaitOrder::Fifo,
-                Clock::Server,
-            )
-            .with_portable_lease(true)
-            .with_failover(Failover::SingleServer),
-            Strategy::RowLock => Capabilities::new(
-                self.inner.fencing,
-                Expiry::Session,
-                Wakeup::Push,
-                // InnoDB's lock queue: waiters for the row are granted it in the order they
-                // asked (MariaDB schedules first come, first served); a client that commits
-                // and asks again goes behind them. Not declared FIFO: the order is the
-                // server's scheduler's, which MySQL 8 weighs (CATS) and this suite cannot
-                // check here.
-                WaitOrder::Fair,
-                Clock::Server,
-            )
-            .with_portable_lease(false)
-            .with_failover(Failover::SingleServer)
-            // Each hold is its own connection's transaction: renewals cannot share a trip.
-            .with_batched_renewals(false),
-        }
+        Self::declared(self.strategy(), self.inner.fencing)
     }
 
     fn store(&self) -> &'static str {

@@ -104,6 +104,29 @@ impl RedisBackend {
         })
     }
 
+    /// What a backend with `config` declares (its [`LockBackend::capabilities`]).
+    pub fn declared(config: &RedisConfig) -> Capabilities {
+        // Fences are `max(counter + 1, server time in µs)`: on one server they survive a lost
+        // counter (restart without persistence, eviction) unless that server's clock steps
+        // back. A failover hands the counter to another machine, which may not have the last
+        // grant (asynchronous replication) and whose clock may be behind: best effort.
+        let (fencing, failover) = if config.cluster || config.replica_acks > 0 {
+            (Fencing::BestEffort, Failover::AsyncReplica)
+        } else {
+            (Fencing::Strict, Failover::SingleServer)
+        };
+        Capabilities::new(
+            fencing,
+            Expiry::Ttl,
+            Wakeup::Push,
+            WaitOrder::Fifo,
+            Clock::Server,
+        )
+        .with_portable_lease(true)
+        .with_failover(failover)
+        .with_replica_acks(config.replica_acks)
+    }
+
     pub(crate) fn keys(&self, name: &LockName) -> Keys {
         Keys::new(&self.inner.config.key_prefix, name)
     }
@@ -354,26 +377,7 @@ impl LockBackend for RedisBackend {
     /// failover continues on a replica that may lack the last grant and whose clock may be
     /// behind the old primary's.
     fn capabilities(&self) -> Capabilities {
-        let config = &self.inner.config;
-        // Fences are `max(counter + 1, server time in µs)`: on one server they survive a lost
-        // counter (restart without persistence, eviction) unless that server's clock steps
-        // back. A failover hands the counter to another machine, which may not have the last
-        // grant (asynchronous replication) and whose clock may be behind: best effort.
-        let (fencing, failover) = if config.cluster || config.replica_acks > 0 {
-            (Fencing::BestEffort, Failover::AsyncReplica)
-        } else {
-            (Fencing::Strict, Failover::SingleServer)
-        };
-        Capabilities::new(
-            fencing,
-            Expiry::Ttl,
-            Wakeup::Push,
-            WaitOrder::Fifo,
-            Clock::Server,
-        )
-        .with_portable_lease(true)
-        .with_failover(failover)
-        .with_replica_acks(config.replica_acks)
+        Self::declared(&self.inner.config)
     }
 
     fn store(&self) -> &'static str {

@@ -180,6 +180,19 @@ impl RedlockBackend {
         })
     }
 
+    /// What every Redlock backend declares (its [`LockBackend::capabilities`]): best-effort
+    /// fences, TTL expiry judged by the clients' clocks, polling waiters served fairly, a
+    /// quorum.
+    pub const DECLARED: Capabilities = Capabilities::new(
+        Fencing::BestEffort,
+        Expiry::Ttl,
+        Wakeup::Poll,
+        WaitOrder::Fair,
+        Clock::Client,
+    )
+    .with_portable_lease(true)
+    .with_failover(Failover::Quorum);
+
     pub(crate) fn keys(&self, name: &LockName) -> Keys {
         Keys::new(&self.inner.config.key_prefix, name)
     }
@@ -354,15 +367,7 @@ impl RedlockBackend {
 #[async_trait]
 impl LockBackend for RedlockBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            Fencing::BestEffort,
-            Expiry::Ttl,
-            Wakeup::Poll,
-            WaitOrder::Fair,
-            Clock::Client,
-        )
-        .with_portable_lease(true)
-        .with_failover(Failover::Quorum)
+        Self::DECLARED
     }
 
     fn store(&self) -> &'static str {

@@ -93,6 +93,28 @@ impl ZkBackend {
         self.config().lock_path(name)
     }
 
+    /// What a backend with `config` declares (its [`LockBackend::capabilities`]): strict
+    /// fences (creation zxids), session expiry, push wake-ups, FIFO; a quorum where the
+    /// connect string names several servers.
+    pub fn declared(config: &ZkConfig) -> Capabilities {
+        let failover = config.effective_failover();
+        let acks = match failover {
+            // A write is acknowledged by a majority: the leader and half the others.
+            Failover::Quorum => u32::try_from(config.host_count() / 2).unwrap_or(u32::MAX),
+            _ => 0,
+        };
+        Capabilities::new(
+            Fencing::Strict,
+            Expiry::Session,
+            Wakeup::Push,
+            WaitOrder::Fifo,
+            Clock::None,
+        )
+        .with_portable_lease(false)
+        .with_failover(failover)
+        .with_replica_acks(acks)
+    }
+
     /// The current session's negotiated timeout: the TTL of every lease this backend grants.
     pub fn session_timeout(&self) -> Duration {
         self.inner.sessions.peek().timeout()
@@ -159,23 +181,7 @@ fn session_ended(name: &LockName) -> LockError {
 #[async_trait]
 impl LockBackend for ZkBackend {
     fn capabilities(&self) -> Capabilities {
-        let config = self.config();
-        let failover = config.effective_failover();
-        let acks = match failover {
-            // A write is acknowledged by a majority: the leader and half the others.
-            Failover::Quorum => u32::try_from(config.host_count() / 2).unwrap_or(u32::MAX),
-            _ => 0,
-        };
-        Capabilities::new(
-            Fencing::Strict,
-            Expiry::Session,
-            Wakeup::Push,
-            WaitOrder::Fifo,
-            Clock::None,
-        )
-        .with_portable_lease(false)
-        .with_failover(failover)
-        .with_replica_acks(acks)
+        Self::declared(self.config())
     }
 
     fn store(&self) -> &'static str {

@@ -13,6 +13,7 @@ mod holder;
 pub mod layer;
 mod lease;
 mod memory;
+mod multi;
 mod name;
 mod options;
 mod redact;
@@ -32,6 +33,7 @@ pub use guard::{LockGuard, Lost};
 pub use holder::{Holder, HolderId};
 pub use lease::{Lease, LockInfo};
 pub use memory::MemoryBackend;
+pub use multi::MultiGuard;
 pub use name::{IntoLockName, LockName};
 pub use options::{Backoff, LockOptions, MAX_TTL, MAX_WAIT, MIN_RENEW_EVERY, MIN_TTL};
 

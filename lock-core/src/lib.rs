@@ -13,6 +13,7 @@ mod holder;
 pub mod layer;
 mod lease;
 mod memory;
+pub mod migrate;
 mod multi;
 mod name;
 mod options;

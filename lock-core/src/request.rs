@@ -40,6 +40,16 @@ impl AcquireRequest {
         }
     }
 
+    /// The same request with what is left of its budget, starting now (for a second store
+    /// asked after a first one: one budget for both).
+    pub fn remaining(&self) -> Self {
+        Self {
+            wait: self.deadline().saturating_duration_since(Instant::now()),
+            started: Instant::now(),
+            ..self.clone()
+        }
+    }
+
     /// The lock to acquire.
     pub fn name(&self) -> &LockName {
         &self.name

@@ -96,6 +96,14 @@ const CASES: &[(&str, &str)] = &[
     ("redis://127.0.0.1:6379 ", "U+0020"),
     ("redis://[::1:6379", "`[`"),
     ("redis://127.0.0.1:6379#fragment", "fragment"),
+    ("redis://u:hun?ter2@127.0.0.1:6379", "percent-encoded"),
+    ("redis://:hun/ter2@127.0.0.1:6379", "percent-encoded"),
+    (
+        "mysql://lock:hun?ter2@127.0.0.1:13306/db",
+        "percent-encoded",
+    ),
+    ("zk://app:hun/ter2@127.0.0.1:2181/locks", "percent-encoded"),
+    ("redis://:hun:ter2@127.0.0.1:port", "port"),
 ];
 
 #[test]

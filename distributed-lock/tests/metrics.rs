@@ -120,6 +120,15 @@ fn recorded() -> Vec<(
             a.release().await.unwrap();
             let b = waiter.await.unwrap().unwrap();
 
+            // A waiter that gives up (its future dropped) is no longer counted as waiting.
+            let gave_up = {
+                let (client, options) = (client.clone(), options.clone());
+                tokio::spawn(async move { client.lock_with("jobs/1", &options).await })
+            };
+            until_queued(&memory).await;
+            gave_up.abort();
+            assert!(gave_up.await.unwrap_err().is_cancelled());
+
             // B's hold taken away: its next renewal says NotHeld.
             assert!(memory.evict(&LockName::new("jobs/1").unwrap()));
             assert_eq!(b.lost().await, LossReason::NotHeld);
@@ -158,7 +167,7 @@ fn the_layer_reports_through_a_real_recorder() {
             "lock_contended_total",
             &jobs
         )),
-        2
+        3 // B, the one-try, the waiter that gave up
     );
     assert_eq!(
         samples(&find(

@@ -53,9 +53,9 @@ impl HeldLock {
 pub struct Forced {
     /// The hold that was ended.
     pub evicted: HeldLock,
-    /// Above the evicted holder's fence, and at or below the fence of every later holder
-    /// (stores with a fence counter bumped it there). A resource told to reject fences below
-    /// it rejects the evicted holder's late writes even before the next holder writes.
+    /// Above the evicted holder's fence, and at or below the fence of every later holder. A
+    /// resource told to reject fences below it rejects the evicted holder's late writes even
+    /// before the next holder writes.
     pub fence_floor: Fence,
 }
 
@@ -83,9 +83,9 @@ pub trait LockAdmin: Send + Sync + fmt::Debug {
     /// mid-section, a process gone without its session ending). The holder is not asked:
     /// it learns at its next renewal (or, on session stores, when its session or connection
     /// ends) and its `lost()` fires then; until then it may still believe it holds the lock.
-    /// So the release also bumps the fence counter where the store has one
-    /// ([`Forced::fence_floor`]): the evicted holder's writes are rejected by any resource
-    /// that has seen a later fence or been told the floor. `None` when nothing was held.
+    /// So the answer carries a fence floor ([`Forced::fence_floor`]): the evicted holder's
+    /// writes are rejected by any resource that has seen a later fence or been told the
+    /// floor. `None` when nothing was held.
     ///
     /// # Errors
     /// [`LockError::Unavailable`] or [`LockError::Backend`] on store failures;

@@ -17,7 +17,7 @@ pub use crate::{
     options::validate_ttl,
     redact::redact_url,
     request::AcquireRequest,
-    store_url::{MAX_URL_LEN, StoreUrl},
+    store_url::{MAX_URL_LEN, StoreUrl, percent_decode},
     waiting::{Attempt, poll_until_acquired},
 };
 

@@ -84,9 +84,10 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut slots = self.slots();
         let slot = slots.get_mut(name)?;
-        let current = slot.current.take().filter(|c| c.expires > now)?;
-        slot.fence += 1;
+        let current = slot.current.take();
         slot.released.notify_waiters();
+        let current = current.filter(|c| c.expires > now)?;
+        slot.fence += 1;
         Some(Forced::new(
             HeldLock::new(
                 name.clone(),

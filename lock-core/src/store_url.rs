@@ -10,7 +10,8 @@
 //! - a query key given twice is an error, and so is a key the store does not know:
 //!   [`StoreUrl::finish`] names it (a misspelt safety setting must not be ignored);
 //! - a URL longer than [`MAX_URL_LEN`] is refused before anything else is read;
-//! - no error message carries the password.
+//! - no error message carries the password, nor quotes a host (a password with a raw `/` or
+//!   `?` would end up there); a `@` after the host part is refused without quoting it.
 
 use std::{str::FromStr, time::Duration};
 
@@ -67,8 +68,15 @@ fn invalid(reason: impl Into<String>) -> LockError {
     LockError::invalid_options(reason.into())
 }
 
-/// Percent-decodes `text` into UTF-8; `what` names the part for the error.
-fn decode(text: &str, what: &str) -> Result<String, LockError> {
+/// Percent-decodes `text` into bytes; `None` when a `%` is not followed by two hex digits.
+///
+/// ```
+/// use lock_core::backend::percent_decode;
+///
+/// assert_eq!(percent_decode("a%2Fb").as_deref(), Some(&b"a/b"[..]));
+/// assert_eq!(percent_decode("a%2"), None);
+/// ```
+pub fn percent_decode(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -80,30 +88,36 @@ fn decode(text: &str, what: &str) -> Result<String, LockError> {
                     .and_then(|b| char::from(*b).to_digit(16))
                     .and_then(|d| u8::try_from(d).ok())
             };
-            let (Some(high), Some(low)) = (hex(i + 1), hex(i + 2)) else {
-                return Err(invalid(format!(
-                    "store URL: the {what} has a `%` not followed by two hex digits"
-                )));
-            };
-            out.push(high << 4 | low);
+            out.push(hex(i + 1)? << 4 | hex(i + 2)?);
             i += 3;
         } else {
             out.push(bytes[i]);
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| {
+    Some(out)
+}
+
+/// Percent-decodes `text` into UTF-8; `what` names the part for the error.
+fn decode(text: &str, what: &str) -> Result<String, LockError> {
+    let bytes = percent_decode(text).ok_or_else(|| {
+        invalid(format!(
+            "store URL: the {what} has a `%` not followed by two hex digits"
+        ))
+    })?;
+    String::from_utf8(bytes).map_err(|_| {
         invalid(format!(
             "store URL: the {what} is not UTF-8 once percent-decoded"
         ))
     })
 }
 
-/// Checks one `host[:port]` entry.
-fn check_host(entry: &str) -> Result<(), LockError> {
+/// Checks one `host[:port]` entry, the `number`th. Its text is never quoted: when a password
+/// holds a raw `/`, `?` or `#`, part of it ends up here.
+fn check_host(number: usize, entry: &str) -> Result<(), LockError> {
     let bad = |why: &str| {
         Err(invalid(format!(
-            "store URL: host {entry:?} {why}; expected `host:port` (or `[v6 address]:port`)"
+            "store URL: host number {number} {why}; expected `host:port` (or `[v6 address]:port`)"
         )))
     };
     let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
@@ -185,6 +199,14 @@ impl StoreUrl {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, authority),
         };
+        if userinfo.is_none() && (path.contains('@') || query.contains('@')) {
+            // Most likely a password with a raw `/` or `?` that cut the credentials short:
+            // said without quoting any of it.
+            return Err(invalid(
+                "store URL: a `@` after the host part; a password (or any value) with `/`, `?`, \
+                 `#` or `@` in it must be percent-encoded (`%2F`, `%3F`, `%23`, `%40`)",
+            ));
+        }
         let (user, password) = match userinfo {
             Some(info) => {
                 let (user, password) = match info.split_once(':') {
@@ -202,8 +224,8 @@ impl StoreUrl {
         } else {
             hosts.split(',').map(str::to_owned).collect()
         };
-        for host in &hosts {
-            check_host(host)?;
+        for (i, host) in hosts.iter().enumerate() {
+            check_host(i + 1, host)?;
         }
         let mut pairs: Vec<(String, String)> = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -359,6 +381,10 @@ mod tests {
             "redis://h:1#frag",
             "redis://h:1:2",
             "redis://h;rm:1",
+            "redis://u:hun?ter2@h:1",
+            "redis://:hun/ter2@h:1",
+            "redis://:hun#ter2@h:1",
+            "redis://:hun/ter2@h:1?prefix=x",
             long.as_str(),
         ] {
             let error = StoreUrl::parse(url).unwrap_err();
@@ -366,7 +392,9 @@ mod tests {
                 matches!(error, LockError::InvalidOptions { .. }),
                 "{url}: {error:?}"
             );
-            assert!(!error.to_string().contains("secret"), "{error}");
+            for piece in ["secret", "hun", "ter2"] {
+                assert!(!error.to_string().contains(piece), "{url}: {error}");
+            }
         }
     }
 

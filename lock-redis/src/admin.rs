@@ -1,16 +1,19 @@
 //! [`LockAdmin`] for Redis and Redlock: held locks are found with `SCAN` (on every master of
 //! a cluster, on every server of Redlock) and read as `inspect` reads one; a forced release
 //! runs the owner-only release with the holder's own token (so the waiters are told, as by
-//! any release), then raises the fence counter past the evicted holder's fence.
+//! any release). Its floor is the evicted fence plus one: no counter needs raising, since
+//! every later fence is `max(counter + 1, server time in µs)` over a counter already at the
+//! evicted fence.
 
 use lock_core::{
     Fence, Forced, HeldLock, LockAdmin, LockBackend, LockError, LockInfo, LockName,
-    backend::async_trait,
+    backend::{StoreUrl, async_trait},
 };
 use redis::aio::ConnectionLike;
 
 use crate::{
     RedisBackend, RedlockBackend,
+    config::node_url,
     connection::{Conn, client},
     error::Error,
     keys::{RedisKeys as Keys, decode},
@@ -96,14 +99,12 @@ fn masters(nodes: &str) -> Vec<String> {
         .collect()
 }
 
-/// `url` with its `host:port` replaced by `address` (credentials and database kept).
-fn at_address(url: &str, address: &str) -> String {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    let end = url[start..]
-        .find(['/', '?'])
-        .map_or(url.len(), |i| start + i);
-    let host_start = url[start..end].rfind('@').map_or(start, |i| start + i + 1);
-    format!("{}{address}{}", &url[..host_start], &url[end..])
+/// `ip:port` as a URL host: an IPv6 address (`CLUSTER NODES` prints it bare) in brackets.
+fn url_host(address: &str) -> String {
+    match address.rsplit_once(':') {
+        Some((ip, port)) if ip.contains(':') && !ip.starts_with('[') => format!("[{ip}]:{port}"),
+        _ => address.to_owned(),
+    }
 }
 
 fn sorted(mut names: Vec<LockName>) -> Vec<LockName> {
@@ -145,10 +146,12 @@ impl RedisBackend {
             .query_async(&mut conn)
             .await
             .map_err(|e| Error::new("CLUSTER NODES", e))?;
-        let seed = config.urls.first().cloned().unwrap_or_default();
+        // The seed's credentials (every node of a cluster takes the same).
+        let seed = config.urls.first().map(String::as_str).unwrap_or_default();
+        let userinfo = StoreUrl::parse(seed)?.userinfo_prefix();
         let mut names = Vec::new();
         for address in masters(&nodes) {
-            let mut node = client(&at_address(&seed, &address))?
+            let mut node = client(&node_url(&userinfo, &url_host(&address), None))?
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(|e| Error::new(format!("connect to cluster node {address}"), e))?;
@@ -185,15 +188,23 @@ impl LockAdmin for RedisBackend {
                 };
                 let count = waiters(&mut conn, &keys).await;
                 if ops::release(&mut conn, &keys, &info.token, self.tell()).await? {
-                    let floor = info.fence.get() + 1;
-                    ops::raise_fence(&mut conn, name, &keys, floor).await?;
-                    return Ok(Some(Forced::new(held(&info, count), Fence::new(floor))));
+                    return Ok(Some(forced(&info, count)));
                 }
             }
             Err(changing_hands(name))
         })
         .await
     }
+}
+
+/// What a forced release of `info`'s hold answers. The floor is the evicted fence plus one:
+/// every later grant's fence is `max(counter + 1, server time in µs)` with the counter at
+/// least the evicted fence on every server that granted it.
+fn forced(info: &LockInfo, waiters: Option<u64>) -> Forced {
+    Forced::new(
+        held(info, waiters),
+        Fence::new(info.fence.get().saturating_add(1)),
+    )
 }
 
 fn changing_hands(name: &LockName) -> LockError {
@@ -228,26 +239,20 @@ impl LockAdmin for RedlockBackend {
 
     async fn force_release(&self, name: &LockName) -> Result<Option<Forced>, LockError> {
         let keys = self.keys(name);
+        // The first hold released on any server: a release on a minority may already take
+        // the majority away, and then the next look finds nothing held.
+        let mut evicted: Option<LockInfo> = None;
         for _ in 0..TRIES {
             let Some(info) = self.inspect(name).await? else {
-                return Ok(None);
+                return Ok(evicted.map(|info| forced(&info, None)));
             };
             let votes = self.release_everywhere(&keys, &info.token).await;
-            if votes.iter().filter(|v| matches!(v, Ok(true))).count() >= self.quorum() {
-                let floor = info.fence.get() + 1;
-                let raised = self
-                    .everywhere("raise the fence", |mut conn: Conn| {
-                        let keys = &keys;
-                        async move { ops::raise_fence(&mut conn, name, keys, floor).await }
-                    })
-                    .await;
-                if raised.iter().filter(|v| v.is_ok()).count() < self.quorum() {
-                    return Err(LockError::unavailable_msg(format!(
-                        "`{name}` was released by force, but its fence counter was raised on \
-                         fewer than a majority of the servers"
-                    )));
-                }
-                return Ok(Some(Forced::new(held(&info, None), Fence::new(floor))));
+            let released = votes.iter().filter(|v| matches!(v, Ok(true))).count();
+            if released >= self.quorum() {
+                return Ok(Some(forced(&info, None)));
+            }
+            if released > 0 && evicted.is_none() {
+                evicted = Some(info);
             }
         }
         Err(changing_hands(name))
@@ -269,9 +274,7 @@ mod tests {
                      a2 127.0.0.1:7002@17002 slave a1 0 0 1 connected\n\
                      a3 127.0.0.1:7003@17003 master,fail - 0 0 3 connected 5461-10922\n";
         assert_eq!(masters(nodes), ["127.0.0.1:7001"]);
-        assert_eq!(
-            at_address("redis://:pw@10.0.0.1:7000/0", "127.0.0.1:7002"),
-            "redis://:pw@127.0.0.1:7002/0"
-        );
+        assert_eq!(url_host("127.0.0.1:7002"), "127.0.0.1:7002");
+        assert_eq!(url_host("::1:7002"), "[::1]:7002");
     }
 }

@@ -372,7 +372,7 @@ fn database(path: &str) -> Result<Option<u32>, LockError> {
 }
 
 /// The URL of one server for the Redis client.
-fn node_url(userinfo: &str, host: &str, db: Option<u32>) -> String {
+pub(crate) fn node_url(userinfo: &str, host: &str, db: Option<u32>) -> String {
     match db {
         Some(db) => format!("redis://{userinfo}{host}/{db}"),
         None => format!("redis://{userinfo}{host}"),

@@ -7,7 +7,7 @@
 //! two different names never share a segment. The segments `.` and `..` have their dots
 //! encoded too.
 
-use lock_core::LockName;
+use lock_core::{LockName, backend::percent_decode};
 
 /// Whether `byte` is written as itself.
 fn is_unreserved(byte: u8) -> bool {
@@ -37,34 +37,6 @@ pub(crate) fn encode_name(name: &LockName) -> String {
         }
     }
     out
-}
-
-fn hex_value(digit: u8) -> Option<u8> {
-    match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'A'..=b'F' => Some(digit - b'A' + 10),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        _ => None,
-    }
-}
-
-/// Percent-decodes `text` into bytes; `None` when an escape is malformed.
-fn percent_decode(text: &str) -> Option<Vec<u8>> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let high = hex_value(*bytes.get(i + 1)?)?;
-            let low = hex_value(*bytes.get(i + 2)?)?;
-            out.push(high << 4 | low);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    Some(out)
 }
 
 /// The lock name a segment written by [`encode_name`] stands for; `None` for a segment this

@@ -4,6 +4,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use distributed_lock::{LockBackend, LockClient, LockName, LockOptions, StoreConfig};
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{Failed, output::Output};
 
@@ -17,6 +18,10 @@ pub(crate) async fn run(
     wait: Duration,
     out: &Output,
 ) -> Result<ExitCode, Failed> {
+    // Listening for Ctrl-C (SIGINT) from before the lock is taken: one that comes as soon as
+    // "held" is printed still releases it.
+    let mut interrupt = signal(SignalKind::interrupt())
+        .map_err(|e| Failed(format!("listening for Ctrl-C: {e}")))?;
     let backend: std::sync::Arc<dyn LockBackend> = config.backend().await?;
     let client = LockClient::new(backend);
     let guard = client
@@ -28,8 +33,7 @@ pub(crate) async fn run(
             out.lost(name, reason);
             Ok(ExitCode::from(LOST))
         }
-        stop = tokio::signal::ctrl_c() => {
-            stop.map_err(|e| Failed(format!("waiting for Ctrl-C: {e}")))?;
+        _ = interrupt.recv() => {
             guard.release().await?;
             out.released(name);
             Ok(ExitCode::SUCCESS)

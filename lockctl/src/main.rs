@@ -11,7 +11,7 @@ mod output;
 use std::{process::ExitCode, time::Duration};
 
 use clap::{CommandFactory, Parser, Subcommand};
-use distributed_lock::{LockError, LockName, StoreConfig};
+use distributed_lock::{HeldLock, LockError, LockName, StoreConfig};
 
 use crate::output::Output;
 
@@ -157,8 +157,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Failed> {
         Command::Status { name: text } => {
             let name = name(&text)?;
             let store = config.backend().await?;
-            let found = store.list(name.as_str()).await?;
-            out.status(&name, found.iter().find(|h| h.name == name));
+            let held = store.inspect(&name).await?.map(|info| {
+                HeldLock::new(info.name, &info.token, info.fence, info.expires_in, None)
+            });
+            out.status(&name, held.as_ref());
         }
         Command::Hold {
             name: text,

@@ -39,6 +39,20 @@ pub async fn list_and_force_release(ctx: Ctx) -> Outcome {
         let (waiter, name, options) = (waiter.clone(), name.clone(), ctx.options(budget));
         tokio::spawn(async move { waiter.lock_with(&name, &options).await })
     };
+    // The hand-off paths run only with a waiter in line: wait for it where the store counts
+    // its waiters (where it cannot, `waiters` is `None` and the force goes on at once).
+    let until = std::time::Instant::now() + budget;
+    loop {
+        let listed = admin.list(prefix).await?;
+        if listed.first().is_none_or(|held| held.waiters != Some(0)) {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < until,
+            "the waiter did not queue within {budget:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let forced = admin
         .force_release(&name)
         .await?

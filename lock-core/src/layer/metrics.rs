@@ -7,7 +7,7 @@
 //! | `lock_acquire_duration_seconds` | histogram | `store`, `outcome` (`acquired`, `timeout`, `error`) |
 //! | `lock_contended_total` | counter | `store`: acquisitions that found the lock taken |
 //! | `lock_hold_duration_seconds` | histogram | `store`: grant to release or loss |
-//! | `lock_lost_total` | counter | `store`, `reason` (`not_held`, `session_ended`, `expired`) |
+//! | `lock_lost_total` | counter | `store`, `reason` (`not_held`, `session_ended`, `expired`, `max_hold`) |
 //! | `lock_renew_duration_seconds` | histogram | `store` |
 //! | `lock_renew_failures_total` | counter | `store` |
 //! | `lock_held` | gauge | `store`: holds granted and not yet released or lost |
@@ -17,9 +17,11 @@
 //! is a time series. [`Metrics::name_label`] adds a `name` label through a mapper that keeps
 //! it bounded (a prefix, a class), or leaves it out (`None`).
 //!
-//! **Contention** is counted exactly: an acquisition with a wait budget first makes one try
-//! (a zero budget); only when the lock is taken does it go on to wait with its own budget. An
-//! uncontended acquisition costs nothing more; a contended one, one try more, beside a wait.
+//! **Contention** is counted exactly, per call of the store: an acquisition with a wait
+//! budget first makes one try (a zero budget); only when the lock is taken does it go on to
+//! wait with its own budget. An uncontended acquisition costs nothing more; a contended one,
+//! one try more, beside a wait. Like every figure here it is per call of the backend: an
+//! acquisition the client retries after an outage (within its budget) counts once per try.
 //!
 //! **Losses** this layer sees are the store's answers to renewals (`not_held`,
 //! `session_ended`) and holds whose last confirmed lease ran out without a release
@@ -49,6 +51,22 @@ struct Held {
     /// When its last confirmed lease ends.
     until: Instant,
     labels: Vec<Label>,
+}
+
+/// The `lock_waiting` gauge of one call in progress: counted up now, down when dropped.
+struct Waiting(metrics::Gauge);
+
+impl Waiting {
+    fn new(gauge: metrics::Gauge) -> Self {
+        gauge.increment(1.0);
+        Self(gauge)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
 }
 
 /// Reports every call of the wrapped backend as metrics (see the module's table).
@@ -210,26 +228,26 @@ impl<B: LockBackend> LockBackend for Metrics<B> {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         self.prune();
+        let start = Instant::now();
         let labels = self.labels(request.name());
-        let waiting = gauge!("lock_waiting", labels.clone());
-        waiting.increment(1.0);
+        // Counted down however the call ends, a dropped future included.
+        let _waiting = Waiting::new(gauge!("lock_waiting", labels.clone()));
         let first = self.inner.acquire(&request.one_try()).await;
         let result = match first {
             Err(LockError::Timeout { .. }) => {
                 counter!("lock_contended_total", labels.clone()).increment(1);
                 if request.wait().is_zero() {
-                    Err(request.timeout_error())
+                    first
                 } else {
                     self.inner.acquire(request).await
                 }
             }
             other => other,
         };
-        waiting.decrement(1.0);
         let mut outcome_labels = labels.clone();
         outcome_labels.push(Label::new("outcome", outcome(&result)));
         histogram!("lock_acquire_duration_seconds", outcome_labels)
-            .record(seconds(request.started().elapsed()));
+            .record(seconds(start.elapsed()));
         if let Ok(grant) = &result {
             self.granted(grant, labels);
         }
@@ -250,7 +268,16 @@ impl<B: LockBackend> LockBackend for Metrics<B> {
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         self.prune();
         let start = Instant::now();
-        let results = self.inner.renew_many(leases).await?;
+        let results = match self.inner.renew_many(leases).await {
+            Ok(results) => results,
+            Err(error) => {
+                // The batch failed as a whole: a failed renewal of each lease in it.
+                for lease in leases {
+                    counter!("lock_renew_failures_total", self.labels(lease.name())).increment(1);
+                }
+                return Err(error);
+            }
+        };
         let took = start.elapsed();
         for (lease, result) in leases.iter().zip(&results) {
             self.renewed(lease, result, took);

@@ -1,8 +1,8 @@
 //! The row-lock strategy's operator view: holds listed from `<table>_holds` as the holders
 //! wrote them (`READ UNCOMMITTED`; each judged as `inspect` judges it), and a forced release
-//! that raises the fence counter, then ends the holder's connection with `KILL CONNECTION`
-//! (its transaction rolls back; the waiter InnoDB queued next gets the row, and the holder's
-//! parked statement fails, so its `lost()` fires at once).
+//! that ends the holder's connection with `KILL CONNECTION` (its transaction rolls back; the
+//! waiter InnoDB queued next gets the row, and the holder's parked statement fails, so its
+//! `lost()` fires at once).
 
 use std::time::Instant;
 
@@ -10,13 +10,12 @@ use lock_core::{Fence, Forced, HeldLock, LockError, LockName};
 use sqlx::Row;
 
 use super::RowLockStrategy;
-use crate::{
-    error::Error,
-    sql::{hex, run_pooled, tagged},
-};
+use sqlx::AssertSqlSafe;
 
-/// How often a forced release reads and kills again when the hold changed hands in between.
-const TRIES: usize = 5;
+use crate::{
+    error::{Error, server_code},
+    sql::{hex, run, run_pooled, tagged, within},
+};
 
 impl RowLockStrategy {
     fn until(&self) -> Instant {
@@ -56,45 +55,60 @@ impl RowLockStrategy {
         Ok(held)
     }
 
-    /// Raises the fence counter of `name`, then kills the connection of its current hold.
+    /// Kills the connection of `name`'s current hold. The floor is the evicted fence plus
+    /// one: every later grant bumps the counter past it.
+    ///
+    /// One batch, run once (never repeated on a broken connection: a repeat could kill the
+    /// next holder): the victim's connection read as the holder wrote it, read again just
+    /// before the kill (a hold released in between is not killed; the server gives the
+    /// connection ids of released holds, kept for reuse, to nobody else until they close, so
+    /// what is left is the microseconds between the second read and the kill), then the kill.
     pub(crate) async fn force_release(&self, name: &LockName) -> Result<Option<Forced>, LockError> {
         let n = hex(name.as_str().as_bytes());
-        for _ in 0..TRIES {
-            let Some(info) = self.inspect(name).await? else {
-                return Ok(None);
-            };
-            let k = hex(info.token.as_str().as_bytes());
-            // One batch: the victim's connection read as the holder wrote it, the counter
-            // bumped only if it is still there, then the kill.
-            let sql = format!(
-                "ROLLBACK; SET @lm_victim = NULL, @lm_id = LAST_INSERT_ID(0); \
-                 SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
-                 SELECT connection_id INTO @lm_victim FROM {h} WHERE name = {n} AND token = {k}; \
-                 COMMIT; \
-                 UPDATE {f} SET fence = LAST_INSERT_ID(fence + 1) \
-                 WHERE name = {n} AND @lm_victim IS NOT NULL; \
-                 SELECT 'floor', LAST_INSERT_ID(), @lm_victim; \
-                 SET @lm_kill = IF(@lm_victim IS NULL, 'DO 0', CONCAT('KILL CONNECTION ', @lm_victim)); \
-                 PREPARE lm_kill FROM @lm_kill; EXECUTE lm_kill; DEALLOCATE PREPARE lm_kill",
-                h = self.shared.table.holds().quoted(),
-                f = self.shared.table.fences().quoted(),
-            );
-            let rows = run_pooled(&self.shared.pool, sql, self.until())
-                .await
-                .map_err(|e| {
-                    LockError::from(Error::new(format!("releasing `{name}` by force"), e))
-                })?;
-            let floor = tagged(&rows, "floor")
-                .next()
-                .and_then(|row| row.try_get::<u64, _>(1).ok())
-                .filter(|floor| *floor > 0);
-            if let Some(floor) = floor {
-                let evicted = HeldLock::new(name.clone(), &info.token, info.fence, None, None);
-                return Ok(Some(Forced::new(evicted, Fence::new(floor))));
+        let h = self.shared.table.holds().quoted();
+        let Some(info) = self.inspect(name).await? else {
+            return Ok(None);
+        };
+        let k = hex(info.token.as_str().as_bytes());
+        let read = |into: &str| {
+            format!(
+                "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION READ ONLY; \
+                 SELECT connection_id INTO {into} FROM {h} WHERE name = {n} AND token = {k}; COMMIT"
+            )
+        };
+        let sql = format!(
+            "ROLLBACK; SET @lm_victim = NULL, @lm_again = NULL; {}; {}; \
+             SELECT 'victim', IF(@lm_again <=> @lm_victim, @lm_victim, NULL); \
+             SET @lm_kill = IF(@lm_victim IS NOT NULL AND @lm_again <=> @lm_victim, \
+             CONCAT('KILL CONNECTION ', @lm_victim), 'DO 0'); \
+             PREPARE lm_kill FROM @lm_kill; EXECUTE lm_kill; DEALLOCATE PREPARE lm_kill",
+            read("@lm_victim"),
+            read("@lm_again"),
+        );
+        let what = || format!("releasing `{name}` by force");
+        let until = self.until();
+        let mut conn = within(until, self.shared.pool.acquire())
+            .await
+            .map_err(|e| LockError::from(Error::new(what(), e)))?;
+        let rows = match within(until, run(&mut conn, AssertSqlSafe(sql))).await {
+            Ok(rows) => rows,
+            // 1094: the connection had ended by itself; so had the hold.
+            Err(error) if server_code(&error) == Some(1094) => return Ok(None),
+            Err(error) => {
+                conn.close_on_drop();
+                return Err(LockError::from(Error::new(what(), error)));
             }
+        };
+        let killed = tagged(&rows, "victim")
+            .next()
+            .and_then(|row| row.try_get::<Option<u64>, _>(1).ok().flatten())
+            .is_some();
+        if !killed {
+            // Released (or given up) between the look and the kill: nothing was forced.
+            return Ok(None);
         }
-        Err(LockError::unavailable_msg(format!(
-            "`{name}` changed hands {TRIES} times while it was being released by force; try again"
-        )))
+        let evicted = HeldLock::new(name.clone(), &info.token, info.fence, None, None);
+        let floor = info.fence.get().saturating_add(1);
+        Ok(Some(Forced::new(evicted, Fence::new(floor))))
     }
 }

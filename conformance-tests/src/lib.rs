@@ -19,6 +19,7 @@ mod delaying;
 pub mod faults;
 pub mod holder_process;
 mod memory_store;
+pub mod migration;
 mod report;
 mod runner;
 mod scenario;

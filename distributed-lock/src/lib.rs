@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 /// Layers any backend can be wrapped in: `Counting`, and `Metrics` (feature `metrics`).
 pub use lock_core::layer;
+/// Moving locks between stores without a window of double grants (`MigratingBackend`).
+pub use lock_core::migrate;
 pub use lock_core::{
     Capabilities, Fence, Forced, HeldLock, Holder, Lease, LockAdmin, LockBackend, LockClient,
     LockError, LockGuard, LockInfo, LockName, LockOptions, LossReason,

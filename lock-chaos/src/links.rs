@@ -16,7 +16,7 @@ use std::{net::SocketAddr, time::Duration};
 use conformance_tests::faults::Relay;
 use rand::{Rng, rngs::StdRng};
 
-use crate::{Fault, clock};
+use crate::{Fault, clock, stores};
 
 /// The variable (as `cargo xtask services env` prints it) naming each store's servers: a URL,
 /// a `host:port`, or a comma-separated list of either.
@@ -49,6 +49,8 @@ fn authority(entry: &str) -> std::ops::Range<usize> {
 pub struct Links {
     relays: Vec<Relay>,
     env: Vec<(String, String)>,
+    /// How long the store's client waits for one answer ([`stores::request_timeout`]).
+    request_timeout: Duration,
 }
 
 /// A link fault in progress: end it with [`Links::end`] after [`LinkFault::lasts`].
@@ -93,6 +95,7 @@ impl Links {
         Ok(Some(Self {
             relays,
             env: vec![(name.to_owned(), entries.join(","))],
+            request_timeout: stores::request_timeout(store),
         }))
     }
 
@@ -104,6 +107,8 @@ impl Links {
     /// Begins one fault of every link, meant to last about `ttl`:
     ///
     /// - **latency**: every piece of traffic waits 2-10 % of the TTL, each way, for 2-4 TTLs;
+    ///   an outage where a round trip then outlasts the store's client's wait for an answer
+    ///   (Redlock's 50 ms per server: every vote fails, so nobody can be granted);
     /// - **drop**: every connection closed at once (workers reconnect);
     /// - **blackhole**: nothing passes for 1.5-3 TTLs and nobody is told (half-open
     ///   connections); what was sent meanwhile flows on once it ends, as TCP delivers it
@@ -117,7 +122,8 @@ impl Links {
                     relay.delay(delay);
                 }
                 let what = format!("link-latency {} ms each way", delay.as_millis());
-                (what, false, ttl.mul_f64(rng.random_range(2.0..4.0)))
+                let outage = delay * 2 >= self.request_timeout;
+                (what, outage, ttl.mul_f64(rng.random_range(2.0..4.0)))
             }
             1 => {
                 for relay in &self.relays {

@@ -122,6 +122,18 @@ pub fn place_kept(store: &str, pause: Duration) -> Duration {
     }
 }
 
+/// How long `store`'s campaign client waits for one answer before it counts the request as
+/// failed (a link slower than that makes the store unavailable, not stuck).
+pub fn request_timeout(store: &str) -> Duration {
+    match store {
+        "redlock" => RedlockConfig::default().node_timeout,
+        "redis" | "redis-cluster" => RedisConfig::default().response_timeout,
+        "mysql-lease" | "mysql-rowlock" => MySqlConfig::default().statement_timeout,
+        // The ZooKeeper client's requests wait as long as the session lives.
+        _ => ZK_SESSION,
+    }
+}
+
 /// The table of a MySQL store's campaign locks (`chaos_mysql_lease`, `chaos_mysql_rowlock`).
 pub fn mysql_table(store: &str) -> String {
     format!("chaos_{}", store.replace('-', "_"))

@@ -48,7 +48,11 @@ pub(crate) fn render_latest(dir: &Path, preset: &str) -> Result<Option<String>> 
     let mut summaries = Vec::new();
     for entry in entries {
         let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "json") {
+        let history = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(".history.json"));
+        if path.extension().is_some_and(|e| e == "json") && !history {
             let text = std::fs::read_to_string(&path)?;
             let value: Value = serde_json::from_str(&text)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -124,6 +128,8 @@ mod tests {
             "fence_regressions":0,"stuck_gaps":0,"panics":0,"faults":14},
             "violations":["2 stale writes accepted"]}"#;
         std::fs::write(dir.join("redis.json"), summary).unwrap();
+        // A history beside it is not a summary.
+        std::fs::write(dir.join("redis.history.json"), r#"{"sections":[]}"#).unwrap();
         let table = render_latest(&dir, comfy_table::presets::ASCII_MARKDOWN)
             .unwrap()
             .unwrap();
@@ -132,5 +138,11 @@ mod tests {
         assert!(table.contains("344"), "{table}");
         assert!(table.contains("189 (0)"), "{table}");
         assert!(table.contains("FAIL"), "{table}");
+        // The header, its rule and one row: the history made none.
+        assert_eq!(
+            table.lines().filter(|l| l.starts_with('|')).count(),
+            3,
+            "{table}"
+        );
     }
 }

@@ -58,7 +58,7 @@ struct RunArgs {
     /// Per mille of writes where a worker freezes between deciding to write and writing.
     #[arg(long, default_value_t = 20)]
     pause_writes: u32,
-    /// Where the JSON summaries go.
+    /// Where the JSON summaries (`<store>.json`) and histories (`<store>.history.json`) go.
     #[arg(long, default_value = "target/chaos")]
     out: PathBuf,
 }
@@ -171,8 +171,9 @@ async fn campaigns(args: RunArgs) -> Result<bool, String> {
             "chaos: {} for {} s, seed {}",
             plan.store, args.duration, args.seed
         );
-        let (_, summary) = campaign::run(&plan, exe.clone()).await?;
+        let (history, summary) = campaign::run(&plan, exe.clone()).await?;
         save(&args.out, &summary)?;
+        save_history(&args.out, &summary.store, &history)?;
         summaries.push(summary);
     }
     println!("{}", table(&summaries));
@@ -191,6 +192,18 @@ fn save(dir: &std::path::Path, summary: &Summary) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(format!("{}.json", summary.store));
     let text = serde_json::to_string_pretty(summary).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The whole history beside the summary (`<store>.history.json`), for reading a finding
+/// against the faults that were in progress.
+fn save_history(
+    dir: &std::path::Path,
+    store: &str,
+    history: &lock_chaos::History,
+) -> Result<(), String> {
+    let path = dir.join(format!("{store}.history.json"));
+    let text = serde_json::to_string(history).map_err(|e| e.to_string())?;
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 

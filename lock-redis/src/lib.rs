@@ -6,6 +6,7 @@ mod config;
 mod connection;
 mod error;
 mod keys;
+mod migration_record;
 mod ops;
 mod redlock;
 mod scripts;
@@ -14,6 +15,7 @@ mod waiters;
 pub use backend::RedisBackend;
 pub use config::{RedisConfig, RedlockConfig};
 pub use keys::RedisKeys;
+pub use migration_record::RedisRecord;
 pub use redlock::RedlockBackend;
 
 #[cfg(test)]

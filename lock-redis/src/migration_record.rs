@@ -1,0 +1,139 @@
+//! [`RedisRecord`]: a migration's record ([`MigrationRecord`]) kept in one Redis server, for
+//! fleets of several processes migrating their locks (see `lock_core::migrate`).
+
+use std::sync::LazyLock;
+
+use lock_core::{
+    LockError,
+    backend::async_trait,
+    migrate::{Authority, MigrationRecord, Record},
+};
+use redis::Script;
+
+use crate::{RedisBackend, connection::Conn, error::Error};
+
+/// Compare-and-set: `KEYS[1]` becomes `ARGV[2]` if it is `ARGV[1]` (an absent key reads as
+/// `ARGV[3]`, the record of a migration not started). 1 when it moved.
+static ADVANCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local cur = redis.call('GET', KEYS[1]) or ARGV[3]
+if cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+",
+    )
+});
+
+/// The record as text: `<generation>:<from|to>`.
+fn text(record: &Record) -> String {
+    let side = match record.authority {
+        Authority::From => "from",
+        Authority::To => "to",
+    };
+    format!("{}:{side}", record.generation)
+}
+
+fn parse(key: &str, value: &str) -> Result<Record, LockError> {
+    let foreign = || {
+        LockError::foreign(
+            key,
+            format!("{value:?} is not a migration record (`<generation>:from` or `:to`)"),
+        )
+    };
+    let (generation, side) = value.split_once(':').ok_or_else(foreign)?;
+    Ok(Record {
+        generation: generation.parse().map_err(|_| foreign())?,
+        authority: match side {
+            "from" => Authority::From,
+            "to" => Authority::To,
+            _ => return Err(foreign()),
+        },
+    })
+}
+
+/// A migration record in the key `<prefix>:{migration}:record` of one Redis server (not a
+/// cluster: a failover there could lose the latest write, and the record must never go
+/// back). An absent key is generation 0 with authority `from`.
+#[derive(Debug, Clone)]
+pub struct RedisRecord {
+    conn: Conn,
+    key: String,
+}
+
+impl RedisBackend {
+    /// The migration record kept on this server.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] on a cluster.
+    pub fn migration_record(&self) -> Result<RedisRecord, LockError> {
+        if self.config().cluster {
+            return Err(LockError::invalid_options(
+                "a migration record needs one server: on a cluster a failover may lose its \
+                 latest write",
+            ));
+        }
+        Ok(RedisRecord {
+            conn: self.conn(),
+            key: format!("{}:{{migration}}:record", self.config().key_prefix),
+        })
+    }
+}
+
+const NOT_STARTED: Record = Record {
+    generation: 0,
+    authority: Authority::From,
+};
+
+#[async_trait]
+impl MigrationRecord for RedisRecord {
+    async fn read(&self) -> Result<Record, LockError> {
+        let value: Option<String> = redis::cmd("GET")
+            .arg(&self.key)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| Error::new("read the migration record", e))?;
+        value.map_or(Ok(NOT_STARTED), |v| parse(&self.key, &v))
+    }
+
+    async fn advance(&self, current: &Record, next: &Record) -> Result<bool, LockError> {
+        if !current.precedes(next) {
+            return Err(LockError::invalid_options(format!(
+                "a migration record only moves forward: {current:?} cannot become {next:?}"
+            )));
+        }
+        let moved: i64 = ADVANCE
+            .key(&self.key)
+            .arg(text(current))
+            .arg(text(next))
+            .arg(text(&NOT_STARTED))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| Error::new("advance the migration record", e))?;
+        Ok(moved == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_foreign_text_is_named() {
+        for record in [
+            NOT_STARTED,
+            Record {
+                generation: 7,
+                authority: Authority::To,
+            },
+        ] {
+            assert_eq!(parse("k", &text(&record)).unwrap(), record);
+        }
+        for bad in ["", "x:from", "1:sideways", "1"] {
+            assert!(
+                matches!(parse("k", bad), Err(LockError::Foreign { .. })),
+                "{bad}"
+            );
+        }
+    }
+}

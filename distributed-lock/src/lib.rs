@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod memory;
+mod record;
 mod requirement;
 mod scheme;
 mod store_config;
@@ -16,6 +17,7 @@ pub use lock_core::{
     Capabilities, Fence, Forced, HeldLock, Holder, Lease, LockAdmin, LockBackend, LockClient,
     LockError, LockGuard, LockInfo, LockName, LockOptions, LossReason,
 };
+pub use record::migration_record;
 pub use requirement::{REQUIREMENTS, Requirement};
 pub use scheme::{Scheme, schemes};
 pub use store_config::{AdminBackend, Store, StoreConfig};

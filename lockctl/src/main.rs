@@ -6,6 +6,7 @@
 
 mod bench;
 mod hold;
+mod migrate;
 mod output;
 
 use std::{process::ExitCode, time::Duration};
@@ -23,6 +24,7 @@ Examples:
   lockctl --url redis://127.0.0.1:6379 release --force jobs/nightly
   lockctl --url redlock://a:6379,b:6379,c:6379 bench --clients 8 --seconds 5
   lockctl --url redis://127.0.0.1:6379 capabilities --json
+  lockctl migrate status --record redis://127.0.0.1:6379
   lockctl completions bash > /etc/bash_completion.d/lockctl";
 
 #[derive(Parser)]
@@ -90,6 +92,11 @@ enum Command {
     },
     /// What the store declares (fencing, expiry, wake-up, order, clock, failover, ...).
     Capabilities,
+    /// A migration between two stores, step by step (status, init, verify, flip, finish).
+    Migrate {
+        #[command(subcommand)]
+        step: migrate::Step,
+    },
     /// Prints a shell completion script.
     Completions {
         /// The shell.
@@ -142,13 +149,17 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Failed> {
+    let out = Output::new(cli.json);
+    if let Command::Migrate { step } = cli.command {
+        migrate::run(step, &out).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let Some(url) = cli.url else {
         return Err(Failed(
             "no store: give --url or set LOCK_URL (for example redis://127.0.0.1:6379)".into(),
         ));
     };
     let config: StoreConfig = url.parse()?;
-    let out = Output::new(cli.json);
     match cli.command {
         Command::Ls { prefix } => {
             let store = config.backend().await?;
@@ -185,7 +196,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failed> {
             let store = config.backend().await?;
             out.capabilities(&config, &store.capabilities());
         }
-        Command::Completions { .. } => {}
+        Command::Completions { .. } | Command::Migrate { .. } => {}
     }
     Ok(ExitCode::SUCCESS)
 }

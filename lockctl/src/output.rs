@@ -157,6 +157,10 @@ impl Output {
         });
     }
 
+    pub(crate) fn migration(&self, step: &str, value: &Value) {
+        self.print(value, || format!("migrate {step}: {value}"));
+    }
+
     pub(crate) fn bench(&self, phases: &[Phase]) {
         let value = json!(phases);
         self.print(&value, || {

@@ -26,6 +26,7 @@ fn main() -> ExitCode {
             Box::pin(capabilities_and_bench())
         })
         .case("bad_input", || Box::pin(bad_input()))
+        .case("migrate_runbook", || Box::pin(migrate_runbook()))
         .main()
 }
 
@@ -270,5 +271,106 @@ async fn bad_input() -> Outcome {
         "completions bash: {:?}",
         output.status
     );
+    Ok(())
+}
+
+/// `lockctl migrate` step by step between two stores on the Redis server (two key prefixes),
+/// the record on it too: each step refuses while its precondition fails.
+async fn migrate_runbook() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let from = format!("{url}?prefix=mig-from-{tag}");
+    let to = format!("{url}?prefix=mig-to-{tag}");
+    let record = format!("{url}?prefix=mig-record-{tag}");
+    let step = |args: &[&str]| -> Result<Output, Failure> {
+        lockctl()
+            .args(["--json", "migrate"])
+            .args(args)
+            .output()
+            .map_err(|e| Failure(e.to_string()))
+    };
+    let refused = |output: &Output, what: &str| -> Outcome {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        ensure!(
+            output.status.code() == Some(1) && stderr.contains("refused"),
+            "{what} was not refused: {:?} {stderr}",
+            output.status
+        );
+        Ok(())
+    };
+    let done = |output: &Output, what: &str| -> Result<Value, Failure> {
+        ensure!(
+            output.status.success(),
+            "{what} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).map_err(|e| Failure(format!("{what}: {e}")))
+    };
+    let status = done(&step(&["status", "--record", &record])?, "status")?;
+    ensure!(
+        status["authority"] == "from",
+        "a new migration reads {status}"
+    );
+    done(
+        &step(&["init", "--from", &from, "--to", &to, "--record", &record])?,
+        "init",
+    )?;
+
+    // An `old` client still holding in the old store alone: verify refuses.
+    let mut old = Holder::start(&from, "jobs/nightly")?;
+    ensure!(
+        old.event()?["event"] == "held",
+        "the old client did not hold"
+    );
+    refused(
+        &step(&["verify", "--from", &from, "--to", &to, "--soak", "500ms"])?,
+        "verify with an old client running",
+    )?;
+    conformance_tests::faults::signal(old.child.id(), "INT")?;
+    ensure!(
+        old.event()?["event"] == "released",
+        "the old client did not release"
+    );
+    done(
+        &step(&["verify", "--from", &from, "--to", &to, "--soak", "500ms"])?,
+        "verify",
+    )?;
+    refused(
+        &step(&[
+            "finish", "--from", &from, "--record", &record, "--soak", "200ms",
+        ])?,
+        "finish before the flip",
+    )?;
+    let flipped = done(&step(&["flip", "--record", &record])?, "flip")?;
+    ensure!(
+        flipped["authority"] == "to" && flipped["fence_generation"] == 1,
+        "the flip says {flipped}"
+    );
+    refused(&step(&["flip", "--record", &record])?, "a second flip")?;
+    refused(
+        &step(&["init", "--from", &from, "--to", &to, "--record", &record])?,
+        "init after the flip",
+    )?;
+    // A client still holding in the old store: finish refuses.
+    let mut dual = Holder::start(&from, "jobs/nightly")?;
+    ensure!(dual.event()?["event"] == "held", "the holder did not hold");
+    refused(
+        &step(&[
+            "finish", "--from", &from, "--record", &record, "--soak", "500ms",
+        ])?,
+        "finish with a client in the old store",
+    )?;
+    conformance_tests::faults::signal(dual.child.id(), "INT")?;
+    ensure!(
+        dual.event()?["event"] == "released",
+        "the holder did not release"
+    );
+    let finished = done(
+        &step(&[
+            "finish", "--from", &from, "--record", &record, "--soak", "500ms",
+        ])?,
+        "finish",
+    )?;
+    ensure!(finished["done"] == true, "finish says {finished}");
     Ok(())
 }

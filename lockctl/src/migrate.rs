@@ -1,0 +1,198 @@
+//! `lockctl migrate`: the runbook of a migration between two stores as commands, each
+//! refusing to run when its precondition fails (see distributed-lock's README, "Moving locks
+//! to another store").
+
+use std::{
+    collections::BTreeSet,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use clap::Subcommand;
+use distributed_lock::{
+    LockBackend, LockClient, LockOptions, StoreConfig,
+    migrate::{Authority, MigrationRecord, Record},
+};
+use serde_json::json;
+
+use crate::{Failed, output::Output};
+
+/// One step of a migration.
+#[derive(Subcommand)]
+pub(crate) enum Step {
+    /// Where the migration stands (the record).
+    Status {
+        /// The record: redis://host:port[?prefix=...] (one server).
+        #[arg(long)]
+        record: String,
+    },
+    /// Before deploying `dual`: the target is reachable and writable, both stores can be
+    /// listed, and the record has not moved yet.
+    Init {
+        /// The store locks move from.
+        #[arg(long)]
+        from: String,
+        /// The store locks move to.
+        #[arg(long)]
+        to: String,
+        /// The record.
+        #[arg(long)]
+        record: String,
+    },
+    /// Before the flip: over SOAK, no lock is held in FROM without its twin in TO (a holder
+    /// there without one is an `old` client still running).
+    Verify {
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+        /// How long to watch.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        soak: Duration,
+    },
+    /// Moves authority to the target: fences move to the next generation. Then deploy `new`.
+    Flip {
+        #[arg(long)]
+        record: String,
+    },
+    /// After `new` everywhere: authority is the target's and, over SOAK, nothing is held in
+    /// FROM (no `dual` client is left); the old store's lock data may then go.
+    Finish {
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        record: String,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        soak: Duration,
+    },
+}
+
+fn refused(why: String) -> Failed {
+    Failed(format!("refused: {why}"))
+}
+
+async fn held_names(url: &str) -> Result<BTreeSet<String>, Failed> {
+    let config: StoreConfig = url.parse()?;
+    let store = config.backend().await?;
+    Ok(store
+        .list("")
+        .await?
+        .into_iter()
+        .map(|h| h.name.as_str().to_owned())
+        .collect())
+}
+
+/// Watches for `soak`: the names `check` finds wrong, every 200 ms.
+async fn watch<F, Fut>(soak: Duration, mut check: F) -> Result<BTreeSet<String>, Failed>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<BTreeSet<String>, Failed>>,
+{
+    let until = Instant::now() + soak;
+    let mut seen = BTreeSet::new();
+    loop {
+        seen.extend(check().await?);
+        if Instant::now() >= until {
+            return Ok(seen);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn record_json(record: &Record) -> serde_json::Value {
+    json!({
+        "generation": record.generation,
+        "authority": match record.authority { Authority::From => "from", Authority::To => "to" },
+        "fence_generation": record.fence_generation(),
+    })
+}
+
+pub(crate) async fn run(step: Step, out: &Output) -> Result<(), Failed> {
+    match step {
+        Step::Status { record } => {
+            let now = distributed_lock::migration_record(&record)
+                .await?
+                .read()
+                .await?;
+            out.migration("status", &record_json(&now));
+        }
+        Step::Init { from, to, record } => {
+            let now = distributed_lock::migration_record(&record)
+                .await?
+                .read()
+                .await?;
+            if now.authority != Authority::From {
+                return Err(refused(format!("the record has moved already: {now:?}")));
+            }
+            held_names(&from).await?;
+            // The target takes a lock and gives it back.
+            let target: StoreConfig = to.parse()?;
+            let backend: Arc<dyn LockBackend> = target.backend().await?;
+            let probe = LockClient::new(backend)
+                .lock_with("lockctl-migrate/probe", &LockOptions::new())
+                .await?;
+            probe.release().await?;
+            out.migration(
+                "init",
+                &json!({ "ready": true, "record": record_json(&now) }),
+            );
+        }
+        Step::Verify { from, to, soak } => {
+            let old_only = watch(soak, || async {
+                let (in_from, in_to) = (held_names(&from).await?, held_names(&to).await?);
+                Ok(in_from.difference(&in_to).cloned().collect())
+            })
+            .await?;
+            if !old_only.is_empty() {
+                return Err(refused(format!(
+                    "held in the old store without a twin in the new one (old clients still \
+                     run): {}",
+                    old_only.into_iter().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            out.migration(
+                "verify",
+                &json!({ "old_only": 0, "soak_ms": soak.as_millis() as u64 }),
+            );
+        }
+        Step::Flip { record } => {
+            let store: Arc<dyn MigrationRecord> =
+                distributed_lock::migration_record(&record).await?;
+            let now = store.read().await?;
+            if now.authority != Authority::From {
+                return Err(refused(format!("already flipped: {now:?}")));
+            }
+            let next = Record {
+                authority: Authority::To,
+                ..now
+            };
+            if !store.advance(&now, &next).await? {
+                return Err(refused("the record moved meanwhile; look again".into()));
+            }
+            out.migration("flip", &record_json(&next));
+        }
+        Step::Finish { from, record, soak } => {
+            let now = distributed_lock::migration_record(&record)
+                .await?
+                .read()
+                .await?;
+            if now.authority != Authority::To {
+                return Err(refused(
+                    "not flipped yet: authority is the old store's".into(),
+                ));
+            }
+            let still = watch(soak, || held_names(&from)).await?;
+            if !still.is_empty() {
+                return Err(refused(format!(
+                    "still held in the old store (dual clients still run): {}",
+                    still.into_iter().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            out.migration(
+                "finish",
+                &json!({ "done": true, "record": record_json(&now) }),
+            );
+        }
+    }
+    Ok(())
+}

@@ -116,27 +116,7 @@ pub(crate) async fn run(step: Step, out: &Output) -> Result<(), Failed> {
                 .await?;
             out.migration("status", &record_json(&now));
         }
-        Step::Init { from, to, record } => {
-            let now = distributed_lock::migration_record(&record)
-                .await?
-                .read()
-                .await?;
-            if now.authority != Authority::From {
-                return Err(refused(format!("the record has moved already: {now:?}")));
-            }
-            held_names(&from).await?;
-            // The target takes a lock and gives it back.
-            let target: StoreConfig = to.parse()?;
-            let backend: Arc<dyn LockBackend> = target.backend().await?;
-            let probe = LockClient::new(backend)
-                .lock_with("lockctl-migrate/probe", &LockOptions::new())
-                .await?;
-            probe.release().await?;
-            out.migration(
-                "init",
-                &json!({ "ready": true, "record": record_json(&now) }),
-            );
-        }
+        Step::Init { from, to, record } => init(&from, &to, &record, out).await?,
         Step::Verify { from, to, soak } => {
             let old_only = watch(soak, || async {
                 let (in_from, in_to) = (held_names(&from).await?, held_names(&to).await?);
@@ -150,27 +130,10 @@ pub(crate) async fn run(step: Step, out: &Output) -> Result<(), Failed> {
                     old_only.into_iter().collect::<Vec<_>>().join(", ")
                 )));
             }
-            out.migration(
-                "verify",
-                &json!({ "old_only": 0, "soak_ms": soak.as_millis() as u64 }),
-            );
+            let soak_ms = u64::try_from(soak.as_millis()).unwrap_or(u64::MAX);
+            out.migration("verify", &json!({ "old_only": 0, "soak_ms": soak_ms }));
         }
-        Step::Flip { record } => {
-            let store: Arc<dyn MigrationRecord> =
-                distributed_lock::migration_record(&record).await?;
-            let now = store.read().await?;
-            if now.authority != Authority::From {
-                return Err(refused(format!("already flipped: {now:?}")));
-            }
-            let next = Record {
-                authority: Authority::To,
-                ..now
-            };
-            if !store.advance(&now, &next).await? {
-                return Err(refused("the record moved meanwhile; look again".into()));
-            }
-            out.migration("flip", &record_json(&next));
-        }
+        Step::Flip { record } => flip(&record, out).await?,
         Step::Finish { from, record, soak } => {
             let now = distributed_lock::migration_record(&record)
                 .await?
@@ -194,5 +157,47 @@ pub(crate) async fn run(step: Step, out: &Output) -> Result<(), Failed> {
             );
         }
     }
+    Ok(())
+}
+
+/// `init`: the record has not moved, the old store can be listed, and the target takes a
+/// lock and gives it back.
+async fn init(from: &str, to: &str, record: &str, out: &Output) -> Result<(), Failed> {
+    let now = distributed_lock::migration_record(record)
+        .await?
+        .read()
+        .await?;
+    if now.authority != Authority::From {
+        return Err(refused(format!("the record has moved already: {now:?}")));
+    }
+    held_names(from).await?;
+    let target: StoreConfig = to.parse()?;
+    let backend: Arc<dyn LockBackend> = target.backend().await?;
+    let probe = LockClient::new(backend)
+        .lock_with("lockctl-migrate/probe", &LockOptions::new())
+        .await?;
+    probe.release().await?;
+    out.migration(
+        "init",
+        &json!({ "ready": true, "record": record_json(&now) }),
+    );
+    Ok(())
+}
+
+/// `flip`: authority to the target, once.
+async fn flip(record: &str, out: &Output) -> Result<(), Failed> {
+    let store: Arc<dyn MigrationRecord> = distributed_lock::migration_record(record).await?;
+    let now = store.read().await?;
+    if now.authority != Authority::From {
+        return Err(refused(format!("already flipped: {now:?}")));
+    }
+    let next = Record {
+        authority: Authority::To,
+        ..now
+    };
+    if !store.advance(&now, &next).await? {
+        return Err(refused("the record moved meanwhile; look again".into()));
+    }
+    out.migration("flip", &record_json(&next));
     Ok(())
 }

@@ -274,6 +274,36 @@ async fn bad_input() -> Outcome {
     Ok(())
 }
 
+/// Runs `lockctl --json migrate ARGS`.
+fn step(args: &[&str]) -> Result<Output, Failure> {
+    lockctl()
+        .args(["--json", "migrate"])
+        .args(args)
+        .output()
+        .map_err(|e| Failure(e.to_string()))
+}
+
+/// The step was refused (exit 1, "refused: ...").
+fn refused(output: &Output, what: &str) -> Outcome {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        output.status.code() == Some(1) && stderr.contains("refused"),
+        "{what} was not refused: {:?} {stderr}",
+        output.status
+    );
+    Ok(())
+}
+
+/// The step succeeded: its JSON.
+fn done(output: &Output, what: &str) -> Result<Value, Failure> {
+    ensure!(
+        output.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).map_err(|e| Failure(format!("{what}: {e}")))
+}
+
 /// `lockctl migrate` step by step between two stores on the Redis server (two key prefixes),
 /// the record on it too: each step refuses while its precondition fails.
 async fn migrate_runbook() -> Outcome {
@@ -282,30 +312,6 @@ async fn migrate_runbook() -> Outcome {
     let from = format!("{url}?prefix=mig-from-{tag}");
     let to = format!("{url}?prefix=mig-to-{tag}");
     let record = format!("{url}?prefix=mig-record-{tag}");
-    let step = |args: &[&str]| -> Result<Output, Failure> {
-        lockctl()
-            .args(["--json", "migrate"])
-            .args(args)
-            .output()
-            .map_err(|e| Failure(e.to_string()))
-    };
-    let refused = |output: &Output, what: &str| -> Outcome {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        ensure!(
-            output.status.code() == Some(1) && stderr.contains("refused"),
-            "{what} was not refused: {:?} {stderr}",
-            output.status
-        );
-        Ok(())
-    };
-    let done = |output: &Output, what: &str| -> Result<Value, Failure> {
-        ensure!(
-            output.status.success(),
-            "{what} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_slice(&output.stdout).map_err(|e| Failure(format!("{what}: {e}")))
-    };
     let status = done(&step(&["status", "--record", &record])?, "status")?;
     ensure!(
         status["authority"] == "from",

@@ -28,13 +28,15 @@ pub struct EndNotifier {
 /// (`is_held()` turns false and `lost()` resolves with the reason).
 #[derive(Clone)]
 pub struct EndSignal {
-    rx: watch::Receiver<Option<LossReason>>,
+    /// Ended when any of these has (one for a single hold; several for a hold made of
+    /// several, see [`EndSignal::any`]).
+    rxs: Vec<watch::Receiver<Option<LossReason>>>,
 }
 
 /// A new, linked notifier and signal.
 pub fn end_signal() -> (EndNotifier, EndSignal) {
     let (tx, rx) = watch::channel(None);
-    (EndNotifier { tx }, EndSignal { rx })
+    (EndNotifier { tx }, EndSignal { rxs: vec![rx] })
 }
 
 impl EndNotifier {
@@ -58,23 +60,39 @@ impl EndNotifier {
 }
 
 impl EndSignal {
-    /// The reason, if the store has ended the hold.
-    pub fn ended_now(&self) -> Option<LossReason> {
-        *self.rx.borrow()
+    /// One signal that ends when either of `a` and `b` does, with its reason: the end of a
+    /// hold made of two (a migration's dual hold). Read as directly as either, with no task
+    /// in between.
+    pub fn any(a: &Self, b: &Self) -> Self {
+        Self {
+            rxs: a.rxs.iter().chain(&b.rxs).cloned().collect(),
+        }
     }
 
-    /// Resolves with the reason when the store ends the hold; never resolves if the notifier
-    /// is dropped without calling [`EndNotifier::end`].
-    pub(crate) async fn ended(&self) -> LossReason {
-        let mut rx = self.rx.clone();
-        loop {
-            if let Some(reason) = *rx.borrow_and_update() {
-                return reason;
-            }
-            if rx.changed().await.is_err() {
-                return std::future::pending().await;
-            }
+    /// The reason, if the store has ended the hold.
+    pub fn ended_now(&self) -> Option<LossReason> {
+        self.rxs.iter().find_map(|rx| *rx.borrow())
+    }
+
+    /// Resolves with the reason when the store ends the hold; never resolves if every
+    /// notifier is dropped without calling [`EndNotifier::end`].
+    pub async fn ended(&self) -> LossReason {
+        let waits = self.rxs.iter().cloned().map(|mut rx| {
+            Box::pin(async move {
+                loop {
+                    if let Some(reason) = *rx.borrow_and_update() {
+                        return reason;
+                    }
+                    if rx.changed().await.is_err() {
+                        return std::future::pending().await;
+                    }
+                }
+            })
+        });
+        if self.rxs.is_empty() {
+            return std::future::pending().await;
         }
+        futures::future::select_all(waits).await.0
     }
 }
 

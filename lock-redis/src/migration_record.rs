@@ -12,12 +12,12 @@ use redis::Script;
 
 use crate::{RedisBackend, connection::Conn, error::Error};
 
-/// Compare-and-set: `KEYS[1]` becomes `ARGV[2]` if it is `ARGV[1]` (an absent key reads as
-/// `ARGV[3]`, the record of a migration not started). 1 when it moved.
+/// Compare-and-set: `KEYS[1]` becomes `ARGV[2]` if it is `ARGV[1]` (an absent key moves
+/// nowhere). 1 when it moved.
 static ADVANCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local cur = redis.call('GET', KEYS[1]) or ARGV[3]
+local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 return 1
@@ -54,7 +54,8 @@ fn parse(key: &str, value: &str) -> Result<Record, LockError> {
 
 /// A migration record in the key `<prefix>:{migration}:record` of one Redis server (not a
 /// cluster: a failover there could lose the latest write, and the record must never go
-/// back). An absent key is generation 0 with authority `from`.
+/// back). [`MigrationRecord::start`] creates it; a key missing after that is an error (the
+/// server lost it: a restart without persistence, an eviction), never a new start.
 #[derive(Debug, Clone)]
 pub struct RedisRecord {
     conn: Conn,
@@ -87,13 +88,31 @@ const NOT_STARTED: Record = Record {
 
 #[async_trait]
 impl MigrationRecord for RedisRecord {
+    async fn start(&self) -> Result<Record, LockError> {
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&self.key)
+            .arg(text(&NOT_STARTED))
+            .arg("NX")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| Error::new("start the migration record", e))?;
+        self.read().await
+    }
+
     async fn read(&self) -> Result<Record, LockError> {
         let value: Option<String> = redis::cmd("GET")
             .arg(&self.key)
             .query_async(&mut self.conn.clone())
             .await
             .map_err(|e| Error::new("read the migration record", e))?;
-        value.map_or(Ok(NOT_STARTED), |v| parse(&self.key, &v))
+        match value {
+            Some(value) => parse(&self.key, &value),
+            None => Err(LockError::backend_msg(format!(
+                "no migration record at `{}`: `lockctl migrate init` creates it; one that \
+                 existed and is gone was lost by the server",
+                self.key
+            ))),
+        }
     }
 
     async fn advance(&self, current: &Record, next: &Record) -> Result<bool, LockError> {
@@ -106,7 +125,6 @@ impl MigrationRecord for RedisRecord {
             .key(&self.key)
             .arg(text(current))
             .arg(text(next))
-            .arg(text(&NOT_STARTED))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| Error::new("advance the migration record", e))?;

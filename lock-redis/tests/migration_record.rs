@@ -32,7 +32,13 @@ async fn shared_and_forward_only() -> Outcome {
     let prefix = format!("record-{:08x}", rand::random::<u32>());
     let (one, two) = (backend(&prefix).await?, backend(&prefix).await?);
     let (a, b) = (one.migration_record()?, two.migration_record()?);
-    let start = a.read().await?;
+    let missing = a.read().await;
+    ensure!(
+        matches!(missing, Err(LockError::Backend { .. })),
+        "a record nobody started reads {missing:?}"
+    );
+    let start = a.start().await?;
+    ensure!(b.start().await? == start, "a second start moved the record");
     ensure!(
         start
             == Record {

@@ -26,8 +26,8 @@ pub(crate) enum Step {
         #[arg(long)]
         record: String,
     },
-    /// Before deploying `dual`: the target is reachable and writable, both stores can be
-    /// listed, and the record has not moved yet.
+    /// Before deploying `dual`: creates the record (unless it exists), and checks the target
+    /// is reachable and writable, the old store can be listed, and the record has not moved.
     Init {
         /// The store locks move from.
         #[arg(long)]
@@ -160,12 +160,12 @@ pub(crate) async fn run(step: Step, out: &Output) -> Result<(), Failed> {
     Ok(())
 }
 
-/// `init`: the record has not moved, the old store can be listed, and the target takes a
-/// lock and gives it back.
+/// `init`: the record is created (unless it exists) and has not moved, the old store can be
+/// listed, and the target takes a lock and gives it back.
 async fn init(from: &str, to: &str, record: &str, out: &Output) -> Result<(), Failed> {
     let now = distributed_lock::migration_record(record)
         .await?
-        .read()
+        .start()
         .await?;
     if now.authority != Authority::From {
         return Err(refused(format!("the record has moved already: {now:?}")));

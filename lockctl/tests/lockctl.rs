@@ -312,15 +312,21 @@ async fn migrate_runbook() -> Outcome {
     let from = format!("{url}?prefix=mig-from-{tag}");
     let to = format!("{url}?prefix=mig-to-{tag}");
     let record = format!("{url}?prefix=mig-record-{tag}");
-    let status = done(&step(&["status", "--record", &record])?, "status")?;
+    let unstarted = step(&["status", "--record", &record])?;
     ensure!(
-        status["authority"] == "from",
-        "a new migration reads {status}"
+        !unstarted.status.success(),
+        "status of a migration nobody started: {:?}",
+        unstarted.status
     );
     done(
         &step(&["init", "--from", &from, "--to", &to, "--record", &record])?,
         "init",
     )?;
+    let status = done(&step(&["status", "--record", &record])?, "status")?;
+    ensure!(
+        status["authority"] == "from",
+        "a new migration reads {status}"
+    );
 
     // An `old` client still holding in the old store alone: verify refuses.
     let mut old = Holder::start(&from, "jobs/nightly")?;

@@ -17,7 +17,7 @@ use super::{
 use crate::{
     Capabilities, Clock, Expiry, Failover, Fencing, Lease, LockError, LockInfo, LockName,
     WaitOrder, Wakeup,
-    backend::{AcquireRequest, EndSignal, Grant, LeaseToken, LockBackend, end_signal},
+    backend::{AcquireRequest, EndSignal, Grant, LeaseToken, LockBackend},
 };
 
 /// Which stores a client locks in (see the module's table).
@@ -31,11 +31,22 @@ pub enum Phase {
     New,
 }
 
-/// The inner leases of one hold.
+/// The inner leases of one hold, and the fence it was granted with.
 #[derive(Debug, Clone)]
 struct Pair {
     from: Option<Lease>,
     to: Option<Lease>,
+    fence: crate::Fence,
+    /// Told when the hold leaves the map by a release or a lost renewal, so the task
+    /// watching its end signal stops.
+    done: Arc<tokio::sync::Notify>,
+}
+
+/// The holds of a backend, by the token it gave them.
+type Held = Arc<Mutex<HashMap<LeaseToken, Pair>>>;
+
+fn lock_held(held: &Held) -> MutexGuard<'_, HashMap<LeaseToken, Pair>> {
+    held.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A lock taken on one side, given back when dropped before it joins a hold (a failed or
@@ -57,9 +68,12 @@ impl Taken {
         self.lease = None;
     }
 
+    /// Releases now, on a task of its own: a caller that stops waiting (its future dropped)
+    /// does not stop the release.
     async fn give_back(mut self) {
         if let Some(lease) = self.lease.take() {
-            let _ = self.backend.release(&lease).await;
+            let backend = self.backend.clone();
+            let _ = tokio::spawn(async move { backend.release(&lease).await }).await;
         }
     }
 }
@@ -112,7 +126,10 @@ pub struct MigratingBackend {
     phase: Phase,
     /// The fence generation of an `old` (the record's) or `new` (one above) client.
     generation: u64,
-    held: Mutex<HashMap<LeaseToken, Pair>>,
+    held: Held,
+    /// The latest record this backend has read: one that reads older is refused (a record
+    /// store that lost its write must not send fences back).
+    seen: Mutex<super::record::Record>,
 }
 
 impl fmt::Debug for MigratingBackend {
@@ -187,29 +204,41 @@ fn weaker(a: &Capabilities, b: &Capabilities) -> Capabilities {
 
 /// The end signal of a hold over two grants: ends when either side's does.
 fn either_end(a: Option<&EndSignal>, b: Option<&EndSignal>) -> Option<EndSignal> {
-    match (a.cloned(), b.cloned()) {
+    match (a, b) {
         (None, None) => None,
-        (Some(one), None) | (None, Some(one)) => Some(one),
-        (Some(a), Some(b)) => {
-            let (notifier, signal) = end_signal();
-            tokio::spawn(async move {
-                let reason = tokio::select! {
-                    reason = a.ended() => reason,
-                    reason = b.ended() => reason,
-                    () = notifier_closed(&notifier) => return,
-                };
-                notifier.end(reason);
-            });
-            Some(signal)
-        }
+        (Some(one), None) | (None, Some(one)) => Some(one.clone()),
+        (Some(a), Some(b)) => Some(EndSignal::any(a, b)),
     }
 }
 
-/// Resolves once nobody listens to `notifier` any more (checked now and then).
-async fn notifier_closed(notifier: &crate::backend::EndNotifier) {
-    while !notifier.is_closed() {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+/// Watches the end signal of the hold `token`: once the store ends it (lock-core then
+/// releases nothing), the hold leaves the map and what is left of it on the other store is
+/// given back. Stops when the hold leaves the map otherwise.
+fn watch_end(
+    held: Held,
+    from: Arc<dyn LockBackend>,
+    to: Arc<dyn LockBackend>,
+    token: LeaseToken,
+    end: EndSignal,
+    done: Arc<tokio::sync::Notify>,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        tokio::select! {
+            _ = end.ended() => {}
+            () = done.notified() => return,
+        }
+        let Some(pair) = lock_held(&held).remove(&token) else {
+            return;
+        };
+        for (backend, inner) in [(from, pair.from), (to, pair.to)] {
+            if let Some(inner) = inner {
+                let _ = backend.release(&inner).await;
+            }
+        }
+    });
 }
 
 impl MigratingBackend {
@@ -248,12 +277,69 @@ impl MigratingBackend {
             record,
             phase,
             generation,
-            held: Mutex::new(HashMap::new()),
+            held: Arc::default(),
+            seen: Mutex::new(now),
         })
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<LeaseToken, Pair>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+        lock_held(&self.held)
+    }
+
+    /// The record now, refused when it reads older than one read before.
+    async fn record_now(&self) -> Result<super::record::Record, LockError> {
+        let now = self.record.read().await?;
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.precedes(&now) {
+            *seen = now;
+        } else if now != *seen {
+            return Err(LockError::backend_msg(format!(
+                "the migration record went back from {:?} to {now:?}: its store lost a write \
+                 (restarted without persistence?); no lock is granted on it",
+                *seen
+            )));
+        }
+        Ok(now)
+    }
+
+    /// Puts a new hold in the map, watching its end signal.
+    fn insert(
+        &self,
+        token: LeaseToken,
+        from: Option<Lease>,
+        to: Option<Lease>,
+        fence: crate::Fence,
+        end: Option<&EndSignal>,
+    ) {
+        let done = Arc::new(tokio::sync::Notify::new());
+        self.held().insert(
+            token.clone(),
+            Pair {
+                from,
+                to,
+                fence,
+                done: done.clone(),
+            },
+        );
+        if let Some(end) = end {
+            watch_end(
+                self.held.clone(),
+                self.from.clone(),
+                self.to.clone(),
+                token,
+                end.clone(),
+                done,
+            );
+        }
+    }
+
+    /// Takes a hold out of the map (a release, a lost renewal): its watcher stops.
+    fn take(&self, token: &LeaseToken) -> Option<Pair> {
+        let pair = self.held().remove(token);
+        if let Some(pair) = &pair {
+            pair.done.notify_one();
+        }
+        pair
     }
 
     /// A hold of one side's `grant`, its fence of `generation`.
@@ -266,18 +352,12 @@ impl MigratingBackend {
             fence,
             grant.lease.ttl(),
         );
-        let pair = if from_side {
-            Pair {
-                from: Some(grant.lease.clone()),
-                to: None,
-            }
+        let (from, to) = if from_side {
+            (Some(grant.lease.clone()), None)
         } else {
-            Pair {
-                from: None,
-                to: Some(grant.lease.clone()),
-            }
+            (None, Some(grant.lease.clone()))
         };
-        self.held().insert(token, pair);
+        self.insert(token, from, to, fence, grant.end());
         let mut out = Grant::new(lease, grant.valid_from);
         if let Some(end) = grant.end() {
             out = out.with_end(end.clone());
@@ -294,6 +374,24 @@ impl MigratingBackend {
     ) -> Result<Grant, LockError> {
         let grant = backend.acquire(request).await?;
         let taken = Taken::new(backend, &grant.lease);
+        if self.phase == Phase::Old {
+            // Read after the lock is held, so an `old` client never holds across a flip it
+            // could have seen: after the flip it takes nothing any more.
+            let flipped = match self.record_now().await {
+                Ok(record) => record.authority == Authority::To,
+                Err(error) => {
+                    taken.give_back().await;
+                    return Err(error);
+                }
+            };
+            if flipped {
+                taken.give_back().await;
+                return Err(LockError::invalid_options(
+                    "the migration has flipped: an `old` client takes no lock any more \
+                     (deploy `dual` or `new`)",
+                ));
+            }
+        }
         match self.single(&grant, generation, from_side) {
             Ok(out) => {
                 taken.keep();
@@ -318,7 +416,7 @@ impl MigratingBackend {
             }
         };
         let to_taken = Taken::new(&self.to, &to.lease);
-        let fence = match self.record.read().await {
+        let fence = match self.record_now().await {
             Ok(record) => match record.authority {
                 Authority::From => encode(record.generation, from.lease.fence()),
                 Authority::To => encode(record.generation + 1, to.lease.fence()),
@@ -336,17 +434,18 @@ impl MigratingBackend {
         let token = LeaseToken::random();
         let ttl = from.lease.ttl().min(to.lease.ttl());
         let lease = Lease::new(request.name().clone(), token.clone(), fence, ttl);
-        self.held().insert(
+        let end = either_end(from.end(), to.end());
+        self.insert(
             token,
-            Pair {
-                from: Some(from.lease.clone()),
-                to: Some(to.lease.clone()),
-            },
+            Some(from.lease.clone()),
+            Some(to.lease.clone()),
+            fence,
+            end.as_ref(),
         );
         to_taken.keep();
         from_taken.keep();
         let mut grant = Grant::new(lease, from.valid_from.min(to.valid_from));
-        if let Some(end) = either_end(from.end(), to.end()) {
+        if let Some(end) = end {
             grant = grant.with_end(end);
         }
         Ok(grant)
@@ -359,29 +458,27 @@ impl MigratingBackend {
             .ok_or_else(|| LockError::not_held(lease.name()))
     }
 
-    /// The fence `info` (of one side) shows to callers of this backend.
-    async fn shown(&self, info: LockInfo, from_side: bool) -> Result<LockInfo, LockError> {
-        let generation = match self.phase {
-            Phase::Old | Phase::New => self.generation,
-            Phase::Dual => {
-                let record = self.record.read().await?;
-                if from_side {
-                    record.generation
-                } else {
-                    record.generation + 1
-                }
-            }
-        };
-        let fence = encode(generation, info.fence)?;
-        // A hold of this backend is shown with its own token.
-        let token = self
+    /// How `info` (of one side; the authority's `generation`) shows to callers of this
+    /// backend: a hold of this backend with its own token and the fence it was granted with;
+    /// another's with that side's fence in `generation`.
+    fn shown(
+        &self,
+        info: LockInfo,
+        from_side: bool,
+        generation: u64,
+    ) -> Result<LockInfo, LockError> {
+        let own = self
             .held()
             .iter()
             .find(|(_, pair)| {
                 let side = if from_side { &pair.from } else { &pair.to };
                 side.as_ref().is_some_and(|l| *l.token() == info.token)
             })
-            .map_or_else(|| info.token.clone(), |(token, _)| token.clone());
+            .map(|(token, pair)| (token.clone(), pair.fence));
+        let (token, fence) = match own {
+            Some(own) => own,
+            None => (info.token.clone(), encode(generation, info.fence)?),
+        };
         Ok(LockInfo::new(info.name, token, fence, info.expires_in))
     }
 }
@@ -427,17 +524,25 @@ impl LockBackend for MigratingBackend {
             renew(self.to.clone(), pair.to.clone())
         );
         let lost = |r: &Result<Option<Grant>, LockError>| {
-            matches!(r, Err(LockError::NotHeld { .. } | LockError::Lost { .. }))
+            matches!(
+                r,
+                Err(LockError::NotHeld { .. } | LockError::Lost { .. } | LockError::Foreign { .. })
+            )
         };
         if lost(&from) || lost(&to) {
-            // The hold is over: give back the other side now, not at its TTL.
-            if let Some(pair) = self.held().remove(lease.token()) {
+            // The hold is over: give back the other side now, not at its TTL, and answer
+            // the loss (not another side's outage, which lock-core would only retry).
+            if let Some(pair) = self.take(lease.token()) {
                 for (backend, inner) in [(&self.from, pair.from), (&self.to, pair.to)] {
                     if let Some(inner) = inner {
                         drop(Taken::new(backend, &inner));
                     }
                 }
             }
+            let (first, second) = if lost(&from) { (from, to) } else { (to, from) };
+            first?;
+            second?;
+            return Err(LockError::not_held(lease.name()));
         }
         let (from, to) = (from?, to?);
         let mut valid_from = None;
@@ -471,8 +576,7 @@ impl LockBackend for MigratingBackend {
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let pair = self
-            .held()
-            .remove(lease.token())
+            .take(lease.token())
             .ok_or_else(|| LockError::not_held(lease.name()))?;
         // `to` first, then `from`: the reverse of the order they were taken in.
         let to = match &pair.to {
@@ -489,25 +593,36 @@ impl LockBackend for MigratingBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
         match self.phase {
             Phase::Old => match self.from.inspect(name).await? {
-                Some(info) => Ok(Some(self.shown(info, true).await?)),
+                Some(info) => Ok(Some(self.shown(info, true, self.generation)?)),
                 None => Ok(None),
             },
             Phase::New => match self.to.inspect(name).await? {
-                Some(info) => Ok(Some(self.shown(info, false).await?)),
+                Some(info) => Ok(Some(self.shown(info, false, self.generation)?)),
                 None => Ok(None),
             },
             Phase::Dual => {
                 let (from, to) = futures::join!(self.from.inspect(name), self.to.inspect(name));
                 let (from, to) = (from?, to?);
-                let authority = self.record.read().await?.authority;
+                let record = self.record_now().await?;
+                let left = [&from, &to]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|info| info.expires_in)
+                    .min();
                 // Held when either side is: a split holder is busy, never resolved by time.
-                match (from, to, authority) {
+                let shown = match (from, to, record.authority) {
                     (Some(info), _, Authority::From) | (Some(info), None, Authority::To) => {
-                        Ok(Some(self.shown(info, true).await?))
+                        self.shown(info, true, record.generation)?
                     }
-                    (_, Some(info), _) => Ok(Some(self.shown(info, false).await?)),
-                    (None, None, _) => Ok(None),
-                }
+                    (_, Some(info), _) => self.shown(info, false, record.generation + 1)?,
+                    (None, None, _) => return Ok(None),
+                };
+                Ok(Some(LockInfo::new(
+                    shown.name,
+                    shown.token,
+                    shown.fence,
+                    left,
+                )))
             }
         }
     }

@@ -21,7 +21,17 @@
 //!
 //! **The record** ([`MigrationRecord`]) says where authority is; it only moves forward and
 //! must live where reads are linearizable. A dual holder reads it after holding both locks,
-//! so holders (serialized by the lock) see it in order.
+//! so holders (serialized by the lock) see it in order; an `old` client reads it after taking
+//! `from` and gives the lock back once authority has moved. A backend refuses a record that
+//! reads older than one it has seen.
+//!
+//! **After the migration** clients stay in [`Phase::New`] with the same record: a plain
+//! client of the target would issue fences below those of generation 1 and up (which are at
+//! least 2^53, beyond what a double holds exactly).
+//!
+//! **A dual hold ends** when either side ends: a renewal that finds a side lost gives the
+//! other back at once, and a side's end signal (a session store) ends the whole hold, the
+//! other side given back by a task that watches it.
 
 pub mod fence;
 mod migrating;

@@ -48,6 +48,16 @@ impl Record {
 /// ZooKeeper ensemble, MySQL), read by dual holders after they hold both locks.
 #[async_trait]
 pub trait MigrationRecord: Send + Sync + fmt::Debug {
+    /// Creates the record, at generation 0 with authority `from`, unless there is one; the
+    /// record now. (A record that goes missing later is an error, never a new start: the
+    /// store lost it, and starting over would send fences back.)
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn start(&self) -> Result<Record, LockError> {
+        self.read().await
+    }
+
     /// The record now.
     ///
     /// # Errors

@@ -302,8 +302,9 @@ pub async fn failover_composite(stores: &Stores, rounds: usize) -> Result<Findin
 }
 
 /// A dual acquisition that holds `from` and waits for `to` is dropped (as a process killed
-/// between its two acquisitions would stop): `from` is free again soon after, and nothing of
-/// it stays held.
+/// between its two acquisitions would stop): `from` is free again within `limit`. The lease
+/// is short (2 s): the drop may land while `from`'s own acquisition is still finishing (its
+/// grant already visible), and then that store's cancel safety frees it within its TTL.
 ///
 /// # Errors
 /// When `from` stays held for `limit`.
@@ -315,8 +316,10 @@ pub async fn dropped_dual_gives_back_from(stores: &Stores, limit: Duration) -> O
     let pending = {
         let name = name.clone();
         tokio::spawn(async move {
-            dual.lock_with(&name, &LockOptions::new().wait(Duration::from_secs(30)))
-                .await
+            let options = LockOptions::new()
+                .ttl(Duration::from_secs(2))
+                .wait(Duration::from_secs(30));
+            dual.lock_with(&name, &options).await
         })
     };
     let start = Instant::now();

@@ -44,6 +44,13 @@ fn authority(entry: &str) -> std::ops::Range<usize> {
     start..end
 }
 
+/// Whether a latency of `delay` each way makes the store unavailable: a round trip then
+/// outlasts its client's wait for an answer, so every request fails (an outage, not a lock
+/// that is stuck).
+fn latency_is_outage(delay: Duration, request_timeout: Duration) -> bool {
+    delay * 2 >= request_timeout
+}
+
 /// Workers' links to their store's servers.
 #[derive(Debug)]
 pub struct Links {
@@ -122,7 +129,7 @@ impl Links {
                     relay.delay(delay);
                 }
                 let what = format!("link-latency {} ms each way", delay.as_millis());
-                let outage = delay * 2 >= self.request_timeout;
+                let outage = latency_is_outage(delay, self.request_timeout);
                 (what, outage, ttl.mul_f64(rng.random_range(2.0..4.0)))
             }
             1 => {
@@ -172,7 +179,20 @@ impl LinkFault {
 
 #[cfg(test)]
 mod tests {
-    use super::authority;
+    use std::time::Duration;
+
+    use super::{authority, latency_is_outage};
+    use crate::stores::request_timeout;
+
+    #[test]
+    fn latency_past_the_client_time_out_is_an_outage() {
+        let ms = Duration::from_millis;
+        // Redlock waits 50 ms per server: 25 ms each way already fails every vote.
+        assert!(latency_is_outage(ms(25), request_timeout("redlock")));
+        assert!(!latency_is_outage(ms(24), request_timeout("redlock")));
+        // Redis waits 2 s: the campaign's 20-100 ms slows it down, no more.
+        assert!(!latency_is_outage(ms(100), request_timeout("redis")));
+    }
 
     #[test]
     fn the_address_of_every_spelling() {

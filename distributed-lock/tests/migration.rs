@@ -7,6 +7,10 @@
 //!
 //! Needs the `LOCK_TEST_*` variables (`cargo xtask test` sets them).
 
+mod support;
+
+use support::hosts;
+
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use conformance_tests::{
@@ -33,14 +37,6 @@ fn main() -> ExitCode {
         .limit(Duration::from_secs(600))
         .case("every_ordered_pair", || Box::pin(every_pair()))
         .main()
-}
-
-/// `redis://a,b` style host lists of a `redis://` URL list.
-fn hosts(list: &str) -> String {
-    list.split(',')
-        .map(|u| u.trim_start_matches("redis://"))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// The URL of `store` for this run (`side` keeps the two sides of a memory pair apart).

@@ -3,6 +3,10 @@
 //!
 //! Needs the `LOCK_TEST_*` variables `cargo xtask test` sets; without them every case fails.
 
+mod support;
+
+use support::hosts;
+
 use std::{process::ExitCode, time::Duration};
 
 use conformance_tests::{Cases, Failure, Outcome, ensure, faults::env_var};
@@ -25,14 +29,6 @@ fn main() -> ExitCode {
 
 fn failure(e: LockError) -> Failure {
     Failure(e.to_string())
-}
-
-/// `host:port,host:port` of a list of `redis://host:port` URLs.
-fn hosts(list: &str) -> String {
-    list.split(',')
-        .map(|u| u.trim_start_matches("redis://"))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// Connects to `url`, checks the capabilities against the table under `label`, and takes and

@@ -25,7 +25,7 @@
 //!
 //! **Losses** this layer sees are the store's answers to renewals (`not_held`,
 //! `session_ended`) and holds whose last confirmed lease ran out without a release
-//! (`expired`, counted when the layer next looks, at the next call).
+//! (`expired`, counted when the layer next looks: at a call, at most once a second).
 
 use std::{
     collections::HashMap,
@@ -90,7 +90,12 @@ pub struct Metrics<B> {
     store: &'static str,
     name_label: Option<NameLabel>,
     held: Mutex<HashMap<LeaseToken, Held>>,
+    /// When [`Metrics::prune`] looks next.
+    next_prune: Mutex<Instant>,
 }
+
+/// How often expired holds are looked for (and counted as lost).
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
 
 impl<B: fmt::Debug> fmt::Debug for Metrics<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -125,6 +130,7 @@ impl<B: LockBackend> Metrics<B> {
             store,
             name_label: None,
             held: Mutex::new(HashMap::new()),
+            next_prune: Mutex::new(Instant::now()),
         }
     }
 
@@ -151,18 +157,26 @@ impl<B: LockBackend> Metrics<B> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts holds whose last confirmed lease ran out unreleased as lost (`expired`).
+    /// Counts holds whose last confirmed lease ran out unreleased as lost (`expired`). Looks
+    /// at most once per [`PRUNE_EVERY`]: the scan covers every held lock, and acquisitions
+    /// and renewals are the hot path.
     fn prune(&self) {
         let now = Instant::now();
-        let expired: Vec<Held> = {
-            let mut held = self.held();
-            let tokens: Vec<LeaseToken> = held
-                .iter()
-                .filter(|(_, h)| h.until < now)
-                .map(|(token, _)| token.clone())
-                .collect();
-            tokens.iter().filter_map(|t| held.remove(t)).collect()
-        };
+        {
+            let mut next = self
+                .next_prune
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if now < *next {
+                return;
+            }
+            *next = now + PRUNE_EVERY;
+        }
+        let expired: Vec<Held> = self
+            .held()
+            .extract_if(|_, h| h.until < now)
+            .map(|(_, hold)| hold)
+            .collect();
         for hold in expired {
             self.ended(hold, Some(LossReason::Expired));
         }

@@ -180,7 +180,6 @@ fn weaker_failover(a: Failover, b: Failover) -> Failover {
 
 /// The weaker of two stores' capabilities, property by property.
 fn weaker(a: &Capabilities, b: &Capabilities) -> Capabilities {
-    let both = |x: bool, y: bool| x && y;
     Capabilities::new(
         weaker_fencing(a.fencing, b.fencing),
         if a.expiry == Expiry::Ttl && b.expiry == Expiry::Ttl {
@@ -199,7 +198,7 @@ fn weaker(a: &Capabilities, b: &Capabilities) -> Capabilities {
     .with_portable_lease(false)
     .with_failover(weaker_failover(a.failover, b.failover))
     .with_replica_acks(a.replica_acks.min(b.replica_acks))
-    .with_batched_renewals(both(a.batched_renewals, b.batched_renewals))
+    .with_batched_renewals(a.batched_renewals && b.batched_renewals)
 }
 
 /// The end signal of a hold over two grants: ends when either side's does.

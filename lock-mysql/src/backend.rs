@@ -13,7 +13,7 @@ use crate::{
     MySqlConfig, Strategy, TableName,
     error::Error,
     lease::{LeaseStrategy, Limits},
-    row_lock::RowLockStrategy,
+    row_lock::{self, RowLockStrategy},
     schema,
     server::Server,
 };
@@ -151,6 +151,7 @@ impl MySqlBackend {
                 ))
             })?;
         schema::ensure(&pool, &table, config.strategy, config.create_table).await?;
+        let mariadb = server.mariadb;
         let imp = match config.strategy {
             Strategy::Lease => Imp::Lease(LeaseStrategy::new(
                 pool.clone(),
@@ -158,19 +159,25 @@ impl MySqlBackend {
                 Limits {
                     statement: config.statement_timeout,
                     lock_wait: Duration::from_secs(config.lock_wait_secs()),
-                    mariadb: server.mariadb,
+                    mariadb,
                 },
             )),
             Strategy::RowLock => Imp::RowLock(RowLockStrategy::new(
                 pool.clone(),
-                options,
-                config.connect_timeout,
                 table.clone(),
-                config.idle_hold_connections,
-                setup,
-                config.statement_timeout,
+                row_lock::Settings {
+                    connect: options,
+                    connect_timeout: config.connect_timeout,
+                    max_idle: config.idle_hold_connections,
+                    session_setup: setup,
+                    statement_timeout: config.statement_timeout,
+                    mariadb,
+                },
             )),
         };
+        if let Imp::RowLock(strategy) = &imp {
+            strategy.raise_anchor().await?;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 url: url.clone(),

@@ -3,6 +3,9 @@
 //! - `KILL CONNECTION` of the holder's connection: by the time a waiting client is granted the
 //!   lock, the old holder's `is_held()` is already false (21 times in a row, with TTLs of 0.5 s,
 //!   1 s and 10 s: a lease's last second is watched like the rest);
+//! - many holds parked at once all keep their locks: 40 holds of a 1 s TTL, renewed by the
+//!   watchdog for 5 s (each renewal and release stops its hold's parked statement, and 40
+//!   of those stops at once must not outlast a lease);
 //! - a guard dropped on a thread without a Tokio runtime (lock-core cannot release it there):
 //!   the backend notices nobody holds the guard any more, rolls the hold back and forgets it,
 //!   so another client gets the lock long before the TTL.
@@ -29,6 +32,9 @@ fn main() -> ExitCode {
             "row_lock/killed_connection_seen_before_the_next_grant",
             || Box::pin(killed_connection_seen_before_next_grant()),
         )
+        .case("row_lock/many_parked_holds_keep_their_locks", || {
+            Box::pin(many_parked_holds_keep_their_locks())
+        })
         .case(
             "row_lock/guard_dropped_without_runtime_is_rolled_back",
             || Box::pin(guard_dropped_without_runtime()),
@@ -95,6 +101,47 @@ async fn killed_connection_seen_before_next_grant() -> Outcome {
             reason == LossReason::SessionEnded,
             "round {round}: lost() said {reason:?}"
         );
+        next.release().await?;
+    }
+    Ok(())
+}
+
+/// 40 holds of one client, TTL 1 s (so every lease is parked to its end), renewed together by
+/// the watchdog for 5 TTLs: none is lost, then all are released at once and another client
+/// takes each without waiting. Stopping a parked statement is a `KILL QUERY`; MariaDB kills
+/// a `SLEEP` only once it gets a mutex every sleeping session shares, retrying every 50 ms
+/// for up to 2 s, so 20 parked `SLEEP`s stopped at once once took 1.6 s, past the leases.
+async fn many_parked_holds_keep_their_locks() -> Outcome {
+    const HOLDS: usize = 40;
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
+    let ttl = Duration::from_secs(1);
+    let options = LockOptions::new().ttl(ttl);
+    let names = (0..HOLDS)
+        .map(|_| name("parked"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let guards =
+        futures::future::try_join_all(names.iter().map(|name| a.lock_with(name, &options))).await?;
+    // Hold for five TTLs: the watchdog renews every hold several times meanwhile.
+    tokio::time::sleep(ttl * 5).await;
+    let lost: Vec<_> = guards
+        .iter()
+        .filter(|guard| !guard.is_held())
+        .map(|guard| guard.name().to_string())
+        .collect();
+    ensure!(
+        lost.is_empty(),
+        "{} of {HOLDS} parked holds were lost within 5 TTLs (first: {:?})",
+        lost.len(),
+        &lost[..lost.len().min(3)]
+    );
+    futures::future::try_join_all(guards.into_iter().map(lock_core::LockGuard::release)).await?;
+    let now = LockOptions::new().ttl(ttl).wait(Duration::ZERO);
+    for name in &names {
+        let next = b
+            .try_lock_with(name, &now)
+            .await?
+            .ok_or_else(|| Failure(format!("`{name}` was still held after its release")))?;
         next.release().await?;
     }
     Ok(())

@@ -5,7 +5,9 @@
 //! server restart, or the server's idle limit) the hold is over on the server, the next holder
 //! may be granted at once, and the old holder would learn it only at its next renewal. A
 //! statement in flight, though, fails the moment its connection closes. So between commands
-//! the task keeps `SLEEP` running on the connection, in chunks of at most [`PARK_CHUNK`], and
+//! the task keeps a wait running on the connection, in chunks of at most [`PARK_CHUNK`]
+//! (a `GET_LOCK` on the client's [anchor](super::anchor), which `KILL QUERY` stops at once,
+//! or where there is none a `SLEEP`), and
 //! when a chunk fails with a lost connection it fires the hold's end signal
 //! ([`EndNotifier::end`]): `is_held()` turns false before the server can grant the lock to
 //! anyone else (the server closes the socket before it rolls the transaction back).
@@ -32,7 +34,9 @@
 //!   seconds) after `valid_from + ttl` by the server's count, never earlier than the client's
 //!   own deadline (the server started counting after the client sent the chunk). That second
 //!   is the price of watching the last one: the lock is free that much later after a frozen
-//!   holder, never earlier than it is safe.
+//!   holder, never earlier than it is safe. (On the anchor the chunk is `GET_LOCK(..) = 0`,
+//!   its timeout, in place of `SLEEP(..) = 0`; a chunk that took the anchor gives it back in
+//!   the same statement and keeps the TTL.)
 //!
 //! **Costs.** A renewal or the release first stops the parked chunk with `KILL QUERY` from a
 //! pooled connection (one round trip more than an idle connection needs). A holder process
@@ -56,7 +60,7 @@ use lock_core::{
 use sqlx::AssertSqlSafe;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Shared, connections::Dedicated};
+use super::{Shared, anchor, connections::Dedicated};
 use crate::{
     error::{Class, Error, classify},
     sql::{is_timed_out, run, timed_out, within},
@@ -68,6 +72,10 @@ pub(super) const PARK_CHUNK: Duration = Duration::from_secs(1);
 
 /// The server's idle limit after the last chunk of a lease that was not renewed.
 const LAST_IDLE_SECS: u64 = 1;
+
+/// A chunk that returns by itself in less than this share of its length (halves) ended early:
+/// on the anchor, the task looks whether it took the anchor (see [`super::anchor`]).
+const EARLY: u32 = 2;
 
 /// Chunks shorter than this are not worth parking.
 const MIN_PARK: Duration = Duration::from_millis(20);
@@ -204,7 +212,7 @@ async fn own(
 /// remainder shorter than [`MIN_PARK`] joins the last chunk); once the lease is over, nothing
 /// is parked: waits for a command, looking now and then whether anyone still listens.
 async fn next(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     hold: &Hold,
     dedicated: &mut Dedicated,
     rx: &mut mpsc::Receiver<Command>,
@@ -226,13 +234,27 @@ async fn next(
 /// stops it first). The `last` chunk of a lease leaves the server's idle limit at
 /// [`LAST_IDLE_SECS`] when it runs to its end.
 async fn park(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     dedicated: &mut Dedicated,
     rx: &mut mpsc::Receiver<Command>,
     chunk: Duration,
     last: bool,
 ) -> Next {
     let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
+    let seconds = format!("{}.{:06}", chunk.as_secs(), chunk.subsec_micros());
+    let anchor = shared.anchor_name();
+    // The wait, true when it ran to its end; and the idle limit when it did not.
+    let (wait, stopped) = match &anchor {
+        Some(name) => (
+            format!(
+                "({} := GET_LOCK('{name}', {seconds})) = 0",
+                anchor::TOOK_VAR
+            ),
+            // Took the anchor (its connection ended): give it back at once.
+            format!("{big} + 0 * COALESCE(RELEASE_LOCK('{name}'), 0)"),
+        ),
+        None => (format!("SLEEP({seconds}) = 0"), big.to_string()),
+    };
     // `DO 0` first: its answer tells the client the server is inside the batch, where a
     // `KILL QUERY` stops the rest of it (one sent before the batch starts is lost). The
     // sleep and the idle limit are one statement, the batch's last: MariaDB looks for a kill
@@ -242,9 +264,7 @@ async fn park(
     // `row_lock/park_killed_between_statements`). Killed inside its one statement, the sleep
     // ends early (or the statement fails with 1317), and the answer comes whole.
     let park = format!(
-        "DO 0; SET SESSION wait_timeout = IF(SLEEP({}.{:06}) = 0, {}, {big})",
-        chunk.as_secs(),
-        chunk.subsec_micros(),
+        "DO 0; SET SESSION wait_timeout = IF({wait}, {}, {stopped})",
         if last { LAST_IDLE_SECS } else { big },
     );
     if last {
@@ -254,6 +274,7 @@ async fn park(
         dedicated.wait_timeout = Some(LAST_IDLE_SECS);
     }
     let id = dedicated.id;
+    let sent = Instant::now();
     let (started_tx, started) = oneshot::channel();
     let conn = &mut dedicated.conn;
     let mut parked = Box::pin(async move {
@@ -267,11 +288,11 @@ async fn park(
         }
         Ok::<_, sqlx::Error>(())
     });
-    let next = tokio::select! {
+    let early = tokio::select! {
         result = &mut parked => match result {
-            Ok(()) => Next::Again,
+            Ok(()) => sent.elapsed() * EARLY < chunk,
             // Stopped by a kill nobody here sent: the connection (and the hold) lives on.
-            Err(error) if classify(&error) == Class::Interrupted => Next::Again,
+            Err(error) if classify(&error) == Class::Interrupted => false,
             Err(error) => return Next::Lost(error, None),
         },
         command = rx.recv() => {
@@ -284,7 +305,29 @@ async fn park(
         }
     };
     drop(parked);
-    next
+    match anchor {
+        Some(name) if early => took_anchor(shared, dedicated, &name).await,
+        _ => Next::Again,
+    }
+}
+
+/// A chunk on the anchor `name` ended early by itself: if it took the anchor (its connection
+/// ended), reports the anchor lost, so the next chunks park in `SLEEP` until a new one is up.
+async fn took_anchor(shared: &Shared, dedicated: &mut Dedicated, name: &str) -> Next {
+    let until = Instant::now() + shared.statement_timeout;
+    let read =
+        sqlx::query_scalar::<_, Option<i64>>(AssertSqlSafe(format!("SELECT {}", anchor::TOOK_VAR)))
+            .fetch_one(&mut dedicated.conn);
+    match within(until, read).await {
+        Ok(Some(1)) => {
+            shared.anchor.lost(name);
+            Next::Again
+        }
+        Ok(_) => Next::Again,
+        Err(error) if classify(&error) == Class::Connection => Next::Lost(error, None),
+        // Anything else says nothing about the hold; the next chunk looks again.
+        Err(_) => Next::Again,
+    }
 }
 
 /// Rolls the hold back for a release and gives the connection back (or closes it).

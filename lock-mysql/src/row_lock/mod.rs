@@ -47,6 +47,7 @@ use std::{
 
 mod acquire;
 mod admin;
+mod anchor;
 mod connections;
 mod hold;
 
@@ -108,6 +109,10 @@ struct Shared {
     session_setup: String,
     /// The bound of calls without a wait budget.
     statement_timeout: Duration,
+    /// The server is MariaDB (holds park on the [`anchor::Anchor`] there).
+    mariadb: bool,
+    /// The user lock parked holds wait on.
+    anchor: anchor::Anchor,
 }
 
 /// One hold: its lock, fence and the task owning the connection whose open transaction is the
@@ -118,16 +123,30 @@ struct Held {
     commands: mpsc::Sender<hold::Command>,
 }
 
+/// How a row-lock strategy opens and bounds its dedicated connections.
+pub(crate) struct Settings {
+    pub(crate) connect: MySqlConnectOptions,
+    pub(crate) connect_timeout: Duration,
+    /// Dedicated connections kept open for reuse, at most.
+    pub(crate) max_idle: usize,
+    /// The server's session settings for dedicated connections, or empty.
+    pub(crate) session_setup: String,
+    /// The bound of calls without a wait budget.
+    pub(crate) statement_timeout: Duration,
+    /// The server is MariaDB (holds park on an [`anchor`] there).
+    pub(crate) mariadb: bool,
+}
+
 impl RowLockStrategy {
-    pub(crate) fn new(
-        pool: MySqlPool,
-        connect: MySqlConnectOptions,
-        connect_timeout: Duration,
-        table: TableName,
-        max_idle: usize,
-        session_setup: String,
-        statement_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(pool: MySqlPool, table: TableName, settings: Settings) -> Self {
+        let Settings {
+            connect,
+            connect_timeout,
+            max_idle,
+            session_setup,
+            statement_timeout,
+            mariadb,
+        } = settings;
         Self {
             shared: Arc::new(Shared {
                 pool,
@@ -151,8 +170,19 @@ impl RowLockStrategy {
                 max_idle,
                 session_setup,
                 statement_timeout,
+                mariadb,
+                anchor: anchor::Anchor::default(),
             }),
         }
+    }
+
+    /// Takes the anchor parked holds wait on (see [`anchor`]), so the first holds already
+    /// park on it.
+    ///
+    /// # Errors
+    /// When its connection cannot be opened or its user lock taken.
+    pub(crate) async fn raise_anchor(&self) -> Result<(), LockError> {
+        self.shared.raise_anchor().await
     }
 
     /// Acquires in a spawned task that owns the dedicated connection, so that dropping this
@@ -323,12 +353,15 @@ mod tests {
             .connect_lazy_with(options.clone());
         let strategy = RowLockStrategy::new(
             pool,
-            options,
-            Duration::from_secs(1),
             TableName::new("t").unwrap(),
-            0,
-            String::new(),
-            Duration::from_secs(1),
+            Settings {
+                connect: options,
+                connect_timeout: Duration::from_secs(1),
+                max_idle: 0,
+                session_setup: String::new(),
+                statement_timeout: Duration::from_secs(1),
+                mariadb: true,
+            },
         );
         let request =
             AcquireRequest::new(LockName::new("a").unwrap(), &LockOptions::new()).unwrap();

@@ -10,7 +10,8 @@
 //!   in the client; a fence issued by someone else between a grant and its bump is recorded
 //!   as the fence the holder really got;
 //! - a renewal's `KILL QUERY` of the row-lock hold's parked statement landing between two
-//!   statements of its batch (played by a proxy): the hold goes on;
+//!   statements of its batch (played by a proxy): the hold goes on; the anchor holds park on
+//!   killed: the hold goes on, a new anchor comes up, and the hold is still watched;
 //! - the lease's waiters' queue: a dead waiter, the holder's own place, places locked behind;
 //! - an unreachable server and a refused login: typed errors;
 //! - a server restart while locks are held and waited for: typed errors, then recovery with
@@ -91,6 +92,9 @@ fn main() -> ExitCode {
         })
         .case("row_lock/park_killed_between_statements", || {
             Box::pin(row_lock_park::killed_between_statements())
+        })
+        .case("row_lock/park_anchor_killed", || {
+            Box::pin(row_lock_park::anchor_killed())
         })
         .case("row_lock/fence_bumped_between_grant_and_bump", || {
             Box::pin(row_lock_fences::row_lock_fence_bumped_in_between())

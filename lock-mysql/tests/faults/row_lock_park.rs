@@ -1,5 +1,6 @@
 //! The statement a row-lock hold keeps parked on its connection: a `KILL QUERY` that stops it
-//! for a renewal must never leave the connection waiting for an answer.
+//! for a renewal must never leave the connection waiting for an answer, and the anchor it
+//! waits on may die without the hold going unwatched.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use conformance_tests::{
 };
 use lock_core::LockOptions;
 use lock_mysql::{MySqlConfig, Strategy};
+use sqlx::AssertSqlSafe;
 
 use super::{
     client,
@@ -54,4 +56,96 @@ pub(super) async fn killed_between_statements() -> Outcome {
     ensure!(held.is_held(), "the hold ended after its extension");
     held.release().await.map_err(err)?;
     Ok(())
+}
+
+/// The anchor holds park on (a user lock on a connection of the client's own) is killed by an
+/// operator while a hold is parked on it: the hold keeps its lock through two TTLs of
+/// renewals, a new anchor (another name) comes up, and the hold is still watched: when its
+/// own connection is killed, a waiter's grant finds the old holder's `is_held()` already
+/// false.
+pub(super) async fn anchor_killed() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let (holder, waiter) = (client(store.config()).await?, client(store.config()).await?);
+    let name = unique_name("anchor-killed")?;
+    let ttl = Duration::from_millis(1500);
+    let options = LockOptions::new().ttl(ttl);
+    let held = holder.lock_with(&name, &options).await.map_err(err)?;
+    let first = parked_anchor(store.admin(), None).await?;
+    let anchor_id: Option<u64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT CAST(IS_USED_LOCK('{first}') AS UNSIGNED)"
+    )))
+    .fetch_one(store.admin())
+    .await
+    .map_err(err)?;
+    let anchor_id = anchor_id.ok_or_else(|| Failure(format!("nobody holds the anchor {first}")))?;
+    sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {anchor_id}")))
+        .execute(store.admin())
+        .await
+        .map_err(err)?;
+    let lost = tokio::time::timeout(ttl * 2, held.lost()).await;
+    ensure!(
+        lost.is_err(),
+        "the hold lost its lock when the anchor was killed: {:?}",
+        lost.ok()
+    );
+    let second = parked_anchor(store.admin(), Some(&first)).await?;
+    ensure!(second != first, "the anchor came back under its old name");
+    let next = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        let options = options.clone().wait(Duration::from_secs(10));
+        tokio::spawn(async move { waiter.lock_with(&name, &options).await })
+    };
+    support::until_waiting(store.admin(), &name)
+        .await
+        .map_err(Failure)?;
+    let id = store
+        .holder_connection(&name)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| Failure("the holder recorded no connection id".into()))?;
+    sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+        .execute(store.admin())
+        .await
+        .map_err(err)?;
+    let next = next
+        .await
+        .map_err(|e| Failure(e.to_string()))?
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    ensure!(
+        !held.is_held(),
+        "after the anchor was replaced, the old holder's is_held() was still true when the \
+         next holder was granted"
+    );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// The anchor a hold is parked on now (other than `not`), read from the parked statement on
+/// the server; waits for one up to 10 s.
+async fn parked_anchor(admin: &sqlx::MySqlPool, not: Option<&str>) -> Result<String, Failure> {
+    const MARK: &str = "GET_LOCK('lock-mysql/park/";
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let infos: Vec<String> = sqlx::query_scalar(
+            "SELECT INFO FROM information_schema.PROCESSLIST WHERE INFO LIKE '%GET_LOCK(''lock-mysql/park/%' \
+             AND INFO NOT LIKE '%PROCESSLIST%'",
+        )
+        .fetch_all(admin)
+        .await
+        .map_err(err)?;
+        let found = infos.iter().find_map(|info| {
+            let start = info.find(MARK)? + "GET_LOCK('".len();
+            let end = start + info[start..].find('\'')?;
+            Some(info[start..end].to_owned())
+        });
+        match found {
+            Some(name) if Some(name.as_str()) != not => return Ok(name),
+            _ if tokio::time::Instant::now() >= until => {
+                return Err(Failure(format!(
+                    "no hold parked on an anchor (other than {not:?}) within 10 s"
+                )));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
 }

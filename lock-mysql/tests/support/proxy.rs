@@ -115,11 +115,11 @@ impl Hook for Recorder {
 
 impl Proxy {
     /// Starts a proxy to `upstream` that plays a `KILL QUERY` landing between two statements
-    /// of a row-lock hold's parked batch (`.. SLEEP(..) ..`): MariaDB then ends the batch
-    /// without the rest of its answer, though the last answer it sent said more would follow,
-    /// and the client waits for an answer that never comes. Here the answer to a parked batch
-    /// is passed on up to its second OK, the sleep's; if that OK says more results follow,
-    /// the rest is dropped.
+    /// of a row-lock hold's parked batch (`.. SLEEP(..) ..` or `.. GET_LOCK(..) ..`): MariaDB
+    /// then ends the batch without the rest of its answer, though the last answer it sent said
+    /// more would follow, and the client waits for an answer that never comes. Here the answer
+    /// to a parked batch is passed on up to its second OK, the wait's; if that OK says more
+    /// results follow, the rest is dropped.
     pub async fn cutting_parks(upstream: SocketAddr) -> Result<Self, String> {
         Self::new(Relay::with_hook(upstream, ParkCutter::default).await)
     }
@@ -141,7 +141,8 @@ struct ParkCutter {
 impl Hook for ParkCutter {
     fn client_sent(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Flow {
         let text = String::from_utf8_lossy(bytes);
-        if text.contains("SLEEP(") && text.contains("wait_timeout") {
+        if (text.contains("SLEEP(") || text.contains("GET_LOCK(")) && text.contains("wait_timeout")
+        {
             self.armed = true;
             self.oks = 0;
         }

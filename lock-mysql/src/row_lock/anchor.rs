@@ -1,0 +1,194 @@
+//! The anchor parked holds wait on: a user lock (`GET_LOCK`) this client keeps on a
+//! connection of its own, so a hold's parked statement waits in a way `KILL QUERY` stops at
+//! once.
+//!
+//! **Why.** Between commands a hold keeps a statement parked on its connection, so that the
+//! connection's end is seen the moment it happens (see [`super::hold`]); a renewal or release
+//! stops it with `KILL QUERY`. A parked `SLEEP` makes those kills slow exactly when they are
+//! many: MariaDB wakes a killed `SLEEP` only once it holds a mutex every sleeping session
+//! shares, trying every 50 ms for up to 2 s. 20 sessions in `SLEEP` killed at once, 6 rounds
+//! on this project's machine: the slowest kill took 2.0 to 4.0 s in 3 rounds, so 20 holds of
+//! a 1 s TTL renewed together lost their locks (conformance `watchdog/batches_renewals` in CI;
+//! `hold_end`'s `row_lock/many_parked_holds_keep_their_locks` lost 40 of 40, 4 runs of 4). A
+//! session waiting for a user lock waits on a mutex of its own: the same 20 kills took 7 ms at
+//! worst over 6 rounds. So holds park in `GET_LOCK(<anchor>, <chunk>)` on a lock this client
+//! holds: it never comes free while the anchor's connection lives, and each wait ends at its
+//! timeout (returning 0) as the sleep did.
+//!
+//! **When the anchor's connection ends** (an operator's `KILL`, a server restart), its lock
+//! comes free: a parked hold takes it, gives it back in the same statement, and its chunk ends
+//! early. The hold's task, seeing a chunk end early without a command, reads whether it took
+//! the anchor (`@lock_park`) and if so reports it [lost](Anchor::lost). Until a new anchor is
+//! up (under a new name; raised in the background, at most once a second), holds park in
+//! `SLEEP` as before. A hold is watched either way; only the cost of stopping its statement
+//! changes.
+//!
+//! **Where.** MariaDB only: `GET_LOCK` takes microseconds in its timeout since MariaDB
+//! 10.1.2 (MDEV-4018), which a lease's last chunk needs; MySQL rounds it to whole seconds,
+//! and holds there park in `SLEEP`. **Cost:** one more connection per backend, idle.
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use lock_core::{LockError, backend::LeaseToken};
+use sqlx::{AssertSqlSafe, MySqlConnection};
+
+use super::Shared;
+use crate::{
+    error::Error,
+    sql::{run, tagged, within},
+};
+
+/// The session variable a parked `GET_LOCK` leaves its answer in (1: it took the anchor).
+pub(super) const TOOK_VAR: &str = "@lock_park";
+
+/// How often a lost anchor is raised again, at most.
+const RAISE_EVERY: Duration = Duration::from_secs(1);
+
+/// The server's longest idle limit (seconds): the anchor's connection is idle by design.
+const ANCHOR_IDLE_SECS: u64 = 31_536_000;
+
+/// The anchor of one backend: its user lock's name while its connection holds it.
+#[derive(Default)]
+pub(super) struct Anchor {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The user lock's name and the connection holding it.
+    up: Option<(Arc<str>, MySqlConnection)>,
+    /// A raise is under way.
+    raising: bool,
+    /// When the last raise began.
+    tried: Option<Instant>,
+}
+
+impl Anchor {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The name parked holds wait on, while the anchor holds it.
+    pub(super) fn name(&self) -> Option<Arc<str>> {
+        self.state().up.as_ref().map(|(name, _)| name.clone())
+    }
+
+    /// A parked hold took the user lock `name`: its anchor's connection has ended. Drops that
+    /// anchor (a newer one, under another name, stays).
+    pub(super) fn lost(&self, name: &str) {
+        let mut state = self.state();
+        if state.up.as_ref().is_some_and(|(up, _)| &**up == name) {
+            tracing::warn!(
+                anchor = name,
+                "the row lock's anchor connection ended; holds park in SLEEP until it is back"
+            );
+            state.up = None;
+        }
+    }
+
+    /// Whether a raise should start now (none is up or under way, and the last began at
+    /// least [`RAISE_EVERY`] ago); if so, marks one under way.
+    fn claim_raise(&self) -> bool {
+        let mut state = self.state();
+        let due = state.up.is_none()
+            && !state.raising
+            && state
+                .tried
+                .is_none_or(|tried| tried.elapsed() >= RAISE_EVERY);
+        if due {
+            state.raising = true;
+            state.tried = Some(Instant::now());
+        }
+        due
+    }
+
+    fn raised(&self, outcome: Option<(Arc<str>, MySqlConnection)>) {
+        let mut state = self.state();
+        state.raising = false;
+        if outcome.is_some() {
+            state.up = outcome;
+        }
+    }
+}
+
+impl Shared {
+    /// The anchor's name for the next parked chunk; without one (not MariaDB, or lost), `None`,
+    /// and a raise starts in the background when one is due.
+    pub(super) fn anchor_name(self: &Arc<Self>) -> Option<Arc<str>> {
+        if !self.mariadb {
+            return None;
+        }
+        if let Some(name) = self.anchor.name() {
+            return Some(name);
+        }
+        if self.anchor.claim_raise() {
+            let shared = self.clone();
+            tokio::spawn(async move {
+                let outcome = shared.open_anchor().await;
+                if let Err(error) = &outcome {
+                    tracing::warn!(%error, "raising the row lock's anchor failed; holds park in SLEEP");
+                }
+                shared.anchor.raised(outcome.ok());
+            });
+        }
+        None
+    }
+
+    /// Raises the anchor now (at connect, so the first holds already park on it). On MySQL,
+    /// nothing.
+    ///
+    /// # Errors
+    /// When the connection cannot be opened or the user lock taken.
+    pub(super) async fn raise_anchor(&self) -> Result<(), LockError> {
+        if !self.mariadb || !self.anchor.claim_raise() {
+            return Ok(());
+        }
+        let outcome = self.open_anchor().await;
+        match outcome {
+            Ok(up) => {
+                self.anchor.raised(Some(up));
+                Ok(())
+            }
+            Err(error) => {
+                self.anchor.raised(None);
+                Err(error)
+            }
+        }
+    }
+
+    /// Opens a connection and takes a user lock of a fresh random name on it.
+    async fn open_anchor(&self) -> Result<(Arc<str>, MySqlConnection), LockError> {
+        let what = "taking the row lock's anchor";
+        let mut dedicated = self.connect().await?;
+        // A lease token is 32 random hex digits: a name nobody else holds.
+        let name: Arc<str> = format!("lock-mysql/park/{}", LeaseToken::random().as_str()).into();
+        let until = Instant::now() + self.statement_timeout;
+        let rows = within(
+            until,
+            run(
+                &mut dedicated.conn,
+                AssertSqlSafe(format!(
+                    "SET SESSION wait_timeout = {ANCHOR_IDLE_SECS}; \
+                     SELECT 'anchor', CAST(GET_LOCK('{name}', 0) AS UNSIGNED)"
+                )),
+            ),
+        )
+        .await
+        .map_err(|e| LockError::from(Error::new(what, e)))?;
+        let took = tagged(&rows, "anchor")
+            .next()
+            .map(|row| sqlx::Row::try_get::<Option<u64>, _>(row, 1))
+            .transpose()
+            .map_err(|e| LockError::from(Error::new(what, e)))?
+            .flatten();
+        if took != Some(1) {
+            return Err(LockError::backend_msg(format!(
+                "{what}: GET_LOCK('{name}', 0) answered {took:?}, not 1"
+            )));
+        }
+        Ok((name, dedicated.conn))
+    }
+}

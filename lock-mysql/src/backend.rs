@@ -175,9 +175,6 @@ impl MySqlBackend {
                 },
             )),
         };
-        if let Imp::RowLock(strategy) = &imp {
-            strategy.raise_anchor().await?;
-        }
         Ok(Self {
             inner: Arc::new(Inner {
                 url: url.clone(),

@@ -241,8 +241,15 @@ async fn park(
     last: bool,
 ) -> Next {
     let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
-    let seconds = format!("{}.{:06}", chunk.as_secs(), chunk.subsec_micros());
     let anchor = shared.anchor_name();
+    // Move to the anchor soon once it is up.
+    let (chunk, last) =
+        if anchor.is_none() && shared.anchor.raising() && chunk > anchor::WHILE_RAISING {
+            (anchor::WHILE_RAISING, false)
+        } else {
+            (chunk, last)
+        };
+    let seconds = format!("{}.{:06}", chunk.as_secs(), chunk.subsec_micros());
     // The wait, true when it ran to its end; and the idle limit when it did not.
     let (wait, stopped) = match &anchor {
         Some(name) => (

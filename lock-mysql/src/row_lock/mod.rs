@@ -176,15 +176,6 @@ impl RowLockStrategy {
         }
     }
 
-    /// Takes the anchor parked holds wait on (see [`anchor`]), so the first holds already
-    /// park on it.
-    ///
-    /// # Errors
-    /// When its connection cannot be opened or its user lock taken.
-    pub(crate) async fn raise_anchor(&self) -> Result<(), LockError> {
-        self.shared.raise_anchor().await
-    }
-
     /// Acquires in a spawned task that owns the dedicated connection, so that dropping this
     /// future cleans up in the background instead of abandoning a connection mid-statement.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {

@@ -19,8 +19,8 @@
 //! comes free: a parked hold takes it, gives it back in the same statement, and its chunk ends
 //! early. The hold's task, seeing a chunk end early without a command, reads whether it took
 //! the anchor (`@lock_park`) and if so reports it [lost](Anchor::lost). Until a new anchor is
-//! up (under a new name; raised in the background, at most once a second), holds park in
-//! `SLEEP` as before. A hold is watched either way; only the cost of stopping its statement
+//! up (under a new name; raised in the background, again after 1 s, 2 s, ... up to a minute
+//! while raises fail), holds park in `SLEEP` as before. A hold is watched either way; only the cost of stopping its statement
 //! changes.
 //!
 //! **When it is raised.** At the first hold the backend parks, in the background: a client
@@ -39,7 +39,7 @@ use std::{
 };
 
 use lock_core::{LockError, backend::LeaseToken};
-use sqlx::{AssertSqlSafe, MySqlConnection};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
 use super::Shared;
 use crate::{
@@ -53,8 +53,12 @@ pub(super) const TOOK_VAR: &str = "@lock_park";
 /// The longest `SLEEP` chunk while an anchor is being raised.
 pub(super) const WHILE_RAISING: Duration = Duration::from_millis(50);
 
-/// How often a lost anchor is raised again, at most.
-const RAISE_EVERY: Duration = Duration::from_secs(1);
+/// The wait after a failed raise before the next; it doubles with each failure in a row, up
+/// to [`RAISE_BACKOFF_MAX`].
+const RAISE_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The longest wait between raises that fail.
+const RAISE_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// The server's longest idle limit (seconds): the anchor's connection is idle by design.
 const ANCHOR_IDLE_SECS: u64 = 31_536_000;
@@ -71,8 +75,10 @@ struct State {
     up: Option<(Arc<str>, MySqlConnection)>,
     /// A raise is under way.
     raising: bool,
-    /// When the last raise began.
-    tried: Option<Instant>,
+    /// Raises failed in a row since the last success.
+    failures: u32,
+    /// No raise starts before this.
+    next_try: Option<Instant>,
 }
 
 impl Anchor {
@@ -98,33 +104,74 @@ impl Anchor {
         }
     }
 
-    /// Whether a raise is under way.
+    /// Whether a raise is under way (holds then park in short chunks, to move to the anchor
+    /// soon).
     pub(super) fn raising(&self) -> bool {
         self.state().raising
     }
 
-    /// Whether a raise should start now (none is up or under way, and the last began at
-    /// least [`RAISE_EVERY`] ago); if so, marks one under way.
+    /// Whether a raise should start now (none is up or under way, and the back-off after
+    /// failed ones is over); if so, marks one under way (until its [`Raise`] is dropped).
     fn claim_raise(&self) -> bool {
         let mut state = self.state();
         let due = state.up.is_none()
             && !state.raising
-            && state
-                .tried
-                .is_none_or(|tried| tried.elapsed() >= RAISE_EVERY);
+            && state.next_try.is_none_or(|next| Instant::now() >= next);
         if due {
             state.raising = true;
-            state.tried = Some(Instant::now());
         }
         due
     }
 
-    fn raised(&self, outcome: Option<(Arc<str>, MySqlConnection)>) {
+    /// Ends the raise under way with its outcome: the anchor, or a failure (the next try
+    /// waits [`RAISE_BACKOFF`], doubled for each failure in a row, at most
+    /// [`RAISE_BACKOFF_MAX`]).
+    fn finish_raise(&self, up: Option<(Arc<str>, MySqlConnection)>) {
         let mut state = self.state();
         state.raising = false;
-        if outcome.is_some() {
-            state.up = outcome;
+        if up.is_some() {
+            state.up = up;
+            state.failures = 0;
+            state.next_try = None;
+        } else {
+            let wait = RAISE_BACKOFF
+                .saturating_mul(1 << state.failures.min(6))
+                .min(RAISE_BACKOFF_MAX);
+            state.failures = state.failures.saturating_add(1);
+            state.next_try = Some(Instant::now() + wait);
         }
+    }
+}
+
+impl Drop for Anchor {
+    fn drop(&mut self) {
+        // Say goodbye to the server (it would log an aborted connection otherwise).
+        let up = self.state().up.take();
+        if let (Some((_, conn)), Ok(runtime)) = (up, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(5), conn.close()).await;
+            });
+        }
+    }
+}
+
+/// A raise under way, owned by its task: however the task ends (done, failed, or dropped with
+/// its runtime), dropping this ends the raise, so one is never under way for ever.
+struct Raise {
+    shared: Arc<Shared>,
+    up: Option<(Arc<str>, MySqlConnection)>,
+}
+
+impl Raise {
+    /// The raise took the anchor: dropping this puts it up.
+    fn succeeded(&mut self, up: (Arc<str>, MySqlConnection)) {
+        self.up = Some(up);
+    }
+}
+
+impl Drop for Raise {
+    fn drop(&mut self) {
+        self.shared.anchor.finish_raise(self.up.take());
     }
 }
 
@@ -139,13 +186,24 @@ impl Shared {
             return Some(name);
         }
         if self.anchor.claim_raise() {
-            let shared = self.clone();
+            let mut raise = Raise {
+                shared: self.clone(),
+                up: None,
+            };
             tokio::spawn(async move {
-                let outcome = shared.open_anchor().await;
-                if let Err(error) = &outcome {
-                    tracing::warn!(%error, "raising the row lock's anchor failed; holds park in SLEEP");
+                let shared = &raise.shared;
+                let bound = shared.connect_timeout + shared.statement_timeout;
+                match tokio::time::timeout(bound, shared.open_anchor()).await {
+                    Ok(Ok(up)) => raise.succeeded(up),
+                    Ok(Err(error)) => {
+                        tracing::warn!(%error, "raising the row lock's anchor failed; holds park in SLEEP");
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            "raising the row lock's anchor took over {bound:?}; holds park in SLEEP"
+                        );
+                    }
                 }
-                shared.anchor.raised(outcome.ok());
             });
         }
         None

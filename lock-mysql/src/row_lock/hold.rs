@@ -66,8 +66,8 @@ use crate::{
     sql::{is_timed_out, run, timed_out, within},
 };
 
-/// The longest one parked `SLEEP` runs: how long a dead client's hold may outlive it on the
-/// server, and how often an idle hold costs a statement.
+/// The longest one parked wait (`GET_LOCK` on the anchor, or `SLEEP`) runs: how long a dead
+/// client's hold may outlive it on the server, and how often an idle hold costs a statement.
 pub(super) const PARK_CHUNK: Duration = Duration::from_secs(1);
 
 /// The server's idle limit after the last chunk of a lease that was not renewed.

@@ -37,8 +37,9 @@ impl Scheme {
         ALL.into_iter().find(|s| s.names().contains(&name))
     }
 
-    /// The spellings of this scheme (`["zk", "zookeeper"]`), the first the usual one. TLS
-    /// spellings (`rediss`) are recognized and refused by the store's parser.
+    /// The spellings of this scheme (`["zk", "zookeeper"]`), the first the usual one. The TLS
+    /// spellings (`rediss`, `rediss+cluster`) are the store's to accept (one server) or
+    /// refuse (a cluster).
     pub fn names(self) -> &'static [&'static str] {
         match self {
             Self::Memory => &["memory"],

@@ -37,7 +37,14 @@ const CASES: &[(&str, &str)] = &[
         "redis://127.0.0.1:6379?replica_acks=18446744073709551616",
         "replica_acks",
     ),
-    ("rediss://:hunter2@127.0.0.1:6379", "TLS"),
+    (
+        "rediss+cluster://:hunter2@127.0.0.1:7000,127.0.0.1:7001",
+        "TLS",
+    ),
+    (
+        "redis://:hunter2@127.0.0.1:6379?ca_file=/etc/ca.pem",
+        "ca_file",
+    ),
     ("redis+cluster://127.0.0.1:7000/2", "database 0"),
     (
         "redis+cluster://127.0.0.1:7000,,127.0.0.1:7001",

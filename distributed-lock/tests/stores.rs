@@ -17,6 +17,7 @@ fn main() -> ExitCode {
         .limit(Duration::from_secs(60))
         .case("memory", || Box::pin(memory()))
         .case("redis", || Box::pin(redis()))
+        .case("rediss", || Box::pin(rediss()))
         .case("redis+cluster", || Box::pin(redis_cluster()))
         .case("redlock", || Box::pin(redlock()))
         .case("mysql_and_mariadb", || Box::pin(mysql()))
@@ -92,6 +93,32 @@ async fn memory() -> Outcome {
 async fn redis() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
     connects(&format!("{url}?prefix=facade"), "redis").await
+}
+
+/// `rediss://`: TLS to the services' Redis, trusting the authority that signed its
+/// certificate; without that authority (the system's only) the server is refused, and an
+/// unreadable `ca_file` is a typed error naming it.
+async fn rediss() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_TLS_URL")?;
+    connects(&format!("{url}&prefix=facade-tls"), "redis").await?;
+    let (plain, _) = url
+        .split_once('?')
+        .ok_or_else(|| Failure(format!("{url} has no ca_file")))?;
+    let untrusted = distributed_lock::connect(plain).await;
+    ensure!(
+        untrusted.is_err(),
+        "{plain}: connected to a server whose certificate no trusted authority signed"
+    );
+    let missing = distributed_lock::connect(&format!("{plain}?ca_file=/nonexistent/ca.pem")).await;
+    match missing {
+        Err(LockError::InvalidOptions { reason }) if reason.contains("/nonexistent/ca.pem") => {
+            Ok(())
+        }
+        other => Err(Failure(format!(
+            "an unreadable ca_file: expected InvalidOptions naming it, got {:?}",
+            other.map(|_| "a client")
+        ))),
+    }
 }
 
 async fn redis_cluster() -> Outcome {

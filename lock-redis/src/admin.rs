@@ -14,7 +14,7 @@ use redis::aio::ConnectionLike;
 use crate::{
     RedisBackend, RedlockBackend,
     config::node_url,
-    connection::{Conn, client},
+    connection::{Conn, TlsRoots, client},
     error::Error,
     keys::{RedisKeys as Keys, decode},
     ops,
@@ -151,7 +151,9 @@ impl RedisBackend {
         let userinfo = StoreUrl::parse(seed)?.userinfo_prefix();
         let mut names = Vec::new();
         for address in masters(&nodes) {
-            let mut node = client(&node_url(&userinfo, &url_host(&address), None))?
+            // A cluster is plain (TLS to a cluster is refused by the configuration).
+            let url = node_url(false, &userinfo, &url_host(&address), None);
+            let mut node = client(&url, &TlsRoots::default())?
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(|e| Error::new(format!("connect to cluster node {address}"), e))?;

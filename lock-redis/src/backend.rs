@@ -17,7 +17,7 @@ use redis::Value;
 use crate::{
     RedisConfig,
     config::redacted,
-    connection::{self, Conn},
+    connection::{self, Conn, TlsRoots},
     error::Error,
     keys::RedisKeys as Keys,
     ops::{self, Queueing, Try},
@@ -83,17 +83,18 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         let first = config.urls.first().cloned().unwrap_or_default();
+        let roots = TlsRoots::load(config.tls_ca_file.as_deref())?;
         let mut conn = if config.cluster {
             Conn::cluster(&config.urls, config.response_timeout).await?
         } else {
-            Conn::single(&first, config.response_timeout).await?
+            Conn::single(&first, &roots, config.response_timeout).await?
         };
         let _: Value = redis::cmd("PING")
             .query_async(&mut conn)
             .await
             .map_err(|e| Error::new(format!("PING to {}", redacted(&config.urls).join(",")), e))?;
         // Release messages of a cluster reach every node, so one node serves all waiters.
-        let pubsub = connection::client(&first)?;
+        let pubsub = connection::client(&first, &roots)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 server: redacted(&config.urls).join(","),

@@ -1,6 +1,6 @@
 //! [`RedisConfig`] and [`RedlockConfig`]: how to reach the servers and name the keys.
 
-use std::{fmt, str::FromStr, time::Duration};
+use std::{fmt, path::PathBuf, str::FromStr, time::Duration};
 
 use lock_core::{
     LockError,
@@ -38,6 +38,9 @@ pub struct RedisConfig {
     /// Time-out of one request to the server.
     #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
+    /// For `rediss://` servers: a PEM file of the certificate authorities to trust, in place
+    /// of the system's (the URL's `ca_file`). Read at connect.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -49,6 +52,7 @@ impl Default for RedisConfig {
             replica_acks: 0,
             replica_timeout: Duration::from_millis(500),
             response_timeout: Duration::from_secs(2),
+            tls_ca_file: None,
         }
     }
 }
@@ -91,12 +95,14 @@ impl RedisConfig {
     /// Parses the URL form (also what `parse` and [`FromStr`] read):
     ///
     /// - `redis://[user:password@]host:port[/db]`: one server;
+    /// - `rediss://[user:password@]host:port[/db][?ca_file=/path/ca.pem]`: one server over TLS
+    ///   (rustls), verified against the system's certificate authorities or those of
+    ///   `ca_file` (needs the `tls` feature, on by default);
     /// - `redis+cluster://[user:password@]host:port,host:port,...`: a cluster, through these
-    ///   seed nodes;
+    ///   seed nodes (`rediss+cluster://`, a cluster over TLS, is refused: not supported yet);
     ///
     /// with the settings `prefix`, `replica_acks`, `replica_timeout_ms` and
-    /// `response_timeout_ms` in the query. `rediss://` (TLS) is refused: this build of
-    /// lock-redis has no TLS.
+    /// `response_timeout_ms` in the query.
     ///
     /// ```
     /// use lock_redis::RedisConfig;
@@ -114,12 +120,15 @@ impl RedisConfig {
     /// hosts for one server, a database that is not a number, an unknown or bad setting.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
         let mut parsed = StoreUrl::parse(url)?;
-        let cluster = match parsed.scheme() {
-            "redis" => false,
-            "redis+cluster" => true,
-            "rediss" | "rediss+cluster" => {
+        let (cluster, tls) = match parsed.scheme() {
+            "redis" => (false, false),
+            "rediss" => (false, true),
+            "redis+cluster" => (true, false),
+            "rediss+cluster" => {
                 return Err(invalid(
-                    "`rediss://` (TLS) is not supported: lock-redis is built without TLS".into(),
+                    "`rediss+cluster://` (a Redis Cluster over TLS) is not supported; TLS is \
+                     supported to one server, `rediss://`"
+                        .into(),
                 ));
             }
             other => {
@@ -147,11 +156,14 @@ impl RedisConfig {
         let mut config = Self {
             urls: hosts
                 .iter()
-                .map(|host| node_url(&userinfo, host, db))
+                .map(|host| node_url(tls, &userinfo, host, db))
                 .collect(),
             cluster,
             ..Self::default()
         };
+        if let Some(file) = parsed.take("ca_file")? {
+            config.tls_ca_file = Some(PathBuf::from(file));
+        }
         if let Some(prefix) = parsed.take("prefix")? {
             config.key_prefix = prefix;
         }
@@ -186,6 +198,24 @@ impl RedisConfig {
         if self.response_timeout.is_zero() {
             return Err(invalid("response_timeout must be above zero".into()));
         }
+        let tls = self.urls.iter().any(|url| url.starts_with("rediss://"));
+        if tls && self.cluster {
+            return Err(invalid(
+                "a Redis Cluster over TLS (`rediss://` seeds) is not supported; TLS is supported \
+                 to one server"
+                    .into(),
+            ));
+        }
+        if tls && !cfg!(feature = "tls") {
+            return Err(invalid(
+                "`rediss://` (TLS) needs lock-redis's `tls` feature, which this build lacks".into(),
+            ));
+        }
+        if self.tls_ca_file.is_some() && !tls {
+            return Err(invalid(
+                "`ca_file` applies to TLS servers (`rediss://`); the URLs given are plain".into(),
+            ));
+        }
         if self.replica_acks > 0 {
             // `WAIT n 0` blocks for ever; a WAIT that outlives the request's time-out fails
             // instead of counting the replicas.
@@ -216,6 +246,7 @@ impl fmt::Debug for RedisConfig {
             .field("replica_acks", &self.replica_acks)
             .field("replica_timeout", &self.replica_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }
@@ -296,7 +327,11 @@ impl RedlockConfig {
         let hosts = parsed.require_hosts()?.to_vec();
         let db = database(parsed.path())?;
         let userinfo = parsed.userinfo_prefix();
-        let mut config = Self::new(hosts.iter().map(|host| node_url(&userinfo, host, db)));
+        let mut config = Self::new(
+            hosts
+                .iter()
+                .map(|host| node_url(false, &userinfo, host, db)),
+        );
         if let Some(prefix) = parsed.take("prefix")? {
             config.key_prefix = prefix;
         }
@@ -371,11 +406,12 @@ fn database(path: &str) -> Result<Option<u32>, LockError> {
     }
 }
 
-/// The URL of one server for the Redis client.
-pub(crate) fn node_url(userinfo: &str, host: &str, db: Option<u32>) -> String {
+/// The URL of one server for the Redis client (`rediss://` when `tls`).
+pub(crate) fn node_url(tls: bool, userinfo: &str, host: &str, db: Option<u32>) -> String {
+    let scheme = if tls { "rediss" } else { "redis" };
     match db {
-        Some(db) => format!("redis://{userinfo}{host}/{db}"),
-        None => format!("redis://{userinfo}{host}"),
+        Some(db) => format!("{scheme}://{userinfo}{host}/{db}"),
+        None => format!("{scheme}://{userinfo}{host}"),
     }
 }
 
@@ -451,7 +487,8 @@ mod tests {
             (redis("redis://h:1,h:2"), "one server"),
             (redis("redis://h:1/x"), "database"),
             (redis("redis+cluster://h:1/3"), "database 0"),
-            (redis("rediss://h:1"), "TLS"),
+            (redis("rediss+cluster://h:1,h:2"), "TLS"),
+            (redis("redis://h:1?ca_file=/tmp/ca.pem"), "ca_file"),
             (redis("redlock://h:1"), "not a Redis URL"),
             (redis("redis://"), "no host"),
             (redis("redis://h:1?prefix=a{b"), "key prefix"),

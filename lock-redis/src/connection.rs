@@ -1,7 +1,7 @@
 //! [`Conn`]: one auto-reconnecting connection to a single server or to a cluster, behind the
 //! client crate's `ConnectionLike` so every operation is written once.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use lock_core::{LockError, backend::redact_url};
 use redis::{
@@ -42,19 +42,62 @@ fn tcp_settings() -> TcpSettings {
     )
 }
 
-/// A client of the server at `url` whose connections use [`tcp_settings`].
-pub(crate) fn client(url: &str) -> Result<Client, LockError> {
+/// The certificate authorities a `rediss://` connection trusts: the system's, or those of a
+/// PEM file ([`RedisConfig::tls_ca_file`](crate::RedisConfig::tls_ca_file)), read once.
+#[derive(Clone, Default)]
+pub(crate) struct TlsRoots(Option<Arc<Vec<u8>>>);
+
+impl TlsRoots {
+    /// Reads `file`, if any.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] naming the file when it cannot be read.
+    pub(crate) fn load(file: Option<&std::path::Path>) -> Result<Self, LockError> {
+        let Some(file) = file else {
+            return Ok(Self(None));
+        };
+        let pem = std::fs::read(file).map_err(|e| {
+            LockError::invalid_options(format!(
+                "reading the TLS certificate authorities of `ca_file` {}: {e}",
+                file.display()
+            ))
+        })?;
+        Ok(Self(Some(Arc::new(pem))))
+    }
+}
+
+/// A client of the server at `url` whose connections use [`tcp_settings`] and, over TLS,
+/// trust `roots`.
+pub(crate) fn client(url: &str, roots: &TlsRoots) -> Result<Client, LockError> {
     let info = url
         .into_connection_info()
         .map_err(|e| invalid_url(url, e))?
         .set_tcp_settings(tcp_settings());
+    #[cfg(feature = "tls")]
+    if url.starts_with("rediss://") {
+        // rustls needs a process-wide crypto provider; another crate may have installed one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        if let Some(pem) = &roots.0 {
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.to_vec()),
+            };
+            return Client::build_with_tls(info, certificates).map_err(|e| invalid_url(url, e));
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = roots;
     Client::open(info).map_err(|e| invalid_url(url, e))
 }
 
 impl Conn {
     /// Connects to one server; fails when it does not answer.
-    pub(crate) async fn single(url: &str, timeout: Duration) -> Result<Self, LockError> {
-        let client = client(url)?;
+    pub(crate) async fn single(
+        url: &str,
+        roots: &TlsRoots,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let client = client(url, roots)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout))
@@ -69,7 +112,7 @@ impl Conn {
     /// A connection to one server that connects on first use (a Redlock node may be down
     /// when the backend starts).
     pub(crate) fn lazy_single(url: &str, timeout: Duration) -> Result<Self, LockError> {
-        let client = client(url)?;
+        let client = client(url, &TlsRoots::default())?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout))

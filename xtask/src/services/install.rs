@@ -33,6 +33,8 @@ pub(crate) struct Tools {
     pub(crate) java: PathBuf,
     /// The ZooKeeper class path.
     pub(crate) zookeeper_classpath: String,
+    /// `openssl`, which makes the TLS Redis's certificates.
+    pub(crate) openssl: PathBuf,
 }
 
 /// Finds `name` on `$PATH` or in the sbin/bin directories.
@@ -65,6 +67,10 @@ fn missing_packages() -> Vec<&'static str> {
     }
     if !Path::new(ZOOKEEPER_JAR).is_file() {
         packages.push("zookeeper");
+    }
+    // Not a server: makes the certificates of the TLS Redis.
+    if find_program("openssl").is_none() {
+        packages.push("openssl");
     }
     // Not a server: the MySQL fault tests run lock clients whose clock is minutes off.
     if find_program("faketime").is_none() {
@@ -143,6 +149,7 @@ fn tools() -> Result<Tools> {
         mariadb_admin: need("mariadb-admin")?,
         java: need("java")?,
         zookeeper_classpath: zookeeper_classpath()?,
+        openssl: need("openssl")?,
     })
 }
 

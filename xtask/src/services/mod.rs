@@ -8,6 +8,7 @@ mod install;
 mod mariadb;
 mod process;
 mod redis;
+mod redis_tls;
 mod zookeeper;
 
 use std::path::{Path, PathBuf};
@@ -21,6 +22,8 @@ use self::process::PidState;
 
 /// Port of the single Redis.
 const REDIS_PORT: u16 = 16379;
+/// TLS port of the single Redis.
+const REDIS_TLS_PORT: u16 = 16390;
 /// Ports of the five independent Redlock Redis servers.
 const REDLOCK_PORTS: [u16; 5] = [16380, 16381, 16382, 16383, 16384];
 /// Ports of the three Redis Cluster masters.
@@ -67,6 +70,8 @@ struct Instance {
     dir: PathBuf,
     /// Which server.
     kind: Kind,
+    /// A second port that speaks TLS (the single Redis).
+    tls_port: Option<u16>,
 }
 
 impl Instance {
@@ -77,7 +82,14 @@ impl Instance {
             port,
             dir: root.join(name),
             kind,
+            tls_port: None,
         }
+    }
+
+    /// The same instance, also listening for TLS on `port`.
+    fn with_tls_port(mut self, port: u16) -> Self {
+        self.tls_port = Some(port);
+        self
     }
 
     /// The canonical pid file, `<dir>/pid`.
@@ -120,12 +132,10 @@ impl Instance {
 
 /// Every instance, in display order.
 fn instances(root: &Path) -> Vec<Instance> {
-    let mut all = vec![Instance::new(
-        root,
-        "redis",
-        REDIS_PORT,
-        Kind::Redis { cluster: false },
-    )];
+    let mut all = vec![
+        Instance::new(root, "redis", REDIS_PORT, Kind::Redis { cluster: false })
+            .with_tls_port(REDIS_TLS_PORT),
+    ];
     for (i, port) in REDLOCK_PORTS.iter().enumerate() {
         all.push(Instance::new(
             root,
@@ -181,6 +191,16 @@ pub(crate) fn env_vars() -> Vec<(String, String)> {
         .join(",");
     [
         ("LOCK_TEST_REDIS_URL", redis_urls(&[REDIS_PORT])),
+        (
+            "LOCK_TEST_REDIS_TLS_URL",
+            format!(
+                "rediss://127.0.0.1:{REDIS_TLS_PORT}?ca_file={}",
+                services_root()
+                    .join("redis")
+                    .join(redis_tls::CA_FILE)
+                    .display()
+            ),
+        ),
         ("LOCK_TEST_REDLOCK_URLS", redis_urls(&REDLOCK_PORTS)),
         (
             "LOCK_TEST_REDIS_CLUSTER_URLS",

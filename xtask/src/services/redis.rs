@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 
 use super::install::Tools;
 use super::process::{self, shell_line, shell_quote};
-use super::{Instance, Kind, start_group};
+use super::{Instance, Kind, redis_tls, start_group};
 
 /// Timeout of one health-check round trip.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -55,6 +55,9 @@ fn argv(tools: &Tools, inst: &Instance) -> Vec<String> {
             &inst.dir.join("nodes.conf").display().to_string(),
         );
         opt("cluster-node-timeout", "2000");
+    }
+    if let Some(port) = inst.tls_port {
+        argv.extend(redis_tls::args(inst, port));
     }
     argv
 }
@@ -102,11 +105,21 @@ fn start(tools: &Tools, inst: &Instance) -> Result<()> {
     process::run_logged(&argv(tools, inst), &log_file(inst), Duration::from_secs(10))
 }
 
-/// Prepares the directory and scripts of each instance.
+/// Prepares the directory, scripts and (for a TLS port) certificates of each instance, and
+/// stops one that runs without the TLS port it should have, so it starts again with it.
 fn prepare(tools: &Tools, group: &[&Instance]) -> Result<()> {
     for inst in group {
         process::ensure_dir(&inst.dir)?;
         write_scripts(tools, inst)?;
+        if let Some(port) = inst.tls_port {
+            redis_tls::ensure_certificates(tools, inst)?;
+            if let (true, process::PidState::Alive(pid)) =
+                (redis_tls::missing(inst, port), inst.pid_state())
+            {
+                eprintln!("xtask: {}: restarting it with TLS on {port}", inst.name);
+                stop(inst, pid, Some(&tools.redis_cli))?;
+            }
+        }
     }
     Ok(())
 }

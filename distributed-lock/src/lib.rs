@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod memory;
+mod migrate_url;
 mod record;
 mod requirement;
 mod scheme;
@@ -17,6 +18,7 @@ pub use lock_core::{
     Capabilities, Fence, Forced, HeldLock, Holder, Lease, LockAdmin, LockBackend, LockClient,
     LockError, LockGuard, LockInfo, LockName, LockOptions, LossReason,
 };
+pub use migrate_url::{MigrateConfig, PhaseName};
 pub use record::migration_record;
 pub use requirement::{REQUIREMENTS, Requirement};
 pub use scheme::{Scheme, schemes};

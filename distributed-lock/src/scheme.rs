@@ -19,16 +19,20 @@ pub enum Scheme {
     MySql,
     /// `zk://` or `zookeeper://` (feature `zookeeper`).
     ZooKeeper,
+    /// `migrate://`: a client in one phase of a migration between two of the above (always
+    /// compiled in; its stores need theirs).
+    Migrate,
 }
 
 /// Every scheme, compiled in or not.
-pub(crate) const ALL: [Scheme; 6] = [
+pub(crate) const ALL: [Scheme; 7] = [
     Scheme::Memory,
     Scheme::Redis,
     Scheme::RedisCluster,
     Scheme::Redlock,
     Scheme::MySql,
     Scheme::ZooKeeper,
+    Scheme::Migrate,
 ];
 
 impl Scheme {
@@ -48,13 +52,14 @@ impl Scheme {
             Self::Redlock => &["redlock"],
             Self::MySql => &["mysql", "mariadb"],
             Self::ZooKeeper => &["zk", "zookeeper"],
+            Self::Migrate => &["migrate"],
         }
     }
 
     /// The feature of this crate that compiles it in (`None`: always there).
     pub fn feature(self) -> Option<&'static str> {
         match self {
-            Self::Memory => None,
+            Self::Memory | Self::Migrate => None,
             Self::Redis | Self::RedisCluster | Self::Redlock => Some("redis"),
             Self::MySql => Some("mysql"),
             Self::ZooKeeper => Some("zookeeper"),
@@ -64,7 +69,7 @@ impl Scheme {
     /// Whether this build has it.
     pub fn is_compiled_in(self) -> bool {
         match self {
-            Self::Memory => true,
+            Self::Memory | Self::Migrate => true,
             Self::Redis | Self::RedisCluster | Self::Redlock => cfg!(feature = "redis"),
             Self::MySql => cfg!(feature = "mysql"),
             Self::ZooKeeper => cfg!(feature = "zookeeper"),

@@ -16,7 +16,7 @@ use lock_zookeeper::{ZkBackend, ZkConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Requirement, memory,
+    MigrateConfig, Requirement, memory,
     requirement::{self, parse_list},
     scheme::{Scheme, compiled_in_list},
 };
@@ -47,6 +47,8 @@ pub enum Store {
     /// ZooKeeper (`zk://`, `zookeeper://`).
     #[cfg(feature = "zookeeper")]
     Zookeeper(ZkConfig),
+    /// A client in one phase of a migration between two stores (`migrate://`).
+    Migrate(MigrateConfig),
 }
 
 /// A connected store: the lock contract and the operator's view of it ([`LockAdmin`]), which
@@ -164,6 +166,7 @@ impl Store {
             Scheme::MySql => Ok(Self::Mysql(MySqlConfig::from_url(url)?)),
             #[cfg(feature = "zookeeper")]
             Scheme::ZooKeeper => Ok(Self::Zookeeper(url.parse()?)),
+            Scheme::Migrate => Ok(Self::Migrate(MigrateConfig::from_url(url)?)),
             #[allow(unreachable_patterns)]
             other => Err(not_compiled(other)),
         }
@@ -185,6 +188,7 @@ impl Store {
             Self::Zookeeper(c) if c.host_count() > 1 => "zookeeper (ensemble)".into(),
             #[cfg(feature = "zookeeper")]
             Self::Zookeeper(_) => "zookeeper (one server)".into(),
+            Self::Migrate(m) => format!("migration ({})", m.phase),
         }
     }
 
@@ -204,6 +208,7 @@ impl Store {
             Self::Mysql(config) => Arc::new(MySqlBackend::connect(config).await?),
             #[cfg(feature = "zookeeper")]
             Self::Zookeeper(config) => Arc::new(ZkBackend::connect(config.clone()).await?),
+            Self::Migrate(config) => Arc::new(config.backend().await?),
         })
     }
 }
@@ -269,6 +274,7 @@ impl fmt::Display for Store {
             Self::Mysql(c) => write!(f, "{} at {}", self.label(), redact_url(&c.url)),
             #[cfg(feature = "zookeeper")]
             Self::Zookeeper(c) => write!(f, "{} at {}{}", self.label(), c.hosts, c.root),
+            Self::Migrate(c) => write!(f, "{c}"),
         }
     }
 }

@@ -51,6 +51,30 @@ const CASES: &[(&str, &str)] = &[
         "no host name",
     ),
     ("redlock://:hunter2@a:1,b:1,c:1?quorum=1", "`quorum`"),
+    (
+        "migrate://?from=redis://:hunter2%40h:1&to=zk://h:2&record=memory://r&phase=both",
+        "phase",
+    ),
+    (
+        "migrate://?from=redis://:hunter2@h:1&to=zk://h:2&record=memory://r&phase=dual",
+        "percent-encoded",
+    ),
+    (
+        "migrate://h:1?from=redis://:hunter2%40h:1&to=zk://h:2&record=memory://r&phase=dual",
+        "no host",
+    ),
+    (
+        "migrate://?from=redis://:hunter2%40h:1&to=zk://h:2&phase=dual",
+        "`record`",
+    ),
+    (
+        "migrate://?from=redis://:hunter2%40h:0&to=zk://h:2&record=memory://r&phase=dual",
+        "port",
+    ),
+    (
+        "migrate://?from=migrate://%3Ffrom%3Dmemory://a&to=zk://h:2&record=memory://r&phase=dual",
+        "`from`",
+    ),
     ("redlock://a:1,b:1,c:1?node_timeout_ms=0", "node_timeout"),
     ("mysql://lock:hunter2@127.0.0.1:13306", "no database"),
     (

@@ -42,11 +42,15 @@ fn text(error: LockError) -> String {
     error.to_string()
 }
 
-/// A client of `store` (one of [`STORES`]).
+/// A client of `store`: one of [`STORES`], or a store URL (`distributed_lock::connect`'s,
+/// `migrate://` among them).
 ///
 /// # Errors
 /// An unknown store, a missing variable, or the store not answering.
 pub async fn connect(store: &str) -> Result<LockClient, String> {
+    if store.contains("://") {
+        return distributed_lock::connect(store).await.map_err(text);
+    }
     Ok(match store {
         "redis" => LockClient::new(
             RedisBackend::connect(

@@ -3,7 +3,7 @@
 //! to another store").
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -40,7 +40,7 @@ pub(crate) enum Step {
         record: String,
     },
     /// Before the flip: over SOAK, no lock is held in FROM without its twin in TO (a holder
-    /// there without one is an `old` client still running).
+    /// there without one, seen in two samples in a row, is an `old` client still running).
     Verify {
         #[arg(long)]
         from: String,
@@ -71,15 +71,20 @@ fn refused(why: String) -> Failed {
     Failed(format!("refused: {why}"))
 }
 
-async fn held_names(url: &str) -> Result<BTreeSet<String>, Failed> {
+/// The locks held in the store at `url`, with a fingerprint of each holder.
+async fn holders(url: &str) -> Result<BTreeMap<String, String>, Failed> {
     let config: StoreConfig = url.parse()?;
     let store = config.backend().await?;
     Ok(store
         .list("")
         .await?
         .into_iter()
-        .map(|h| h.name.as_str().to_owned())
+        .map(|h| (h.name.as_str().to_owned(), h.holder))
         .collect())
+}
+
+async fn held_names(url: &str) -> Result<BTreeSet<String>, Failed> {
+    Ok(holders(url).await?.into_keys().collect())
 }
 
 /// Watches for `soak`: the names `check` finds wrong, every 200 ms.
@@ -94,6 +99,35 @@ where
         seen.extend(check().await?);
         if Instant::now() >= until {
             return Ok(seen);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Over `soak`, the locks held in `from` without a twin in `to`: by the same holder of `from`
+/// in two samples in a row (200 ms apart), `to` showing the name in neither. A `dual` client
+/// holds `from` alone only between its two acquisitions (or its two releases), a round trip;
+/// an `old` client holds it alone for its whole hold.
+async fn old_only(from: &str, to: &str, soak: Duration) -> Result<BTreeSet<String>, Failed> {
+    let until = Instant::now() + soak;
+    let mut found = BTreeSet::new();
+    let mut before: BTreeMap<String, String> = BTreeMap::new();
+    loop {
+        let in_from = holders(from).await?;
+        let in_to = held_names(to).await?;
+        let alone: BTreeMap<String, String> = in_from
+            .into_iter()
+            .filter(|(name, _)| !in_to.contains(name))
+            .collect();
+        found.extend(
+            alone
+                .iter()
+                .filter(|(name, holder)| before.get(*name) == Some(holder))
+                .map(|(name, _)| name.clone()),
+        );
+        before = alone;
+        if Instant::now() >= until {
+            return Ok(found);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -118,11 +152,7 @@ pub(crate) async fn run(step: Step, out: &Output) -> Result<(), Failed> {
         }
         Step::Init { from, to, record } => init(&from, &to, &record, out).await?,
         Step::Verify { from, to, soak } => {
-            let old_only = watch(soak, || async {
-                let (in_from, in_to) = (held_names(&from).await?, held_names(&to).await?);
-                Ok(in_from.difference(&in_to).cloned().collect())
-            })
-            .await?;
+            let old_only = old_only(&from, &to, soak).await?;
             if !old_only.is_empty() {
                 return Err(refused(format!(
                     "held in the old store without a twin in the new one (old clients still \

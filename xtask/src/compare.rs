@@ -4,7 +4,8 @@
 //! Each backend's conformance test binary writes a JSON report per store when
 //! `LOCK_CONFORMANCE_REPORT_DIR` is set; this command runs them all, then renders the
 //! scenario x store matrix and the capabilities table to the terminal and to
-//! `target/compare/report.md`.
+//! `target/compare/report.md`, with the benchmarks' figures, the migration's from x to matrix
+//! ([`crate::migration_matrix`]) and the latest fault campaign's figures.
 
 use std::{path::Path, process::Command};
 
@@ -23,6 +24,8 @@ const BENCHES: &[(&str, &str)] = &[
     ("lock-redis", "redis"),
     ("lock-mysql", "mysql"),
     ("lock-zookeeper", "zookeeper"),
+    // `dual` mode per ordered pair of stores (the from x to matrix).
+    ("distributed-lock", "migration"),
 ];
 
 /// The conformance test binaries, as (package, test target), in column order.
@@ -58,6 +61,14 @@ pub(crate) fn run() -> Result<()> {
             failed_suites.push(format!("{package}/{target}"));
         }
     }
+    let verdicts = out.join("migration.json");
+    if verdicts.exists() {
+        std::fs::remove_file(&verdicts)
+            .with_context(|| format!("clearing {}", verdicts.display()))?;
+    }
+    if !crate::migration_matrix::run_test(&root, &cargo, &verdicts)? {
+        failed_suites.push("distributed-lock/migration".to_string());
+    }
     let benches = out.join("benches");
     if benches.exists() {
         std::fs::remove_dir_all(&benches)
@@ -77,18 +88,25 @@ pub(crate) fn run() -> Result<()> {
         }
     }
     let reports = load(&runs)?;
-    let perf = load_benches(&benches)?;
+    let all = load_benches(&benches)?;
+    let (pairs, perf): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(crate::migration_matrix::is_pair);
     let chaos_dir = root.join("target/chaos");
     let mut markdown = format!(
-        "{}\n{}\n",
+        "{}\n{}\n\n{}\n",
         render(&reports),
-        render_benches(&perf, presets::ASCII_MARKDOWN)
+        render_benches(&perf, presets::ASCII_MARKDOWN),
+        crate::migration_matrix::render(&verdicts, &pairs, presets::ASCII_MARKDOWN)?
     );
     if let Some(chaos) = crate::chaos::render_latest(&chaos_dir, presets::ASCII_MARKDOWN)? {
         markdown.push_str(&format!("\n{chaos}\n"));
     }
     println!("{}", render_with(&reports, presets::UTF8_FULL_CONDENSED));
     println!("{}", render_benches(&perf, presets::UTF8_FULL_CONDENSED));
+    println!(
+        "{}",
+        crate::migration_matrix::render(&verdicts, &pairs, presets::UTF8_FULL_CONDENSED)?
+    );
     if let Some(chaos) = crate::chaos::render_latest(&chaos_dir, presets::UTF8_FULL_CONDENSED)? {
         println!("{chaos}");
     }

@@ -11,6 +11,7 @@
 
 mod chaos;
 mod compare;
+mod migration_matrix;
 mod msrv;
 mod services;
 mod test_cmd;

@@ -22,8 +22,8 @@ use self::process::PidState;
 
 /// Port of the single Redis.
 const REDIS_PORT: u16 = 16379;
-/// TLS port of the single Redis.
-const REDIS_TLS_PORT: u16 = 16390;
+/// TLS port of the single Redis (16390 and 16391 are the fault tests' replicas).
+const REDIS_TLS_PORT: u16 = 16388;
 /// Ports of the five independent Redlock Redis servers.
 const REDLOCK_PORTS: [u16; 5] = [16380, 16381, 16382, 16383, 16384];
 /// Ports of the three Redis Cluster masters.

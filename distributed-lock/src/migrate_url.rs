@@ -93,7 +93,17 @@ impl MigrateConfig {
     /// query), a missing or unknown setting, a phase other than `old`, `dual`, `new`, a store
     /// URL that does not parse, or a `migrate://` inside one.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let mut parsed = StoreUrl::parse(url)?;
+        // The outer parser's errors quote keys and hosts; here those may be pieces of a
+        // password in a nested URL whose `&` or `@` was not encoded: they are not repeated.
+        let hidden = |_| {
+            invalid(
+                "`migrate://` is `migrate://?from=URL&to=URL&record=URL&phase=old|dual|new`, \
+                 each URL percent-encoded (`?` `%3F`, `&` `%26`, `=` `%3D`, `@` `%40`, `+` `%2B`, \
+                 `%` `%25`); this one is not (its text is not repeated: it may hold a password)"
+                    .into(),
+            )
+        };
+        let mut parsed = StoreUrl::parse(url).map_err(hidden)?;
         if !parsed.hosts().is_empty() || !parsed.path().is_empty() {
             return Err(invalid(
                 "`migrate://` takes no host or path: `migrate://?from=URL&to=URL&record=URL&phase=dual`"
@@ -110,42 +120,60 @@ impl MigrateConfig {
         };
         let (from, to, record, phase) =
             (need("from")?, need("to")?, need("record")?, need("phase")?);
-        parsed.finish()?;
+        parsed.finish().map_err(hidden)?;
         let store = |key: &str, url: &str| -> Result<Box<Store>, LockError> {
-            let store = Store::from_url(url)
-                .map_err(|e| invalid(format!("`migrate://`'s `{key}`: {e}")))?;
-            if matches!(store, Store::Migrate(_)) {
-                return Err(invalid(format!(
-                    "`migrate://`'s `{key}` is itself a migration; name a store"
-                )));
-            }
-            Ok(Box::new(store))
+            Store::from_url(url)
+                .map(Box::new)
+                .map_err(|e| invalid(format!("`migrate://`'s `{key}`: {e}")))
         };
         let phase = match phase.as_str() {
             "old" => PhaseName::Old,
             "dual" => PhaseName::Dual,
             "new" => PhaseName::New,
-            other => {
-                return Err(invalid(format!(
-                    "`migrate://`'s phase is {other:?}; it is `old`, `dual` or `new`"
-                )));
+            _ => {
+                return Err(invalid(
+                    "`migrate://`'s phase is `old`, `dual` or `new`".into(),
+                ));
             }
         };
-        Ok(Self {
+        let config = Self {
             from: store("from", &from)?,
             to: store("to", &to)?,
-            record: {
-                // Checked here, opened at connect.
-                Store::from_url(&record)
-                    .map_err(|e| invalid(format!("`migrate://`'s `record`: {e}")))?;
-                record
-            },
+            record,
             phase,
-        })
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what a URL or a configuration file gave: two stores that are not migrations and
+    /// not the same store, and a record URL that parses.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] saying which.
+    pub fn validate(&self) -> Result<(), LockError> {
+        for (key, store) in [("from", &self.from), ("to", &self.to)] {
+            if matches!(**store, Store::Migrate(_)) {
+                return Err(invalid(format!(
+                    "`migrate://`'s `{key}` is itself a migration; name a store"
+                )));
+            }
+        }
+        if self.from == self.to {
+            return Err(invalid(
+                "`migrate://`'s `from` and `to` are the same store: a dual client would wait \
+                 for itself"
+                    .into(),
+            ));
+        }
+        Store::from_url(&self.record)
+            .map_err(|e| invalid(format!("`migrate://`'s `record`: {e}")))?;
+        Ok(())
     }
 
     /// Connects both stores and the record, and makes the phase's backend.
     pub(crate) async fn backend(&self) -> Result<Migrating, LockError> {
+        self.validate()?;
         let from: Arc<dyn LockBackend> = Box::pin(self.from.backend()).await?;
         let to: Arc<dyn LockBackend> = Box::pin(self.to.backend()).await?;
         let record = migration_record(&self.record).await?;
@@ -225,5 +253,34 @@ impl LockAdmin for Migrating {
     }
     async fn force_release(&self, _name: &LockName) -> Result<Option<Forced>, LockError> {
         Err(two_stores())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A nested URL whose password holds a raw `&` splits into keys the outer parser would
+    /// quote: nothing of it is repeated.
+    #[test]
+    fn an_unencoded_nested_password_is_not_repeated() {
+        for url in [
+            "migrate://?from=redis://:pass&s3cr3t%40h:1&to=zk://h:2&record=memory://r&phase=dual",
+            "migrate://?from=redis://:pass&from=s3cr3t&to=zk://h:2&record=memory://r&phase=dual",
+        ] {
+            let error = MigrateConfig::from_url(url).unwrap_err().to_string();
+            assert!(!error.contains("s3cr3t"), "{url}: {error}");
+            assert!(error.contains("percent-encoded"), "{url}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_same_store_twice_or_a_nested_migration_is_refused() {
+        let same = "migrate://?from=memory://a&to=memory://a&record=memory://r&phase=dual";
+        let error = MigrateConfig::from_url(same).unwrap_err().to_string();
+        assert!(error.contains("same store"), "{error}");
+        let nested = "migrate://?from=migrate://%3Ffrom%3Dmemory://x%26to%3Dmemory://y%26record%3Dmemory://r%26phase%3Ddual&to=memory://b&record=memory://r&phase=dual";
+        let error = MigrateConfig::from_url(nested).unwrap_err().to_string();
+        assert!(error.contains("itself a migration"), "{error}");
     }
 }

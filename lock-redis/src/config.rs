@@ -198,7 +198,7 @@ impl RedisConfig {
         if self.response_timeout.is_zero() {
             return Err(invalid("response_timeout must be above zero".into()));
         }
-        let tls = self.urls.iter().any(|url| url.starts_with("rediss://"));
+        let tls = self.urls.iter().any(|url| is_tls(url));
         if tls && self.cluster {
             return Err(invalid(
                 "a Redis Cluster over TLS (`rediss://` seeds) is not supported; TLS is supported \
@@ -362,6 +362,13 @@ impl RedlockConfig {
         if self.node_timeout.is_zero() {
             return Err(invalid("node_timeout must be above zero".into()));
         }
+        if self.urls.iter().any(|url| is_tls(url)) {
+            return Err(invalid(
+                "Redlock over TLS (`rediss://` nodes) is not supported; TLS is supported to \
+                 one server"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -404,6 +411,12 @@ fn database(path: &str) -> Result<Option<u32>, LockError> {
             ))
         }),
     }
+}
+
+/// Whether `url` names a TLS server (`rediss://`, any case, as the client crate reads it).
+pub(crate) fn is_tls(url: &str) -> bool {
+    url.get(..9)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
 }
 
 /// The URL of one server for the Redis client (`rediss://` when `tls`).

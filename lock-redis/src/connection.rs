@@ -74,7 +74,7 @@ pub(crate) fn client(url: &str, roots: &TlsRoots) -> Result<Client, LockError> {
         .map_err(|e| invalid_url(url, e))?
         .set_tcp_settings(tcp_settings());
     #[cfg(feature = "tls")]
-    if url.starts_with("rediss://") {
+    if crate::config::is_tls(url) {
         // rustls needs a process-wide crypto provider; another crate may have installed one.
         let _ = rustls::crypto::ring::default_provider().install_default();
         if let Some(pem) = &roots.0 {

@@ -10,7 +10,7 @@ use std::{
 
 use clap::Subcommand;
 use distributed_lock::{
-    LockBackend, LockClient, LockOptions, StoreConfig,
+    AdminBackend, LockBackend, LockClient, LockOptions, StoreConfig,
     migrate::{Authority, MigrationRecord, Record},
 };
 use serde_json::json;
@@ -40,7 +40,7 @@ pub(crate) enum Step {
         record: String,
     },
     /// Before the flip: over SOAK, no lock is held in FROM without its twin in TO (a holder
-    /// there without one, seen in two samples in a row, is an `old` client still running).
+    /// there without one, still alone 20 ms later, is an `old` client still running).
     Verify {
         #[arg(long)]
         from: String,
@@ -71,10 +71,14 @@ fn refused(why: String) -> Failed {
     Failed(format!("refused: {why}"))
 }
 
-/// The locks held in the store at `url`, with a fingerprint of each holder.
-async fn holders(url: &str) -> Result<BTreeMap<String, String>, Failed> {
+/// The store at `url`, connected (with the operator's view).
+async fn store(url: &str) -> Result<Arc<dyn AdminBackend>, Failed> {
     let config: StoreConfig = url.parse()?;
-    let store = config.backend().await?;
+    Ok(config.backend().await?)
+}
+
+/// The locks held in `store`, with a fingerprint of each holder.
+async fn holders(store: &dyn AdminBackend) -> Result<BTreeMap<String, String>, Failed> {
     Ok(store
         .list("")
         .await?
@@ -84,7 +88,7 @@ async fn holders(url: &str) -> Result<BTreeMap<String, String>, Failed> {
 }
 
 async fn held_names(url: &str) -> Result<BTreeSet<String>, Failed> {
-    Ok(holders(url).await?.into_keys().collect())
+    Ok(holders(&*store(url).await?).await?.into_keys().collect())
 }
 
 /// Watches for `soak`: the names `check` finds wrong, every 200 ms.
@@ -104,28 +108,39 @@ where
     }
 }
 
-/// Over `soak`, the locks held in `from` without a twin in `to`: by the same holder of `from`
-/// in two samples in a row (200 ms apart), `to` showing the name in neither. A `dual` client
-/// holds `from` alone only between its two acquisitions (or its two releases), a round trip;
-/// an `old` client holds it alone for its whole hold.
+/// How long after seeing a lock held in the old store alone `verify` looks again.
+const RECHECK: Duration = Duration::from_millis(20);
+
+/// Over `soak`, every 200 ms, the locks held in `from` without a twin in `to`, and still so,
+/// by the same holder, [`RECHECK`] later. A `dual` client holds `from` alone only between its
+/// two acquisitions or its two releases (a round trip to `to`); an `old` client holds it
+/// alone for its whole hold. Holds shorter than [`RECHECK`] go unseen: evidence, not proof.
 async fn old_only(from: &str, to: &str, soak: Duration) -> Result<BTreeSet<String>, Failed> {
+    let (from, to) = (store(from).await?, store(to).await?);
+    let alone = || async {
+        let in_from = holders(&*from).await?;
+        let in_to = holders(&*to).await?;
+        Ok::<BTreeMap<String, String>, Failed>(
+            in_from
+                .into_iter()
+                .filter(|(name, _)| !in_to.contains_key(name))
+                .collect(),
+        )
+    };
     let until = Instant::now() + soak;
     let mut found = BTreeSet::new();
-    let mut before: BTreeMap<String, String> = BTreeMap::new();
     loop {
-        let in_from = holders(from).await?;
-        let in_to = held_names(to).await?;
-        let alone: BTreeMap<String, String> = in_from
-            .into_iter()
-            .filter(|(name, _)| !in_to.contains(name))
-            .collect();
-        found.extend(
-            alone
-                .iter()
-                .filter(|(name, holder)| before.get(*name) == Some(holder))
-                .map(|(name, _)| name.clone()),
-        );
-        before = alone;
+        let first = alone().await?;
+        if !first.is_empty() {
+            tokio::time::sleep(RECHECK).await;
+            let again = alone().await?;
+            found.extend(
+                first
+                    .into_iter()
+                    .filter(|(name, holder)| again.get(name) == Some(holder))
+                    .map(|(name, _)| name),
+            );
+        }
         if Instant::now() >= until {
             return Ok(found);
         }

@@ -265,14 +265,26 @@ async fn rehearse() -> Outcome {
         fleet.spawn("dual", at(start, 17.0))?,
         fleet.spawn("dual", at(start, 17.0))?,
     ];
+    // While the plain clients still run, verify refuses.
+    let (ok, text) = lockctl(
+        None,
+        &[
+            "migrate", "verify", "--from", &from, "--to", &to, "--soak", "3s",
+        ],
+    )?;
+    ensure!(
+        !ok && text.contains("old clients still"),
+        "verify passed while clients of the old store still ran: {text}"
+    );
     wait_out(old, "plain").await?;
     // Step 3: verify.
     step(&[
         "migrate", "verify", "--from", &from, "--to", &to, "--soak", "2s",
     ])?;
     // Step 4: flip.
-    let flipped = clock::now();
+    let flipping = clock::now();
     step(&["migrate", "flip", "--record", &record])?;
+    let flipped = clock::now();
     // An `old` client refuses to start after it.
     let (ok, text) = lockctl(Some(&fleet.url("old")), &["status", "jobs/nightly"])?;
     ensure!(
@@ -292,12 +304,13 @@ async fn rehearse() -> Outcome {
     ])?;
     wait_out(new, "new").await?;
 
-    judge(&fleet, &resource, start, flipped)
+    judge(&fleet, &resource, start, (flipping, flipped))
 }
 
 /// The whole history, judged by the fault campaign's checker; and the fences across the flip
-/// (at `flipped`).
-fn judge(fleet: &Fleet, resource: &Resource, start: Nanos, flipped: Nanos) -> Outcome {
+/// (between `flip.0` and `flip.1`): grants that returned before it have generation 0, grants
+/// asked for after it generation 1.
+fn judge(fleet: &Fleet, resource: &Resource, start: Nanos, flip: (Nanos, Nanos)) -> Outcome {
     let end = clock::now();
     let mut history = History::new(start, end, (TTL + WAIT).as_nanos() as Nanos);
     history.add(std::mem::take(
@@ -315,8 +328,8 @@ fn judge(fleet: &Fleet, resource: &Resource, start: Nanos, flipped: Nanos) -> Ou
         "{} overlapping holds ({findings:?})",
         findings.overlaps
     );
-    let before = history.sections.iter().filter(|s| s.acquired < flipped);
-    let after = history.sections.iter().filter(|s| s.called > flipped);
+    let before = history.sections.iter().filter(|s| s.acquired < flip.0);
+    let after = history.sections.iter().filter(|s| s.called > flip.1);
     let highest_before = before.clone().map(|s| s.fence).max().unwrap_or(0);
     let lowest_after = after.clone().map(|s| s.fence).min().unwrap_or(u64::MAX);
     ensure!(

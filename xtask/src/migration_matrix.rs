@@ -16,16 +16,6 @@ use crate::services;
 /// The variable naming the file the migration test writes its verdicts to.
 const REPORT_VAR: &str = "LOCK_MIGRATION_REPORT";
 
-/// The stores in matrix order (those of the migration test).
-const STORES: [&str; 6] = [
-    "memory",
-    "redis",
-    "redlock",
-    "mysql-lease",
-    "mysql-rowlock",
-    "zookeeper",
-];
-
 /// One pair's verdict, as the migration test writes it.
 #[derive(Debug, Deserialize)]
 struct Verdict {
@@ -84,14 +74,25 @@ pub(crate) fn render(
         .filter(|r| is_pair(r))
         .map(|r| (r.store.as_str(), r))
         .collect();
+    // The stores in the order the migration test (or else the benchmark) went through them.
+    let mut stores: Vec<&str> = Vec::new();
+    let sides = verdicts
+        .iter()
+        .flat_map(|v| [v.from.as_str(), v.to.as_str()])
+        .chain(costs.keys().flat_map(|pair| pair.split(" -> ")));
+    for store in sides {
+        if !stores.contains(&store) {
+            stores.push(store);
+        }
+    }
     let mut table = Table::new();
     table.load_preset(preset);
     let mut header = vec!["from \\ to".to_string()];
-    header.extend(STORES.iter().map(ToString::to_string));
+    header.extend(stores.iter().map(ToString::to_string));
     table.set_header(header);
-    for from in STORES {
+    for &from in &stores {
         let mut row = vec![from.to_string()];
-        for to in STORES {
+        for &to in &stores {
             let verdict = match passed.get(&(from, to)) {
                 Some(true) => "ok",
                 Some(false) => "FAIL",

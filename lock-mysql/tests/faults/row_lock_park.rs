@@ -13,7 +13,7 @@ use lock_mysql::{MySqlConfig, Strategy};
 use sqlx::AssertSqlSafe;
 
 use super::{
-    client,
+    client, spawn_acquire,
     support::{
         self, MySqlStore,
         proxy::{Proxy, upstream},
@@ -95,11 +95,11 @@ pub(super) async fn anchor_killed() -> Outcome {
     );
     // A new anchor (another name) comes up, and the hold parks on it.
     parked_anchor(store.admin(), id, Some(&first)).await?;
-    let next = {
-        let (waiter, name) = (waiter.clone(), name.clone());
-        let options = options.clone().wait(Duration::from_secs(10));
-        tokio::spawn(async move { waiter.lock_with(&name, &options).await })
-    };
+    let next = spawn_acquire(
+        &waiter,
+        &name,
+        options.clone().wait(Duration::from_secs(10)),
+    );
     support::until_waiting(store.admin(), &name)
         .await
         .map_err(Failure)?;

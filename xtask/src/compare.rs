@@ -96,7 +96,7 @@ pub(crate) fn run() -> Result<()> {
         "{}\n{}\n\n{}\n",
         render(&reports),
         render_benches(&perf, presets::ASCII_MARKDOWN),
-        crate::migration_matrix::render(&verdicts, &pairs, presets::ASCII_MARKDOWN)?
+        crate::migration_matrix::render(&verdicts, &pairs, &perf, presets::ASCII_MARKDOWN)?
     );
     if let Some(chaos) = crate::chaos::render_latest(&chaos_dir, presets::ASCII_MARKDOWN)? {
         markdown.push_str(&format!("\n{chaos}\n"));
@@ -105,7 +105,7 @@ pub(crate) fn run() -> Result<()> {
     println!("{}", render_benches(&perf, presets::UTF8_FULL_CONDENSED));
     println!(
         "{}",
-        crate::migration_matrix::render(&verdicts, &pairs, presets::UTF8_FULL_CONDENSED)?
+        crate::migration_matrix::render(&verdicts, &pairs, &perf, presets::UTF8_FULL_CONDENSED)?
     );
     if let Some(chaos) = crate::chaos::render_latest(&chaos_dir, presets::UTF8_FULL_CONDENSED)? {
         println!("{chaos}");

@@ -49,12 +49,72 @@ pub(crate) fn is_pair(report: &bench::Report) -> bool {
     report.store.contains(" -> ")
 }
 
+/// The metrics whose denominator is a store's raw floor, as each store's benchmark names it
+/// (the first one a store's report has is its floor).
+const FLOOR_METRICS: [&str; 3] = [
+    "uncontended acquire+release / raw floor (means)",
+    "uncontended acquire+release / raw INSERT+DELETE on one connection (means)",
+    "cycle / floor, mean",
+];
+
+/// The metric of a pair's `dual` cycle against the two stores' own cycles.
+const DUAL_CYCLE: &str = "dual cycle / (from cycle + to cycle)";
+
+/// The raw floor of `store` (a name of the migration test) in its own benchmark's report, in
+/// nanoseconds: that report's store label is the name, or the name and a count
+/// (`redlock(5)`).
+fn floor_of(store: &str, reports: &[bench::Report]) -> Option<u64> {
+    let report = reports.iter().find(|r| {
+        r.store == store
+            || r.store
+                .strip_prefix(store)
+                .is_some_and(|rest| rest.starts_with('('))
+    })?;
+    FLOOR_METRICS.iter().find_map(|metric| {
+        report
+            .lines
+            .iter()
+            .find(|l| l.metric == *metric)
+            .and_then(|l| l.floor_ns)
+    })
+}
+
+/// One cell: the verdict; `dual`'s cycle against the two stores' own cycles and against the
+/// sum of their raw floors; the hand-off p50.
+fn cell(verdict: Option<bool>, pair: Option<&bench::Report>, floors: Option<u64>) -> String {
+    let verdict = match verdict {
+        Some(true) => "ok",
+        Some(false) => "FAIL",
+        None => "-",
+    };
+    let Some(pair) = pair else {
+        return verdict.to_string();
+    };
+    let line = |metric: &str| pair.lines.iter().find(|l| l.metric == metric);
+    let own = line(DUAL_CYCLE).and_then(|l| l.ratio);
+    let to_floors = line(DUAL_CYCLE)
+        .and_then(|l| l.value_ns)
+        .zip(floors)
+        .map(|(dual, floors)| dual as f64 / floors.max(1) as f64);
+    let handoff = line("dual hand-off p50 (ms)").map(|l| l.value.clone());
+    let ratio = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |x| format!("{x:.2}x"));
+    format!(
+        "{verdict} {} {} {}ms",
+        ratio(own),
+        ratio(to_floors),
+        handoff.unwrap_or_else(|| "?".to_string())
+    )
+}
+
 /// The matrix: rows are the store locks move from, columns the store they move to; each cell
-/// says whether the mixed fleet passed, `dual`'s cycle against the two stores' own cycles,
-/// and the hand-off p50 between two `dual` clients.
+/// says whether the mixed fleet passed, `dual`'s cycle against the two stores' own cycles and
+/// against the sum of their raw floors (each store's own benchmark, same `compare` run), and
+/// the hand-off p50 between two `dual` clients. `pairs` are the migration benchmark's
+/// reports, `stores` the stores' own.
 pub(crate) fn render(
     verdicts_file: &Path,
-    reports: &[bench::Report],
+    pairs: &[bench::Report],
+    stores_reports: &[bench::Report],
     preset: &str,
 ) -> Result<String> {
     let verdicts: Vec<Verdict> = if verdicts_file.exists() {
@@ -69,7 +129,7 @@ pub(crate) fn render(
         .iter()
         .map(|v| ((v.from.as_str(), v.to.as_str()), v.passed))
         .collect();
-    let costs: BTreeMap<&str, &bench::Report> = reports
+    let costs: BTreeMap<&str, &bench::Report> = pairs
         .iter()
         .filter(|r| is_pair(r))
         .map(|r| (r.store.as_str(), r))
@@ -93,31 +153,87 @@ pub(crate) fn render(
     for &from in &stores {
         let mut row = vec![from.to_string()];
         for &to in &stores {
-            let verdict = match passed.get(&(from, to)) {
-                Some(true) => "ok",
-                Some(false) => "FAIL",
-                None => "-",
-            };
-            let cost = costs.get(format!("{from} -> {to}").as_str()).map(|r| {
-                let ratio = r.lines.iter().find_map(|l| l.ratio);
-                let handoff = r
-                    .lines
-                    .iter()
-                    .find(|l| l.metric == "dual hand-off p50 (ms)")
-                    .map(|l| l.value.clone());
-                format!(
-                    " {} {}ms",
-                    ratio.map_or_else(|| "?".to_string(), |x| format!("{x:.2}x")),
-                    handoff.unwrap_or_else(|| "?".to_string())
-                )
-            });
-            row.push(format!("{verdict}{}", cost.unwrap_or_default()));
+            let floors = floor_of(from, stores_reports)
+                .zip(floor_of(to, stores_reports))
+                .map(|(a, b)| a.saturating_add(b));
+            row.push(cell(
+                passed.get(&(from, to)).copied(),
+                costs.get(format!("{from} -> {to}").as_str()).copied(),
+                floors,
+            ));
         }
         table.add_row(row);
     }
     Ok(format!(
-        "## Migration (from x to)\n\nPer pair: the mixed fleet (ok / FAIL), `dual`'s \
-         uncontended cycle against the two stores' own cycles (median of rounds, same run), \
-         and the hand-off p50 between two `dual` clients.\n\n{table}"
+        "## Migration (from x to)\n\nPer pair: the mixed fleet (ok / FAIL); `dual`'s \
+         uncontended cycle against the two stores' own cycles (timed alternately, median of \
+         rounds); the same cycle against the sum of the two stores' raw floors (each from its \
+         store's benchmark in this run; `-` for memory, which has none); the hand-off p50 \
+         between two `dual` clients.\n\n{table}"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line: metric, ratio, numerator and denominator (ns), text.
+    type Spec<'a> = (&'a str, Option<f64>, Option<u64>, Option<u64>, &'a str);
+
+    fn report(store: &str, lines: &[Spec<'_>]) -> bench::Report {
+        bench::Report {
+            store: store.to_owned(),
+            lines: lines
+                .iter()
+                .map(|(metric, ratio, value_ns, floor_ns, value)| bench::Line {
+                    metric: (*metric).to_owned(),
+                    value: (*value).to_owned(),
+                    ratio: *ratio,
+                    target: None,
+                    value_ns: *value_ns,
+                    floor_ns: *floor_ns,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_cell_has_the_verdict_both_ratios_and_the_hand_off() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("matrix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let verdicts = dir.join("verdicts.json");
+        std::fs::write(
+            &verdicts,
+            r#"[{"from":"redis","to":"redlock","passed":true},
+                {"from":"redlock","to":"redis","passed":false}]"#,
+        )?;
+        let pairs = [report(
+            "redis -> redlock",
+            &[
+                (DUAL_CYCLE, Some(1.02), Some(3_000), Some(2_940), "1.02x"),
+                ("dual hand-off p50 (ms)", None, None, None, "2.5"),
+            ],
+        )];
+        let stores = [
+            report(
+                "redis",
+                &[(FLOOR_METRICS[0], Some(1.4), Some(1_400), Some(1_000), "")],
+            ),
+            report(
+                "redlock(5)",
+                &[(FLOOR_METRICS[0], Some(5.0), Some(2_500), Some(500), "")],
+            ),
+        ];
+        let text = render(
+            &verdicts,
+            &pairs,
+            &stores,
+            comfy_table::presets::ASCII_MARKDOWN,
+        )?;
+        std::fs::remove_dir_all(&dir)?;
+        // 3,000 ns against floors of 1,000 + 500 ns.
+        assert!(text.contains("ok 1.02x 2.00x 2.5ms"), "{text}");
+        assert!(text.contains("| FAIL "), "{text}");
+        Ok(())
+    }
 }

@@ -18,6 +18,12 @@ pub struct Line {
     pub ratio: Option<f64>,
     /// The target ratio, when there is one.
     pub target: Option<f64>,
+    /// A ratio's numerator, in nanoseconds (the lock's figure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_ns: Option<u64>,
+    /// A ratio's denominator, in nanoseconds (the floor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_ns: Option<u64>,
 }
 
 /// A store's benchmark results.
@@ -48,6 +54,16 @@ impl Report {
         let ratio = value.as_secs_f64() / floor.as_secs_f64().max(f64::MIN_POSITIVE);
         let text = format!("{:.2}x ({value:?} / {floor:?})", ratio);
         self.push(metric, text, Some(ratio), target);
+        self.set_terms(value, floor);
+    }
+
+    /// Records the last line's numerator and denominator.
+    fn set_terms(&mut self, value: Duration, floor: Duration) {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        if let Some(line) = self.lines.last_mut() {
+            line.value_ns = Some(nanos(value));
+            line.floor_ns = Some(nanos(floor));
+        }
     }
 
     /// Adds the median of per-round ratios, with its spread and an optional target.
@@ -57,6 +73,7 @@ impl Report {
             ratios.median, ratios.min, ratios.max, ratios.value, ratios.floor
         );
         self.push(metric, text, Some(ratios.median), target);
+        self.set_terms(ratios.value, ratios.floor);
     }
 
     /// Adds a plain number (a count per something), with one decimal.
@@ -81,6 +98,8 @@ impl Report {
             value,
             ratio,
             target,
+            value_ns: None,
+            floor_ns: None,
         };
         println!("{}: {}", self.store, render_line(&line));
         self.lines.push(line);

@@ -189,7 +189,12 @@ pub(crate) async fn run(step: Step, out: &Output) -> Result<(), Failed> {
                     "not flipped yet: authority is the old store's".into(),
                 ));
             }
-            let still = watch(soak, || held_names(&from)).await?;
+            // One connection for the whole soak.
+            let old = &store(&from).await?;
+            let still = watch(soak, move || async move {
+                Ok(holders(&**old).await?.into_keys().collect())
+            })
+            .await?;
             if !still.is_empty() {
                 return Err(refused(format!(
                     "still held in the old store (dual clients still run): {}",

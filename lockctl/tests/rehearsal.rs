@@ -180,11 +180,18 @@ async fn wait_out(workers: Vec<Worker>, phase: &str) -> Outcome {
     Ok(())
 }
 
+/// `lockctl`, without the `LOCK_URL` this process may have.
+fn lockctl_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lockctl"));
+    command.env_remove("LOCK_URL");
+    command
+}
+
 /// Runs `lockctl --json ARGS` (with `--url` when given) and returns its exit status and
 /// output.
 fn lockctl(url: Option<&str>, args: &[&str]) -> Result<(bool, String), Failure> {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_lockctl"));
-    command.env_remove("LOCK_URL").arg("--json");
+    let mut command = lockctl_command();
+    command.arg("--json");
     if let Some(url) = url {
         command.args(["--url", url]);
     }
@@ -338,8 +345,7 @@ fn judge(fleet: &Fleet, resource: &Resource, start: Nanos, flip: (Nanos, Nanos))
 /// URL): `verify` refuses while it holds, naming the lock. (The workers' own holds, 0-50 ms,
 /// may go unseen by a short soak: `verify` samples, as the README says.)
 fn verify_refuses_a_stray_holder(from: &str, to: &str) -> Outcome {
-    let mut stray = Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .env_remove("LOCK_URL")
+    let mut stray = lockctl_command()
         .args(["--url", from, "--json", "hold", "jobs/stray", "--ttl", "2s"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -24,6 +24,7 @@ mod report;
 mod runner;
 mod scenario;
 pub mod scenarios;
+pub mod selection;
 mod services;
 mod store;
 

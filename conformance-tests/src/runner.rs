@@ -97,6 +97,10 @@ impl Runner {
         let report_dir = std::env::var_os(REPORT_DIR_VAR).map(PathBuf::from);
         let (mut passed, mut failed, mut not_applicable) = (0, 0, 0);
         for (label, factory) in &self.stores {
+            if !crate::selection::selected(label) {
+                println!("`{label}` not selected ({})", crate::selection::ONLY_VAR);
+                continue;
+            }
             println!("conformance suite on `{label}`");
             let report = match factory().await {
                 Ok(store) => {

@@ -27,13 +27,27 @@ use distributed_lock::{
 };
 use migration_stores::{pairs, store_backend};
 
-const ROUNDS: usize = 5;
-const PER_ROUND: usize = 20;
-const HANDOFFS: usize = 60;
+/// Rounds of the ratio (one in a quick run, see `conformance_tests::selection`).
+fn rounds() -> usize {
+    conformance_tests::selection::scaled(5)
+}
+
+/// Cycles per round.
+fn per_round() -> usize {
+    conformance_tests::selection::scaled(20)
+}
+
+/// Hand-offs between two `dual` clients.
+fn handoffs() -> usize {
+    conformance_tests::selection::scaled(60)
+}
 
 fn main() -> ExitCode {
     conformance_tests::main_with(async {
         for (from, to) in pairs() {
+            if !conformance_tests::selection::pair_selected(from, to) {
+                continue;
+            }
             pair(from, to)
                 .await
                 .map_err(|e| format!("{from} -> {to}: {e}"))?;
@@ -85,10 +99,11 @@ async fn pair(from: &str, to: &str) -> Result<(), String> {
     };
     let dual_client = dual(from, to).await?;
     let mut report = Report::new(&format!("{from} -> {to}"));
-    let ratios = bench::uncontended_rounds(&dual_client, &options, ROUNDS, PER_ROUND, both).await?;
+    let ratios =
+        bench::uncontended_rounds(&dual_client, &options, rounds(), per_round(), both).await?;
     report.round_ratio("dual cycle / (from cycle + to cycle)", &ratios, None);
     let clients = [dual_client, dual(from, to).await?];
-    let contended = bench::contended(&clients, &options, 2, HANDOFFS).await?;
+    let contended = bench::contended(&clients, &options, 2, handoffs()).await?;
     report.stats("dual hand-off between two clients", &contended.handoff);
     report.number(
         "dual hand-off p50 (ms)",

@@ -29,8 +29,15 @@ use sqlx::AssertSqlSafe;
 
 const TASKS: usize = 16;
 const CLIENTS: usize = 4;
-const ROUNDS: usize = 10;
-const PER_ROUND: usize = 200;
+/// Rounds of each ratio (a tenth in a quick run, see `conformance_tests::selection`).
+fn rounds() -> usize {
+    conformance_tests::selection::scaled(10)
+}
+
+/// Operations per round.
+fn per_round() -> usize {
+    conformance_tests::selection::scaled(200)
+}
 
 fn main() -> ExitCode {
     conformance_tests::main_with(async {
@@ -50,6 +57,9 @@ async fn run() -> Result<(), String> {
         (Strategy::Lease, "mysql-lease"),
         (Strategy::RowLock, "mysql-rowlock"),
     ] {
+        if !conformance_tests::selection::selected(label) {
+            continue;
+        }
         let config = support::config(strategy)?.pool_size(8);
         let backend = MySqlBackend::connect(&config)
             .await
@@ -68,8 +78,10 @@ async fn run() -> Result<(), String> {
             .ttl(Duration::from_secs(30))
             .wait(Duration::from_secs(30));
         let mut report = Report::new(label);
-        uncontended(&mut report, strategy, &client, &options, &raw).await?;
-        handoff(&mut report, strategy, &clients, &options, &raw).await?;
+        if conformance_tests::selection::workload(conformance_tests::selection::UNCONTENDED) {
+            uncontended(&mut report, strategy, &client, &options, &raw).await?;
+            handoff(&mut report, strategy, &clients, &options, &raw).await?;
+        }
         fleets(&mut report, strategy, &config, &backend, &raw).await?;
         raw.finish().await?;
         report.finish().map_err(|e| e.to_string())?;
@@ -85,9 +97,10 @@ async fn uncontended(
     options: &LockOptions,
     raw: &Raw,
 ) -> Result<(), String> {
-    let cycle =
-        bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || raw.insert_delete())
-            .await?;
+    let cycle = bench::uncontended_rounds(client, options, rounds(), per_round(), || {
+        raw.insert_delete()
+    })
+    .await?;
     report.round_ratio(
         "uncontended acquire+release / raw INSERT+DELETE on the pool (means)",
         &cycle,
@@ -95,7 +108,7 @@ async fn uncontended(
     );
     // Against one raw connection of its own: what a hand-written client pays. Targets:
     // the lease at least 0.85x of that rate, the row lock 0.8x.
-    let single = bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || {
+    let single = bench::uncontended_rounds(client, options, rounds(), per_round(), || {
         raw.insert_delete_single()
     })
     .await?;
@@ -118,11 +131,11 @@ async fn handoff(
     options: &LockOptions,
     raw: &Raw,
 ) -> Result<(), String> {
-    let rounds = Mutex::new(Vec::new());
-    let (rounds_ref, options_ref, clients_ref, raw_ref) = (&rounds, options, clients, raw);
-    let handoff = bench::round_ratios(ROUNDS, || async move {
-        let commit = bench::time_op(PER_ROUND, || raw_ref.commit()).await?;
-        let contended = bench::contended(clients_ref, options_ref, TASKS, PER_ROUND).await?;
+    let measured = Mutex::new(Vec::new());
+    let (rounds_ref, options_ref, clients_ref, raw_ref) = (&measured, options, clients, raw);
+    let handoff = bench::round_ratios(rounds(), || async move {
+        let commit = bench::time_op(per_round(), || raw_ref.commit()).await?;
+        let contended = bench::contended(clients_ref, options_ref, TASKS, per_round()).await?;
         rounds_ref
             .lock()
             .map_err(|e| e.to_string())?
@@ -135,7 +148,7 @@ async fn handoff(
         &handoff,
         (strategy == Strategy::RowLock).then_some(3.0),
     );
-    let mut rounds = rounds.into_inner().map_err(|e| e.to_string())?;
+    let mut rounds = measured.into_inner().map_err(|e| e.to_string())?;
     rounds.sort_by_key(|(stats, _)| stats.p50);
     if let Some((stats, _)) = rounds.get(rounds.len() / 2) {
         report.stats("16-task hand-off (median round)", stats);
@@ -157,7 +170,7 @@ async fn fleets(
     backend: &MySqlBackend,
     raw: &Raw,
 ) -> Result<(), String> {
-    let rtt = bench::time_op(PER_ROUND, || raw.commit()).await?.p50;
+    let rtt = bench::time_op(per_round(), || raw.commit()).await?.p50;
     // Each fleet client has its own backend with a pool of one connection (plus, on the
     // row lock, the dedicated connection of its hold or wait).
     let fleet_config = config.clone().pool_size(1);

@@ -12,7 +12,10 @@
 
 use std::time::Duration;
 
-use conformance_tests::bench::{self, Report, Stats};
+use conformance_tests::{
+    bench::{self, Report, Stats},
+    selection,
+};
 use lock_core::{LockBackend, LockClient, LockName, LockOptions};
 use lock_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use redis::{
@@ -84,7 +87,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> Raw<C> {
     }
 
     async fn round_trip(&self) -> Result<Stats, String> {
-        let stats = bench::time_op(PER_ROUND, || self.set()).await?;
+        let stats = bench::time_op(per_round(), || self.set()).await?;
         let _: i64 = redis::cmd("DEL")
             .arg(&self.key)
             .query_async(&mut self.conn.clone())
@@ -192,11 +195,20 @@ async fn rslock_fleet(
             },
             16,
             Duration::from_millis(1),
-            FLEET_TIME,
+            if selection::quick() {
+                FLEET_TIME / 3
+            } else {
+                FLEET_TIME
+            },
         )
     })
     .await?;
-    report.fleet("rslock 0.10, 16 clients, hold 1ms", &fleet, rtt);
+    report.peer_fleet(
+        "rslock 0.10",
+        "rslock 0.10, 16 clients, hold 1ms",
+        &fleet,
+        rtt,
+    );
     if let Some(commands) = fleet.operations_per_acquisition {
         report.number(
             "rslock 0.10, 16 clients, hold 1ms: server commands per acquisition",
@@ -206,10 +218,18 @@ async fn rslock_fleet(
     Ok(())
 }
 
-const ROUNDS: usize = 10;
+/// Rounds of each ratio (a tenth in a quick run, see `conformance_tests::selection`).
+fn rounds() -> usize {
+    selection::scaled(10)
+}
+
+/// Operations per round.
+fn per_round() -> usize {
+    selection::scaled(200)
+}
+
 /// How long each run of separate clients lasts.
 const FLEET_TIME: Duration = Duration::from_secs(3);
-const PER_ROUND: usize = 200;
 
 async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
     report: &mut Report,
@@ -221,7 +241,7 @@ async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(30));
     let cycle =
-        bench::uncontended_rounds(client, &options, ROUNDS, PER_ROUND, || raw.cycle()).await?;
+        bench::uncontended_rounds(client, &options, rounds(), per_round(), || raw.cycle()).await?;
     report.round_ratio(
         "uncontended acquire+release / raw floor (means)",
         &cycle,
@@ -229,10 +249,15 @@ async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
     );
     let rates = std::sync::Mutex::new(Vec::new());
     let (rates_ref, options_ref) = (&rates, &options);
-    let handoff = bench::round_ratios(ROUNDS, || async move {
+    let handoff = bench::round_ratios(rounds(), || async move {
         let rtt = raw.round_trip().await?;
-        let contended =
-            bench::contended(std::slice::from_ref(client), options_ref, TASKS, PER_ROUND).await?;
+        let contended = bench::contended(
+            std::slice::from_ref(client),
+            options_ref,
+            TASKS,
+            per_round(),
+        )
+        .await?;
         rates_ref
             .lock()
             .map_err(|e| e.to_string())?
@@ -307,19 +332,35 @@ async fn batching(report: &mut Report, backend: &RedisBackend) -> Result<(), Str
 
 async fn run() -> Result<(), String> {
     let url = var("LOCK_TEST_REDIS_URL")?;
+    // The single server's floor is Redlock's too (one of its five servers).
     let raw = Raw::new(raw_connection(&url).await?);
-    let counters = Counters::new(std::slice::from_ref(&url)).await?;
+    if selection::selected("redis") {
+        single(&url, &raw).await?;
+    }
+    if selection::selected("redis-cluster") {
+        cluster().await?;
+    }
+    if selection::selected("redlock(5)") {
+        redlock(&raw).await?;
+    }
+    Ok(())
+}
+
+async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
+    let counters = Counters::new(&[url.to_owned()]).await?;
     let mut report = Report::new("redis");
-    let backend = RedisBackend::connect(RedisConfig::single(&url).key_prefix("bench"))
+    let backend = RedisBackend::connect(RedisConfig::single(url).key_prefix("bench"))
         .await
         .map_err(|e| e.to_string())?;
-    lock_numbers(&mut report, &LockClient::new(backend.clone()), &raw, true).await?;
-    batching(&mut report, &backend).await?;
+    if selection::workload(selection::UNCONTENDED) {
+        lock_numbers(&mut report, &LockClient::new(backend.clone()), raw, true).await?;
+        batching(&mut report, &backend).await?;
+    }
     let rtt = raw.round_trip().await?.p50;
     bench::fleet_report(
         &mut report,
         bench::each_own(
-            RedisConfig::single(&url).key_prefix("bench"),
+            RedisConfig::single(url).key_prefix("bench"),
             RedisBackend::connect,
         ),
         rtt,
@@ -327,9 +368,13 @@ async fn run() -> Result<(), String> {
         &counters,
     )
     .await?;
-    rslock_fleet(&mut report, &url, rtt, &counters).await?;
-    report.finish().map_err(|e| e.to_string())?;
+    if selection::workload(selection::CLIENTS) {
+        rslock_fleet(&mut report, url, rtt, &counters).await?;
+    }
+    report.finish().map_err(|e| e.to_string())
+}
 
+async fn cluster() -> Result<(), String> {
     let cluster_urls: Vec<String> = var("LOCK_TEST_REDIS_CLUSTER_URLS")?
         .split(',')
         .map(str::to_owned)
@@ -345,7 +390,9 @@ async fn run() -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
     let cluster_raw = Raw::new(cluster_raw);
-    lock_numbers(&mut report, &LockClient::new(backend), &cluster_raw, true).await?;
+    if selection::workload(selection::UNCONTENDED) {
+        lock_numbers(&mut report, &LockClient::new(backend), &cluster_raw, true).await?;
+    }
     let rtt = cluster_raw.round_trip().await?.p50;
     bench::fleet_report(
         &mut report,
@@ -358,9 +405,11 @@ async fn run() -> Result<(), String> {
         &Counters::new(&cluster_urls).await?,
     )
     .await?;
-    report.finish().map_err(|e| e.to_string())?;
+    report.finish().map_err(|e| e.to_string())
+}
 
-    // Against one server's floor: Redlock writes to five, so no target applies.
+/// Against one server's floor: Redlock writes to five, so no target applies.
+async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
     let redlock_urls: Vec<String> = var("LOCK_TEST_REDLOCK_URLS")?
         .split(',')
         .map(str::to_owned)
@@ -370,7 +419,9 @@ async fn run() -> Result<(), String> {
         RedlockBackend::connect(RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"))
             .await
             .map_err(|e| e.to_string())?;
-    lock_numbers(&mut report, &LockClient::new(backend), &raw, false).await?;
+    if selection::workload(selection::UNCONTENDED) {
+        lock_numbers(&mut report, &LockClient::new(backend), raw, false).await?;
+    }
     let rtt = raw.round_trip().await?.p50;
     bench::fleet_report(
         &mut report,

@@ -81,8 +81,33 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         .await
         .map_err(text)?;
 
+    let mut report = Report::new(label);
+    if conformance_tests::selection::workload(conformance_tests::selection::UNCONTENDED) {
+        one_client(&mut report, &client, &config, &floor, &create, n).await?;
+    }
+    bench::fleet_report(
+        &mut report,
+        bench::each_own(config, ZkBackend::connect),
+        create.p50,
+        FLEET_TIME,
+        &Counters(support::hosts(var)?),
+    )
+    .await?;
+    report.finish().map_err(text)
+}
+
+/// The workload of one client: its uncontended cycle and the hand-off between tasks of
+/// clients on one lock, against the raw floor (`floor`) and one raw create (`create`).
+async fn one_client(
+    report: &mut Report,
+    client: &LockClient,
+    config: &ZkConfig,
+    floor: &Stats,
+    create: &Stats,
+    n: usize,
+) -> Result<(), String> {
     let options = LockOptions::new().wait(Duration::from_secs(60));
-    let cycle = bench::uncontended(&client, &options, n).await?;
+    let cycle = bench::uncontended(client, &options, n).await?;
 
     let mut clients = Vec::with_capacity(TASKS);
     for _ in 0..TASKS {
@@ -92,9 +117,8 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     }
     let contended = bench::contended(&clients, &options, TASKS, n).await?;
 
-    let mut report = Report::new(label);
-    report.stats("raw create + delete (floor)", &floor);
-    report.stats("raw create", &create);
+    report.stats("raw create + delete (floor)", floor);
+    report.stats("raw create", create);
     report.stats("acquire + release", &cycle);
     report.ratio("cycle / floor, p50", cycle.p50, floor.p50, Some(1.5));
     report.ratio("cycle / floor, mean", cycle.mean, floor.mean, Some(1.5));
@@ -115,16 +139,8 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         &format!("acquisitions per second, {TASKS} tasks"),
         contended.per_second,
     );
-    report.rate("raw create + delete per second", per_second(&floor));
-    bench::fleet_report(
-        &mut report,
-        bench::each_own(config, ZkBackend::connect),
-        create.p50,
-        FLEET_TIME,
-        &Counters(support::hosts(var)?),
-    )
-    .await?;
-    report.finish().map_err(text)
+    report.rate("raw create + delete per second", per_second(floor));
+    Ok(())
 }
 
 /// The servers' own counts, from the `mntr` command: packets received (every request, and
@@ -169,13 +185,16 @@ fn main() -> ExitCode {
     let n = std::env::var("LOCK_BENCH_N")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(1000);
+        .unwrap_or_else(|| conformance_tests::selection::scaled(1000));
     conformance_tests::main_with(async move {
         let mut failed = Vec::new();
         for (label, var) in [
             ("zookeeper", support::STANDALONE_VAR),
             ("zookeeper-ensemble(3)", support::ENSEMBLE_VAR),
         ] {
+            if !conformance_tests::selection::selected(label) {
+                continue;
+            }
             if let Err(error) = run(label, var, n).await {
                 eprintln!("{label}: benchmark failed: {error}");
                 failed.push(label);

@@ -38,12 +38,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The latest campaign's figures per store (the summaries `chaos run` wrote into `dir`), as
-/// a table in `preset`; `None` when no campaign ran yet. The summaries are read as JSON
-/// values, so `xtask` needs no build of the campaign.
-pub(crate) fn render_latest(dir: &Path, preset: &str) -> Result<Option<String>> {
+/// The latest campaign's summaries per store (those `chaos run` wrote into `dir`; none when
+/// no campaign ran yet), sorted by store. They are read as JSON values, so `xtask` needs no
+/// build of the campaign.
+pub(crate) fn load_latest(dir: &Path) -> Result<Vec<Value>> {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
     let mut summaries = Vec::new();
     for entry in entries {
@@ -59,10 +59,16 @@ pub(crate) fn render_latest(dir: &Path, preset: &str) -> Result<Option<String>> 
             summaries.push(value);
         }
     }
-    if summaries.is_empty() {
-        return Ok(None);
-    }
     summaries.sort_by_key(|s| s["store"].as_str().unwrap_or_default().to_owned());
+    Ok(summaries)
+}
+
+/// The campaign's figures per store (`summaries` as [`load_latest`] read them), as a table in
+/// `preset`; `None` when there are none.
+pub(crate) fn render(summaries: &[Value], preset: &str) -> Option<String> {
+    if summaries.is_empty() {
+        return None;
+    }
     let mut table = Table::new();
     table.load_preset(preset);
     table.set_header([
@@ -78,7 +84,7 @@ pub(crate) fn render_latest(dir: &Path, preset: &str) -> Result<Option<String>> 
         "faults",
         "verdict",
     ]);
-    for s in &summaries {
+    for s in summaries {
         let f = &s["findings"];
         let n = |key: &str| f[key].as_u64().unwrap_or_default().to_string();
         let violations = s["violations"].as_array().map_or(0, Vec::len);
@@ -104,10 +110,9 @@ pub(crate) fn render_latest(dir: &Path, preset: &str) -> Result<Option<String>> 
             },
         ]);
     }
-    Ok(Some(format!(
-        "## Fault campaign (the latest `cargo xtask chaos` or `cargo xtask test`, {})\n\n{table}",
-        dir.display()
-    )))
+    Some(format!(
+        "## Fault campaign (the latest `cargo xtask chaos` or `cargo xtask test`)\n\n{table}"
+    ))
 }
 
 #[cfg(test)]
@@ -117,11 +122,8 @@ mod tests {
     #[test]
     fn the_latest_summaries_become_a_table() {
         let dir = std::env::temp_dir().join(format!("xtask-chaos-{}", std::process::id()));
-        assert!(
-            render_latest(&dir, "||  |-|||          ")
-                .unwrap()
-                .is_none()
-        );
+        assert!(load_latest(&dir).unwrap().is_empty());
+        assert!(render(&[], "||  |-|||          ").is_none());
         std::fs::create_dir_all(&dir).unwrap();
         let summary = r#"{"store":"redis","seed":1,"seconds":20.0,"strict":true,"faults":{},
             "findings":{"acquisitions":344,"overlaps":189,"trusted_overlaps":0,"stale_writes":2,
@@ -130,9 +132,8 @@ mod tests {
         std::fs::write(dir.join("redis.json"), summary).unwrap();
         // A history beside it is not a summary.
         std::fs::write(dir.join("redis.history.json"), r#"{"sections":[]}"#).unwrap();
-        let table = render_latest(&dir, comfy_table::presets::ASCII_MARKDOWN)
-            .unwrap()
-            .unwrap();
+        let summaries = load_latest(&dir).unwrap();
+        let table = render(&summaries, comfy_table::presets::ASCII_MARKDOWN).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(table.contains("| redis "), "{table}");
         assert!(table.contains("344"), "{table}");

@@ -1,23 +1,23 @@
-//! `cargo xtask compare`: runs the conformance suite against every backend of the workspace
-//! and prints, side by side, what each store passes and what it declares.
+//! `cargo xtask compare`: runs the conformance suite against every backend of the workspace,
+//! the benchmarks and the migration test, and writes what each store passes, declares and
+//! measured as a report (see [`crate::report`]): `target/compare/report.html`, `report.md`
+//! and `report.json`, with a summary on the terminal.
 //!
 //! Each backend's conformance test binary writes a JSON report per store when
-//! `LOCK_CONFORMANCE_REPORT_DIR` is set; this command runs them all, then renders the
-//! scenario x store matrix and the capabilities table to the terminal and to
-//! `target/compare/report.md`, with the benchmarks' figures, the migration's from x to matrix
-//! ([`crate::migration_matrix`]) and the latest fault campaign's figures.
+//! `LOCK_CONFORMANCE_REPORT_DIR` is set, each benchmark one per store when
+//! `LOCK_BENCH_REPORT_DIR` is; the migration's from x to matrix comes from
+//! [`crate::migration_matrix`], the fault campaign's figures from the latest campaign.
 
 use std::{path::Path, process::Command};
 
 use anyhow::{Context, Result, bail};
-use comfy_table::{Table, presets};
 use conformance_tests::{
-    REPORT_DIR_VAR, SuiteReport, Verdict,
+    REPORT_DIR_VAR, SuiteReport,
     bench::{self, BENCH_REPORT_DIR_VAR},
+    selection,
 };
-use lock_core::Capabilities;
 
-use crate::services;
+use crate::{report::Collected, services, steps::Steps};
 
 /// The benchmarks, as (package, bench target); each writes one JSON report per store.
 const BENCHES: &[(&str, &str)] = &[
@@ -36,8 +36,89 @@ const SUITES: &[(&str, &str)] = &[
     ("lock-zookeeper", "conformance"),
 ];
 
+/// The parts of the comparison that can be chosen.
+pub(crate) const WORKLOADS: [&str; 4] = [
+    "conformance",
+    selection::UNCONTENDED,
+    selection::CLIENTS,
+    "migration",
+];
+
+/// The stores the suites and benchmarks know, by the names `--only` takes.
+pub(crate) const STORES: [&str; 8] = [
+    "memory",
+    "redis",
+    "redis-cluster",
+    "redlock",
+    "mysql-lease",
+    "mysql-rowlock",
+    "zookeeper",
+    "zookeeper-ensemble",
+];
+
+/// The options of `cargo xtask compare`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct CompareArgs {
+    /// A run of a few minutes: one conformance scenario per store (enough for the
+    /// capabilities), a tenth of the benchmarks' rounds, only the 16-client runs of
+    /// separate clients, a third as long, and no migration unless `--workload` names it.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Only these stores (comma-separated): memory, redis, redis-cluster, redlock,
+    /// mysql-lease, mysql-rowlock, zookeeper, zookeeper-ensemble.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) only: Vec<String>,
+    /// Only these parts (comma-separated): conformance, uncontended (one client against
+    /// the raw floor), clients (separate clients on one lock, peers beside), migration.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) workload: Vec<String>,
+}
+
+impl CompareArgs {
+    /// The names given that are not known, as an error naming the known ones.
+    fn check(&self) -> Result<()> {
+        if let Some(store) = self.only.iter().find(|s| !STORES.contains(&s.as_str())) {
+            bail!("no store `{store}`; stores: {}", STORES.join(", "));
+        }
+        if let Some(name) = self
+            .workload
+            .iter()
+            .find(|w| !WORKLOADS.contains(&w.as_str()))
+        {
+            bail!("no workload `{name}`; workloads: {}", WORKLOADS.join(", "));
+        }
+        Ok(())
+    }
+
+    /// Whether the part `name` runs.
+    fn runs(&self, name: &str) -> bool {
+        self.workload.is_empty() || self.workload.iter().any(|w| w == name)
+    }
+
+    /// The environment the suites and benchmarks read it from (see
+    /// `conformance_tests::selection`).
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = Vec::new();
+        if !self.only.is_empty() {
+            env.push((selection::ONLY_VAR, self.only.join(",")));
+        }
+        if !self.workload.is_empty() {
+            env.push((selection::WORKLOAD_VAR, self.workload.join(",")));
+        }
+        if self.quick {
+            env.push((selection::QUICK_VAR, "1".to_string()));
+        }
+        env
+    }
+}
+
+/// The scenario a quick run's suites run (each store's report still carries its URL and
+/// capabilities).
+const QUICK_SCENARIO: &str = "exclusion/try_acquire_excludes";
+
 /// Runs the comparison.
-pub(crate) fn run() -> Result<()> {
+pub(crate) fn run(args: &CompareArgs) -> Result<()> {
+    args.check()?;
     let root = crate::workspace_root();
     services::up(false)?;
     let out = root.join("target/compare");
@@ -46,18 +127,70 @@ pub(crate) fn run() -> Result<()> {
         std::fs::remove_dir_all(&runs).with_context(|| format!("clearing {}", runs.display()))?;
     }
     std::fs::create_dir_all(&runs)?;
+    let failed_suites = run_steps(args, &root, &out, &runs)?;
+    let (benches, verdicts) = (out.join("benches"), out.join("migration.json"));
+    let all = load_benches(&benches)?;
+    let (pairs, benches): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(crate::migration_matrix::is_pair);
+    let chaos_dir = root.join("target/chaos");
+    let migration = if verdicts.exists() {
+        serde_json::from_str(&std::fs::read_to_string(&verdicts)?)
+            .with_context(|| format!("reading {}", verdicts.display()))?
+    } else {
+        serde_json::Value::Null
+    };
+    let collected = Collected {
+        suites: load(&runs)?,
+        benches,
+        pairs,
+        migration,
+        chaos: crate::chaos::load_latest(&chaos_dir)?,
+    };
+    let page = collected.write(&out)?;
+    println!("{}", collected.terminal());
+    println!(
+        "\nThe whole report: {}\n(also report.md and report.json beside it)",
+        page.display()
+    );
+    if !failed_suites.is_empty() {
+        bail!("failing conformance suites: {}", failed_suites.join(", "));
+    }
+    Ok(())
+}
+
+/// Runs the chosen suites, the migration test and the benchmarks, each as a step (see
+/// [`Steps`]), the suites writing into `runs`; the steps that failed.
+fn run_steps(args: &CompareArgs, root: &Path, out: &Path, runs: &Path) -> Result<Vec<String>> {
     let cargo = crate::test_cmd::cargo();
+    let env = args.env();
+    // A quick run leaves the migration out unless it is asked for by name.
+    let migration = if args.quick {
+        args.workload.iter().any(|w| w == "migration")
+    } else {
+        args.runs("migration")
+    };
+    let (suites, benches_run) = (
+        args.runs("conformance"),
+        args.runs(selection::UNCONTENDED) || args.runs(selection::CLIENTS),
+    );
+    let total = usize::from(suites) * SUITES.len()
+        + usize::from(migration) * 2
+        + usize::from(benches_run) * (BENCHES.len() - 1);
+    let steps = Steps::new(total, &out.join("logs"))?;
     let mut failed_suites = Vec::new();
-    for (package, target) in SUITES {
-        eprintln!("==> conformance: cargo test -p {package} --test {target}");
-        let status = Command::new(&cargo)
+    for (package, target) in SUITES.iter().filter(|_| suites) {
+        let mut command = Command::new(&cargo);
+        command
             .args(["test", "--quiet", "-p", package, "--test", target])
-            .current_dir(&root)
+            .current_dir(root)
             .envs(services::env_vars())
-            .env(REPORT_DIR_VAR, &runs)
-            .status()
-            .with_context(|| format!("running the {package} conformance suite"))?;
-        if !status.success() {
+            .envs(env.iter().cloned())
+            .env(REPORT_DIR_VAR, runs);
+        if args.quick {
+            command.args(["--", QUICK_SCENARIO]);
+        }
+        let name = format!("conformance: {package} --test {target}");
+        if !steps.run(&name, &format!("conformance-{package}"), &mut command)? {
             failed_suites.push(format!("{package}/{target}"));
         }
     }
@@ -66,8 +199,16 @@ pub(crate) fn run() -> Result<()> {
         std::fs::remove_file(&verdicts)
             .with_context(|| format!("clearing {}", verdicts.display()))?;
     }
-    if !crate::migration_matrix::run_test(&root, &cargo, &verdicts)? {
-        failed_suites.push("distributed-lock/migration".to_string());
+    if migration {
+        let mut test = crate::migration_matrix::test_command(root, &cargo, &verdicts);
+        test.envs(env.iter().cloned());
+        if !steps.run(
+            "migration: every ordered pair of stores",
+            "migration",
+            &mut test,
+        )? {
+            failed_suites.push("distributed-lock/migration".to_string());
+        }
     }
     let benches = out.join("benches");
     if benches.exists() {
@@ -75,47 +216,24 @@ pub(crate) fn run() -> Result<()> {
             .with_context(|| format!("clearing {}", benches.display()))?;
     }
     for (package, target) in BENCHES {
-        eprintln!("==> benchmark: cargo bench -p {package} --bench {target}");
-        let status = Command::new(&cargo)
+        let pair_bench = *package == "distributed-lock";
+        if !(if pair_bench { migration } else { benches_run }) {
+            continue;
+        }
+        let mut command = Command::new(&cargo);
+        command
             .args(["bench", "--quiet", "-p", package, "--bench", target])
-            .current_dir(&root)
+            .current_dir(root)
             .envs(services::env_vars())
-            .env(BENCH_REPORT_DIR_VAR, &benches)
-            .status()
-            .with_context(|| format!("running the {package} benchmark"))?;
-        if !status.success() {
+            .envs(env.iter().cloned())
+            .env(BENCH_REPORT_DIR_VAR, &benches);
+        let name = format!("benchmark: {package} --bench {target}");
+        if !steps.run(&name, &format!("bench-{package}-{target}"), &mut command)? {
             failed_suites.push(format!("{package} bench {target}"));
         }
     }
-    let reports = load(&runs)?;
-    let all = load_benches(&benches)?;
-    let (pairs, perf): (Vec<_>, Vec<_>) =
-        all.into_iter().partition(crate::migration_matrix::is_pair);
-    let chaos_dir = root.join("target/chaos");
-    let mut markdown = format!(
-        "{}\n{}\n\n{}\n",
-        render(&reports),
-        render_benches(&perf, presets::ASCII_MARKDOWN),
-        crate::migration_matrix::render(&verdicts, &pairs, &perf, presets::ASCII_MARKDOWN)?
-    );
-    if let Some(chaos) = crate::chaos::render_latest(&chaos_dir, presets::ASCII_MARKDOWN)? {
-        markdown.push_str(&format!("\n{chaos}\n"));
-    }
-    println!("{}", render_with(&reports, presets::UTF8_FULL_CONDENSED));
-    println!("{}", render_benches(&perf, presets::UTF8_FULL_CONDENSED));
-    println!(
-        "{}",
-        crate::migration_matrix::render(&verdicts, &pairs, &perf, presets::UTF8_FULL_CONDENSED)?
-    );
-    if let Some(chaos) = crate::chaos::render_latest(&chaos_dir, presets::UTF8_FULL_CONDENSED)? {
-        println!("{chaos}");
-    }
-    std::fs::write(out.join("report.md"), &markdown)?;
-    eprintln!("wrote {}", out.join("report.md").display());
-    if !failed_suites.is_empty() {
-        bail!("failing conformance suites: {}", failed_suites.join(", "));
-    }
-    Ok(())
+    steps.finish();
+    Ok(failed_suites)
 }
 
 /// Reads every report in `dir`: the memory reference column first, then by store label.
@@ -151,114 +269,4 @@ fn load_benches(dir: &Path) -> Result<Vec<bench::Report>, anyhow::Error> {
     }
     reports.sort_by(|a, b| a.store.cmp(&b.store));
     Ok(reports)
-}
-
-fn render_benches(reports: &[bench::Report], preset: &str) -> String {
-    let mut table = Table::new();
-    table.load_preset(preset);
-    table.set_header([
-        "store",
-        "metric",
-        "measured (ratios: same run, same machine)",
-        "target",
-    ]);
-    for report in reports {
-        for line in &report.lines {
-            let target = match (line.ratio, line.target) {
-                (Some(ratio), Some(target)) if ratio <= target => format!("<= {target}x: met"),
-                (Some(_), Some(target)) => format!("<= {target}x: NOT met"),
-                _ => String::new(),
-            };
-            table.add_row([report.store.as_str(), &line.metric, &line.value, &target]);
-        }
-    }
-    format!("## Performance\n\n{table}")
-}
-
-fn render(reports: &[SuiteReport]) -> String {
-    format!(
-        "# Lock store comparison\n\nGenerated by `cargo xtask compare`.\n\n{}\n",
-        render_with(reports, presets::ASCII_MARKDOWN)
-    )
-}
-
-fn render_with(reports: &[SuiteReport], preset: &str) -> String {
-    let mut matrix = Table::new();
-    matrix.load_preset(preset);
-    let mut header = vec!["scenario".to_string(), "covers".to_string()];
-    header.extend(reports.iter().map(|r| r.store.clone()));
-    matrix.set_header(header);
-    for scenario in conformance_tests::all_scenarios() {
-        let mut row = vec![scenario.name.to_string(), scenario.covers.to_string()];
-        for report in reports {
-            let cell = report
-                .results
-                .iter()
-                .find(|r| r.scenario == scenario.name)
-                .map_or_else(|| "-".to_string(), |r| cell(r.verdict, r.millis));
-            row.push(cell);
-        }
-        matrix.add_row(row);
-    }
-    let mut totals = vec!["total".to_string(), String::new()];
-    totals.extend(reports.iter().map(|r| {
-        let mut t = format!(
-            "{} pass, {} fail, {} n/a",
-            r.passed(),
-            r.failed(),
-            r.not_applicable()
-        );
-        if let Some(error) = &r.error {
-            t.push_str(&format!(" ({error})"));
-        }
-        t
-    }));
-    matrix.add_row(totals);
-
-    let mut caps = Table::new();
-    caps.load_preset(preset);
-    let mut header = vec!["capability".to_string()];
-    header.extend(reports.iter().map(|r| r.store.clone()));
-    caps.set_header(header);
-    let properties: [(&str, Show); 9] = [
-        ("fencing", |c| format!("{:?}", c.fencing)),
-        ("expiry", |c| format!("{:?}", c.expiry)),
-        ("wake-up", |c| format!("{:?}", c.wakeup)),
-        ("waiter order", |c| format!("{:?}", c.order)),
-        ("clock", |c| format!("{:?}", c.clock)),
-        ("portable lease", |c| c.portable_lease.to_string()),
-        ("failover", |c| format!("{:?}", c.failover)),
-        ("replica acks", |c| c.replica_acks.to_string()),
-        ("batched renewals", |c| c.batched_renewals.to_string()),
-    ];
-    let mut urls = vec!["URL".to_string()];
-    urls.extend(reports.iter().map(|r| {
-        if r.url.is_empty() {
-            "-".to_string()
-        } else {
-            r.url.clone()
-        }
-    }));
-    caps.add_row(urls);
-    for (label, show) in properties {
-        let mut row = vec![label.to_string()];
-        row.extend(reports.iter().map(|r| {
-            r.capabilities
-                .as_ref()
-                .map_or_else(|| "?".to_string(), show)
-        }));
-        caps.add_row(row);
-    }
-    format!("## Conformance\n\n{matrix}\n\n## Capabilities\n\n{caps}")
-}
-
-/// Renders one capability of a store.
-type Show = fn(&Capabilities) -> String;
-
-fn cell(verdict: Verdict, millis: u64) -> String {
-    match verdict {
-        Verdict::Pass => format!("pass ({millis} ms)"),
-        Verdict::Fail => "FAIL".to_string(),
-        Verdict::NotApplicable => "n/a".to_string(),
-    }
 }

@@ -6,14 +6,18 @@
 //!   ZooKeeper servers the tests run against (state under `<workspace>/target/services`).
 //! * `cargo xtask test` starts the services, then runs fmt, clippy, the docs, the package
 //!   check, the test suite and a short seeded fault campaign (20 s per store).
-//! * `cargo xtask compare` runs the comparison.
+//! * `cargo xtask compare` runs the comparison and writes its report
+//!   (`target/compare/report.html`, `.md`, `.json`).
+//! * `cargo xtask report [FILE]` writes the report again from a compare run's `report.json`.
 //! * `cargo xtask chaos [STORE...] [--duration S] [--seed N]` runs the fault campaign.
 
 mod chaos;
 mod compare;
 mod migration_matrix;
 mod msrv;
+mod report;
 mod services;
+mod steps;
 mod test_cmd;
 
 use std::path::{Path, PathBuf};
@@ -45,8 +49,16 @@ enum Command {
     /// Start the services, then run `cargo fmt --check`, `cargo clippy`, `cargo doc`,
     /// `cargo package`, `cargo test` and a short fault campaign (`chaos run --duration 20`).
     Test(test_cmd::TestArgs),
-    /// Run the comparison.
-    Compare,
+    /// Run the comparison; writes `target/compare/report.html`, `report.md` and
+    /// `report.json`.
+    Compare(compare::CompareArgs),
+    /// Write the report again (HTML, Markdown, terminal summary) from the `report.json` of a
+    /// compare run, without running anything.
+    Report {
+        /// The compare run's `report.json` (default: `target/compare/report.json`); the
+        /// report is written beside it.
+        file: Option<PathBuf>,
+    },
     /// Run the fault campaign: worker processes contend for locks under faults, and the
     /// history is judged (arguments go to `chaos run`: stores, `--duration`, `--seed`, ...).
     Chaos {
@@ -91,7 +103,10 @@ fn main() -> ExitCode {
             }
         },
         Command::Test(args) => test_cmd::run(&args),
-        Command::Compare => compare::run(),
+        Command::Compare(args) => compare::run(&args),
+        Command::Report { file } => report::rewrite(
+            &file.unwrap_or_else(|| workspace_root().join("target/compare/report.json")),
+        ),
         Command::Chaos { args } => chaos::run(&args),
     };
     match result {

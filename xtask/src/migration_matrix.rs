@@ -24,10 +24,10 @@ struct Verdict {
     passed: bool,
 }
 
-/// Runs the migration test, writing its verdicts to `file`; whether it passed.
-pub(crate) fn run_test(root: &Path, cargo: &OsStr, file: &Path) -> Result<bool> {
-    eprintln!("==> migration: cargo test -p distributed-lock --test migration");
-    let status = Command::new(cargo)
+/// The command that runs the migration test, writing its verdicts to `file`.
+pub(crate) fn test_command(root: &Path, cargo: &OsStr, file: &Path) -> Command {
+    let mut command = Command::new(cargo);
+    command
         .args([
             "test",
             "--quiet",
@@ -38,10 +38,8 @@ pub(crate) fn run_test(root: &Path, cargo: &OsStr, file: &Path) -> Result<bool> 
         ])
         .current_dir(root)
         .envs(services::env_vars())
-        .env(REPORT_VAR, file)
-        .status()
-        .context("running the migration test")?;
-    Ok(status.success())
+        .env(REPORT_VAR, file);
+    command
 }
 
 /// Whether a benchmark report is one pair's (`FROM -> TO`).
@@ -51,7 +49,7 @@ pub(crate) fn is_pair(report: &bench::Report) -> bool {
 
 /// The metrics whose denominator is a store's raw floor, as each store's benchmark names it
 /// (the first one a store's report has is its floor).
-const FLOOR_METRICS: [&str; 3] = [
+pub(crate) const FLOOR_METRICS: [&str; 3] = [
     "uncontended acquire+release / raw floor (means)",
     "uncontended acquire+release / raw INSERT+DELETE on one connection (means)",
     "cycle / floor, mean",
@@ -110,20 +108,18 @@ fn cell(verdict: Option<bool>, pair: Option<&bench::Report>, floors: Option<u64>
 /// says whether the mixed fleet passed, `dual`'s cycle against the two stores' own cycles and
 /// against the sum of their raw floors (each store's own benchmark, same `compare` run), and
 /// the hand-off p50 between two `dual` clients. `pairs` are the migration benchmark's
-/// reports, `stores` the stores' own.
+/// reports, `stores` the stores' own; `verdicts` what the migration test wrote (`null` when
+/// it wrote nothing).
 pub(crate) fn render(
-    verdicts_file: &Path,
+    verdicts: &serde_json::Value,
     pairs: &[bench::Report],
     stores_reports: &[bench::Report],
     preset: &str,
 ) -> Result<String> {
-    let verdicts: Vec<Verdict> = if verdicts_file.exists() {
-        let text = std::fs::read_to_string(verdicts_file)
-            .with_context(|| format!("reading {}", verdicts_file.display()))?;
-        serde_json::from_str(&text)
-            .with_context(|| format!("reading {}", verdicts_file.display()))?
-    } else {
+    let verdicts: Vec<Verdict> = if verdicts.is_null() {
         Vec::new()
+    } else {
+        Vec::<Verdict>::deserialize(verdicts).context("reading the migration's verdicts")?
     };
     let passed: BTreeMap<(&str, &str), bool> = verdicts
         .iter()
@@ -194,16 +190,13 @@ mod tests {
                     floor_ns: *floor_ns,
                 })
                 .collect(),
+            fleets: Vec::new(),
         }
     }
 
     #[test]
     fn a_cell_has_the_verdict_both_ratios_and_the_hand_off() -> Result<()> {
-        let dir = std::env::temp_dir().join(format!("matrix-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let verdicts = dir.join("verdicts.json");
-        std::fs::write(
-            &verdicts,
+        let verdicts: serde_json::Value = serde_json::from_str(
             r#"[{"from":"redis","to":"redlock","passed":true},
                 {"from":"redlock","to":"redis","passed":false}]"#,
         )?;
@@ -230,7 +223,6 @@ mod tests {
             &stores,
             comfy_table::presets::ASCII_MARKDOWN,
         )?;
-        std::fs::remove_dir_all(&dir)?;
         // 3,000 ns against floors of 1,000 + 500 ns.
         assert!(text.contains("ok 1.02x 2.00x 2.5ms"), "{text}");
         assert!(text.contains("| FAIL "), "{text}");

@@ -19,6 +19,9 @@ use super::{Stats, histogram, record, stats};
 pub struct Fleet {
     /// How many clients contended.
     pub clients: usize,
+    /// How long each client held the lock per turn.
+    #[serde(default)]
+    pub hold: Duration,
     /// Acquisitions in the whole run.
     pub acquisitions: usize,
     /// Acquisitions per second.
@@ -247,7 +250,7 @@ where
     let late = turns.iter().filter(|turn| turn.acquired >= middle).count();
     let (failures, first_failure) =
         std::mem::take(&mut *failures.lock().unwrap_or_else(PoisonError::into_inner));
-    let mut fleet = summarize(clients, &turns, elapsed, failures)?;
+    let mut fleet = summarize(clients, hold, &turns, elapsed, failures)?;
     fleet.first_failure = first_failure;
     fleet.second_half = Some((middle, late));
     Ok(fleet)
@@ -301,6 +304,7 @@ async fn take_turns<T: Contender>(
 
 fn summarize(
     clients: usize,
+    hold: Duration,
     turns: &[Turn],
     elapsed: Duration,
     failures: usize,
@@ -324,6 +328,7 @@ fn summarize(
     }
     Ok(Fleet {
         clients,
+        hold,
         acquisitions: turns.len(),
         per_second: turns.len() as f64 / elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
         handoff: stats(&handoffs),
@@ -382,7 +387,8 @@ pub const FLEET_RUNS: [(usize, Duration); 4] = [
 /// `report` (see [`Report::fleet`](super::Report::fleet)). Runs on a multi-thread runtime
 /// (the benchmarks' [`crate::runtime`]).
 ///
-/// Returns the runs, in the order of [`FLEET_RUNS`], for ratios a store's benchmark adds.
+/// Returns the runs, in the order of [`FLEET_RUNS`] (the first only in a quick run, see
+/// [`crate::selection::QUICK_VAR`]), for ratios a store's benchmark adds.
 ///
 /// # Errors
 /// The first error of a run, as text.
@@ -399,8 +405,17 @@ where
     S: super::ServerCounters,
 {
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let mut runs = Vec::with_capacity(FLEET_RUNS.len());
-    for (clients, hold) in FLEET_RUNS {
+    // Not asked for (see `selection::WORKLOAD_VAR`): none. A quick run (see
+    // `selection::QUICK_VAR`): the first run only, a third as long.
+    let (fleets, run_for) = if !crate::selection::workload(crate::selection::CLIENTS) {
+        (&FLEET_RUNS[..0], run_for)
+    } else if crate::selection::quick() {
+        (&FLEET_RUNS[..1], run_for / 3)
+    } else {
+        (&FLEET_RUNS[..], run_for)
+    };
+    let mut runs = Vec::with_capacity(fleets.len());
+    for &(clients, hold) in fleets {
         let (connect, options) = (connect.clone(), options.clone());
         let fleet = super::counted(counters, clients, move || {
             separate_clients(connect, clients, hold, run_for, &options)

@@ -21,7 +21,7 @@ pub use clients::{
     Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, separate_clients,
 };
 pub use counters::{ServerCounters, counted, stat_line};
-pub use report::{Line, Report, render_line};
+pub use report::{FleetRun, Line, Report, render_line};
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};
@@ -41,14 +41,17 @@ pub struct Stats {
     pub p50: Duration,
     /// 99th percentile.
     pub p99: Duration,
+    /// The largest sample (0 in reports written before it was recorded).
+    #[serde(default)]
+    pub max: Duration,
 }
 
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "mean {:?}, p50 {:?}, p99 {:?} ({} samples)",
-            self.mean, self.p50, self.p99, self.samples
+            "mean {:?}, p50 {:?}, p99 {:?}, max {:?} ({} samples)",
+            self.mean, self.p50, self.p99, self.max, self.samples
         )
     }
 }
@@ -69,6 +72,7 @@ fn stats(h: &Histogram<u64>) -> Stats {
         mean: Duration::from_nanos(h.mean() as u64),
         p50: Duration::from_nanos(h.value_at_quantile(0.5)),
         p99: Duration::from_nanos(h.value_at_quantile(0.99)),
+        max: Duration::from_nanos(h.max()),
     }
 }
 

@@ -33,6 +33,21 @@ pub struct Report {
     pub store: String,
     /// The lines, in order.
     pub lines: Vec<Line>,
+    /// The runs of separate clients, as numbers (their lines are in `lines` too), for plots.
+    #[serde(default)]
+    pub fleets: Vec<FleetRun>,
+}
+
+/// One run of separate clients in a [`Report`]: by this library or by a peer library on the
+/// same server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetRun {
+    /// The peer library (name and version), or `None` for this library.
+    pub peer: Option<String>,
+    /// One raw round trip of the store, measured in the same run.
+    pub round_trip: Duration,
+    /// What the run measured.
+    pub fleet: Fleet,
 }
 
 impl Report {
@@ -41,6 +56,7 @@ impl Report {
         Self {
             store: store.to_owned(),
             lines: Vec::new(),
+            fleets: Vec::new(),
         }
     }
 
@@ -138,6 +154,21 @@ impl Report {
     /// Adds the lines of one [`Fleet`] run labelled `label`, with its hand-off p50 as a ratio
     /// to `round_trip` (one raw round trip of the store measured in the same run).
     pub fn fleet(&mut self, label: &str, fleet: &Fleet, round_trip: Duration) {
+        self.fleet_of(None, label, fleet, round_trip);
+    }
+
+    /// Like [`Self::fleet`], for the run of `peer`, a library a user would otherwise pick, on
+    /// the same server; `label` names the peer too.
+    pub fn peer_fleet(&mut self, peer: &str, label: &str, fleet: &Fleet, round_trip: Duration) {
+        self.fleet_of(Some(peer), label, fleet, round_trip);
+    }
+
+    fn fleet_of(&mut self, peer: Option<&str>, label: &str, fleet: &Fleet, round_trip: Duration) {
+        self.fleets.push(FleetRun {
+            peer: peer.map(str::to_owned),
+            round_trip,
+            fleet: fleet.clone(),
+        });
         self.rate(&format!("{label}: acquisitions"), fleet.per_second);
         self.ratio(
             &format!("{label}: hand-off to another client p50 / raw round trip"),
@@ -148,8 +179,12 @@ impl Report {
         self.push(
             &format!("{label}: hand-off to another client"),
             format!(
-                "p50 {:?}, p99 {:?} ({} hand-offs; {} re-takes by the same client)",
-                fleet.handoff.p50, fleet.handoff.p99, fleet.handoff.samples, fleet.self_retakes
+                "p50 {:?}, p99 {:?}, max {:?} ({} hand-offs; {} re-takes by the same client)",
+                fleet.handoff.p50,
+                fleet.handoff.p99,
+                fleet.handoff.max,
+                fleet.handoff.samples,
+                fleet.self_retakes
             ),
             None,
             None,

@@ -76,6 +76,10 @@ fn missing_packages() -> Vec<&'static str> {
     if find_program("faketime").is_none() {
         packages.push("faketime");
     }
+    // Not a server: xtask's test of the compare report opens it in headless Chromium.
+    if find_program("chromium").is_none() {
+        packages.push("chromium");
+    }
     packages
 }
 

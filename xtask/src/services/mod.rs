@@ -225,6 +225,13 @@ pub(crate) fn env_vars() -> Vec<(String, String)> {
                 .display()
                 .to_string(),
         ),
+        (
+            "LOCK_TEST_CHROMIUM",
+            install::find_program("chromium")
+                .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"))
+                .display()
+                .to_string(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

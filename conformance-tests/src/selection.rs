@@ -1,0 +1,71 @@
+//! What one run covers, as `cargo xtask compare --only STORE,... --quick` asks the suites and
+//! benchmarks it starts, through the environment: which stores ([`ONLY_VAR`]) and whether the
+//! benchmarks measure briefly ([`QUICK_VAR`]).
+
+/// Comma-separated store names; when set, only those stores run. A name matches a store's
+/// label exactly, or the label's part before `(` (`redlock` is `redlock(5)`).
+pub const ONLY_VAR: &str = "LOCK_COMPARE_ONLY";
+
+/// When set (to anything), benchmarks measure fewer rounds and only the 16-client runs of
+/// separate clients, for a run of a few minutes.
+pub const QUICK_VAR: &str = "LOCK_COMPARE_QUICK";
+
+/// Comma-separated workloads of the store benchmarks; when set, only those run:
+/// [`UNCONTENDED`] and [`CLIENTS`].
+pub const WORKLOAD_VAR: &str = "LOCK_COMPARE_WORKLOAD";
+
+/// The workload of one client (the uncontended cycle against the raw floor, tasks of one
+/// client on one lock, batched renewals).
+pub const UNCONTENDED: &str = "uncontended";
+
+/// The workload of separate clients on one lock (16, 100 and 1,000 of them), peers beside.
+pub const CLIENTS: &str = "clients";
+
+/// Whether the benchmarks' workload `name` runs (see [`WORKLOAD_VAR`]).
+pub fn workload(name: &str) -> bool {
+    std::env::var(WORKLOAD_VAR).map_or(true, |names| names.split(',').any(|n| n.trim() == name))
+}
+
+/// Whether `label` is one of `names` (see [`ONLY_VAR`]).
+pub fn matches(names: &str, label: &str) -> bool {
+    let bare = label.split('(').next().unwrap_or(label);
+    names
+        .split(',')
+        .map(str::trim)
+        .any(|name| name == label || name == bare)
+}
+
+/// Whether the store labelled `label` runs: every store unless [`ONLY_VAR`] names others.
+pub fn selected(label: &str) -> bool {
+    std::env::var(ONLY_VAR).map_or(true, |names| matches(&names, label))
+}
+
+/// Whether a migration pair `from -> to` runs: both its stores do.
+pub fn pair_selected(from: &str, to: &str) -> bool {
+    selected(from) && selected(to)
+}
+
+/// Whether benchmarks measure briefly (see [`QUICK_VAR`]).
+pub fn quick() -> bool {
+    std::env::var_os(QUICK_VAR).is_some()
+}
+
+/// `full`, or a tenth of it (at least 1) in a quick run.
+pub fn scaled(full: usize) -> usize {
+    if quick() { (full / 10).max(1) } else { full }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_matches_a_label_with_or_without_its_count() {
+        assert!(matches("redis,redlock", "redlock(5)"));
+        assert!(matches("redis, redlock", "redis"));
+        assert!(matches("zookeeper-ensemble(3)", "zookeeper-ensemble(3)"));
+        assert!(!matches("redis", "redis-cluster"));
+        assert!(!matches("zookeeper", "zookeeper-ensemble(3)"));
+        assert!(!matches("", "redis"));
+    }
+}

@@ -1,0 +1,206 @@
+//! What the terminal shows at the end of `cargo xtask compare`: one row per store and a
+//! five-line summary, no line wider than [`TERMINAL_WIDTH`] columns (the full tables are in
+//! the report's files).
+
+use std::time::Duration;
+
+use comfy_table::{ContentArrangement, Table, presets};
+use conformance_tests::bench::{self, FleetRun};
+use lock_core::Fencing;
+
+use super::Collected;
+
+/// The widest a line printed to the terminal may be.
+pub(crate) const TERMINAL_WIDTH: usize = 100;
+
+/// How many lines [`lines`] gives.
+pub(crate) const LINES: usize = 5;
+
+/// The run of this library's separate clients the summary compares stores on: 16 clients
+/// holding 1 ms each turn.
+pub(crate) fn headline(report: &bench::Report) -> Option<&FleetRun> {
+    report.fleets.iter().find(|run| {
+        run.peer.is_none() && run.fleet.clients == 16 && run.fleet.hold == Duration::from_millis(1)
+    })
+}
+
+/// A store's uncontended cycle against its raw floor (the first floor metric its benchmark
+/// has; see [`crate::migration_matrix::FLOOR_METRICS`]).
+pub(crate) fn floor_ratio(report: &bench::Report) -> Option<f64> {
+    crate::migration_matrix::FLOOR_METRICS
+        .iter()
+        .find_map(|metric| {
+            report
+                .lines
+                .iter()
+                .find(|l| l.metric == *metric)
+                .and_then(|l| l.ratio)
+        })
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// One row per store: conformance, fencing, waiter order, the uncontended ratio to the floor,
+/// the 16-client run and the fault campaign's verdict.
+pub(crate) fn overview(collected: &Collected) -> String {
+    let mut table = Table::new();
+    table.load_preset(presets::UTF8_FULL_CONDENSED);
+    table.set_content_arrangement(ContentArrangement::Dynamic);
+    table.set_width(u16::try_from(TERMINAL_WIDTH).unwrap_or(u16::MAX));
+    table.set_header([
+        "store",
+        "scenarios",
+        "fencing",
+        "order",
+        "x floor",
+        "16 cl. acq/s",
+        "hand-off p50",
+        "Jain",
+        "chaos",
+    ]);
+    for suite in &collected.suites {
+        let bench = collected.bench(&suite.store);
+        let run = bench.and_then(headline);
+        let caps = suite.capabilities.as_ref();
+        let dash = || "-".to_string();
+        let chaos = collected.chaos(&suite.store).map_or_else(dash, |c| {
+            let violations = c["violations"].as_array().map_or(0, Vec::len);
+            if violations == 0 { "pass" } else { "FAIL" }.to_string()
+        });
+        table.add_row([
+            suite.store.clone(),
+            format!("{}/{}", suite.passed(), suite.passed() + suite.failed()),
+            caps.map_or_else(dash, |c| format!("{:?}", c.fencing)),
+            caps.map_or_else(dash, |c| format!("{:?}", c.order)),
+            bench
+                .and_then(floor_ratio)
+                .map_or_else(dash, |r| format!("{r:.2}x")),
+            run.map_or_else(dash, |r| format!("{:.0}", r.fleet.per_second)),
+            run.map_or_else(dash, |r| ms(r.fleet.handoff.p50)),
+            run.map_or_else(dash, |r| format!("{:.2}", r.fleet.jain)),
+            chaos,
+        ]);
+    }
+    table.to_string()
+}
+
+/// The five-line summary: fastest hand-off, most acquisitions (beside the peers), closest to
+/// its floor, strictest fencing, and the fault campaign.
+pub(crate) fn lines(collected: &Collected) -> [String; LINES] {
+    [
+        handoff_line(collected),
+        rate_line(collected),
+        floor_line(collected),
+        fencing_line(collected),
+        chaos_line(collected),
+    ]
+    .map(|line| super::fit(&line))
+}
+
+/// Each store's headline run (see [`headline`]).
+fn headlines(collected: &Collected) -> Vec<(&str, &FleetRun)> {
+    collected
+        .benches
+        .iter()
+        .filter_map(|b| headline(b).map(|r| (b.store.as_str(), r)))
+        .collect()
+}
+
+fn handoff_line(collected: &Collected) -> String {
+    let fastest = headlines(collected)
+        .into_iter()
+        .filter(|(_, r)| r.fleet.handoff.samples > 0)
+        .min_by_key(|(_, r)| r.fleet.handoff.p50)
+        .map_or_else(
+            || "no run".to_string(),
+            |(store, r)| {
+                format!(
+                    "{store}, p50 {} ({} hand-offs)",
+                    ms(r.fleet.handoff.p50),
+                    r.fleet.handoff.samples
+                )
+            },
+        );
+    format!("fastest hand-off to another client (16 clients, hold 1 ms): {fastest}")
+}
+
+fn rate_line(collected: &Collected) -> String {
+    let most = headlines(collected)
+        .into_iter()
+        .max_by(|a, b| a.1.fleet.per_second.total_cmp(&b.1.fleet.per_second))
+        .map_or_else(
+            || "no run".to_string(),
+            |(store, r)| format!("{store}, {:.0}/s", r.fleet.per_second),
+        );
+    let peers: Vec<String> = collected
+        .benches
+        .iter()
+        .flat_map(|b| b.fleets.iter().map(move |r| (b.store.as_str(), r)))
+        .filter_map(|(store, r)| {
+            let peer = r.peer.as_deref()?;
+            Some(format!("{peer} on {store} {:.0}/s", r.fleet.per_second))
+        })
+        .collect();
+    let mut line = format!("most acquisitions (16 clients, hold 1 ms): {most}");
+    if !peers.is_empty() {
+        line.push_str(&format!("; peer {}", peers.join(", ")));
+    }
+    line
+}
+
+fn floor_line(collected: &Collected) -> String {
+    let floors: Vec<(&str, f64)> = collected
+        .benches
+        .iter()
+        .filter_map(|b| floor_ratio(b).map(|r| (b.store.as_str(), r)))
+        .collect();
+    let show = |found: Option<&(&str, f64)>| {
+        found.map_or_else(|| "no run".to_string(), |(s, r)| format!("{s} {r:.2}x"))
+    };
+    format!(
+        "uncontended cycle vs raw floor: closest {}, farthest {}",
+        show(floors.iter().min_by(|a, b| a.1.total_cmp(&b.1))),
+        show(floors.iter().max_by(|a, b| a.1.total_cmp(&b.1)))
+    )
+}
+
+fn fencing_line(collected: &Collected) -> String {
+    let strict: Vec<&str> = collected
+        .suites
+        .iter()
+        .filter(|s| s.store != "memory")
+        .filter(|s| {
+            s.capabilities
+                .as_ref()
+                .is_some_and(|c| c.fencing == Fencing::Strict)
+        })
+        .map(|s| s.store.as_str())
+        .collect();
+    if strict.is_empty() {
+        "strictest fencing: none is Strict".to_string()
+    } else {
+        format!("strictest fencing: Strict on {}", strict.join(", "))
+    }
+}
+
+fn chaos_line(collected: &Collected) -> String {
+    if collected.chaos.is_empty() {
+        return "fault campaign: no campaign recorded".to_string();
+    }
+    let passed = collected
+        .chaos
+        .iter()
+        .filter(|c| c["violations"].as_array().is_some_and(Vec::is_empty))
+        .count();
+    let acquisitions: u64 = collected
+        .chaos
+        .iter()
+        .map(|c| c["findings"]["acquisitions"].as_u64().unwrap_or(0))
+        .sum();
+    format!(
+        "fault campaign: {passed} of {} stores pass ({acquisitions} acquisitions under faults)",
+        collected.chaos.len()
+    )
+}

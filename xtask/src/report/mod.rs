@@ -7,6 +7,7 @@ mod html;
 pub(crate) mod markdown;
 mod plots;
 mod summary;
+mod targets;
 
 use std::path::{Path, PathBuf};
 
@@ -67,8 +68,9 @@ impl Collected {
     /// migration's from x to matrix and the fault campaign's figures.
     pub(crate) fn markdown(&self) -> Result<String> {
         let mut markdown = format!(
-            "{}\n{}\n\n{}\n",
+            "{}\n{}\n\n{}\n\n{}\n",
             markdown::render(&self.suites),
+            targets::render(&targets::all(self), presets::ASCII_MARKDOWN),
             markdown::render_benches(&self.benches, presets::ASCII_MARKDOWN),
             crate::migration_matrix::render(
                 &self.migration,
@@ -99,10 +101,14 @@ impl Collected {
     /// What the terminal shows at the end of a run: one row per store and the five-line
     /// summary, every line at most [`TERMINAL_WIDTH`] columns.
     pub(crate) fn terminal(&self) -> String {
+        let (met, measured) = targets::tally(&targets::all(self));
         format!(
-            "{}\n\n{}",
+            "{}\n\n{}\n\n{}",
             summary::overview(self),
-            summary::lines(self).join("\n")
+            summary::lines(self).join("\n"),
+            fit(&format!(
+                "targets: {met} of {measured} measured met (the report's Targets table)"
+            ))
         )
     }
 }
@@ -147,11 +153,13 @@ pub(crate) mod tests {
             );
         }
         assert!(shown.contains("redis"), "{shown}");
-        assert_eq!(
-            shown.lines().filter(|l| l.contains(": ")).count(),
-            summary::LINES,
-            "{shown}"
-        );
+        let collected = recorded();
+        let lines = summary::lines(&collected);
+        assert_eq!(lines.len(), summary::LINES);
+        for line in lines {
+            assert!(shown.contains(&line), "{line} missing: {shown}");
+        }
+        assert!(shown.contains("targets: "), "{shown}");
     }
 
     #[test]

@@ -1,0 +1,280 @@
+//! The performance targets the project set itself (its contention issue and its report
+//! issue), each judged from one compare run as met, missed, or not measured, with the
+//! measured ratio.
+
+use std::time::Duration;
+
+use comfy_table::Table;
+use conformance_tests::bench::{self, FleetRun};
+
+use super::{Collected, summary::floor_ratio};
+
+/// One target of one store.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Target {
+    /// The store.
+    pub(crate) store: String,
+    /// What is asked.
+    pub(crate) goal: String,
+    /// What was measured (`None`: this run did not measure it).
+    pub(crate) measured: Option<String>,
+    /// Whether it is met (`None`: not measured).
+    pub(crate) met: Option<bool>,
+}
+
+impl Target {
+    fn new(store: &str, goal: &str) -> Self {
+        Self {
+            store: store.to_owned(),
+            goal: goal.to_owned(),
+            measured: None,
+            met: None,
+        }
+    }
+
+    /// Judged: `measured` shown as text, `met` whether it meets the goal.
+    fn judged(mut self, measured: String, met: bool) -> Self {
+        self.measured = Some(measured);
+        self.met = Some(met);
+        self
+    }
+
+    /// The verdict as a word.
+    pub(crate) fn verdict(&self) -> &'static str {
+        match self.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "not measured",
+        }
+    }
+}
+
+/// The run of this library with `clients` separate clients holding `hold_ms`.
+fn run(report: &bench::Report, clients: usize, hold_ms: u64) -> Option<&FleetRun> {
+    report.fleets.iter().find(|r| {
+        r.peer.is_none()
+            && r.fleet.clients == clients
+            && r.fleet.hold == Duration::from_millis(hold_ms)
+    })
+}
+
+/// The ratio of the line `metric` of `report`.
+fn line_ratio(report: &bench::Report, metric: &str) -> Option<f64> {
+    report
+        .lines
+        .iter()
+        .find(|l| l.metric == metric)
+        .and_then(|l| l.ratio)
+}
+
+/// The uncontended rate each store must reach against one raw connection (the inverse of
+/// the time ratio), by store label.
+const UNCONTENDED: [(&str, f64); 5] = [
+    ("redis", 0.95),
+    ("mysql-lease", 0.85),
+    ("mysql-rowlock", 0.8),
+    ("zookeeper", 0.8),
+    ("zookeeper-ensemble(3)", 0.8),
+];
+
+/// The targets of one store's benchmark report.
+fn of_store(report: &bench::Report) -> Vec<Target> {
+    let mut targets = of_fleets(report);
+    targets.extend(of_floors(report));
+    targets
+}
+
+/// The targets of the runs of separate clients.
+fn of_fleets(report: &bench::Report) -> Vec<Target> {
+    let store = report.store.as_str();
+    let mut targets = Vec::new();
+    let sixteen = run(report, 16, 1);
+    let fair = Target::new(
+        store,
+        "16 clients, hold 1 ms: Jain >= 0.95, none under half the mean",
+    );
+    targets.push(match sixteen {
+        Some(r) => {
+            let mean = r.fleet.acquisitions as f64 / r.fleet.clients.max(1) as f64;
+            let measured = format!(
+                "Jain {:.2}, fewest {} (mean {mean:.0})",
+                r.fleet.jain, r.fleet.min
+            );
+            let met = r.fleet.jain >= 0.95 && r.fleet.min as f64 >= mean / 2.0;
+            fair.judged(measured, met)
+        }
+        None => fair,
+    });
+    let handoff = Target::new(
+        store,
+        "16 clients, hold 1 ms: hand-off p50 <= 2 raw round trips",
+    );
+    targets.push(match sixteen.filter(|r| r.fleet.handoff.samples > 0) {
+        Some(r) => {
+            let ratio = r.fleet.handoff.p50.as_secs_f64() / r.round_trip.as_secs_f64().max(1e-9);
+            handoff.judged(format!("{ratio:.2}x"), ratio <= 2.0)
+        }
+        None => handoff,
+    });
+    for peer in report.fleets.iter().filter(|r| r.peer.is_some()) {
+        let name = peer.peer.as_deref().unwrap_or_default();
+        let goal = Target::new(
+            store,
+            &format!("{} clients: acquisitions/s >= {name}'s", peer.fleet.clients),
+        );
+        let ours = run(report, peer.fleet.clients, 1).map(|r| r.fleet.per_second);
+        targets.push(match ours {
+            Some(ours) => {
+                let ratio = ours / peer.fleet.per_second.max(f64::MIN_POSITIVE);
+                goal.judged(
+                    format!(
+                        "{ours:.0}/s vs {:.0}/s ({ratio:.2}x)",
+                        peer.fleet.per_second
+                    ),
+                    ratio >= 1.0,
+                )
+            }
+            None => goal,
+        });
+    }
+    if matches!(store, "redis" | "zookeeper") {
+        let goal = Target::new(store, "100 clients: within 20 % of the 16-client rate");
+        targets.push(match (sixteen, run(report, 100, 1)) {
+            (Some(a), Some(b)) => {
+                let ratio = b.fleet.per_second / a.fleet.per_second.max(f64::MIN_POSITIVE);
+                goal.judged(format!("{ratio:.2}x"), ratio >= 0.8)
+            }
+            _ => goal,
+        });
+    }
+    let ops = Target::new(
+        store,
+        "1,000 clients: operations per hand-off within 20 % of 16's",
+    );
+    let per = |r: Option<&FleetRun>| r.and_then(|r| r.fleet.operations_per_acquisition);
+    targets.push(match (per(sixteen), per(run(report, 1_000, 1))) {
+        (Some(a), Some(b)) => {
+            let ratio = b / a.max(f64::MIN_POSITIVE);
+            ops.judged(format!("{b:.1} vs {a:.1} ({ratio:.2}x)"), ratio <= 1.2)
+        }
+        _ => ops,
+    });
+    targets
+}
+
+/// The targets against a raw floor.
+fn of_floors(report: &bench::Report) -> Vec<Target> {
+    let store = report.store.as_str();
+    let mut targets = Vec::new();
+    if store == "mysql-rowlock" {
+        let goal = Target::new(store, "100 clients: >= 0.8x a raw FOR UPDATE queue");
+        let time = line_ratio(
+            report,
+            "100 clients: time per acquisition / raw FOR UPDATE queue",
+        );
+        targets.push(match time {
+            Some(time) => {
+                let rate = 1.0 / time.max(f64::MIN_POSITIVE);
+                goal.judged(format!("{rate:.2}x"), rate >= 0.8)
+            }
+            None => goal,
+        });
+    }
+    if let Some(&(_, goal_rate)) = UNCONTENDED.iter().find(|(s, _)| *s == store) {
+        let goal = Target::new(
+            store,
+            &format!("uncontended: >= {goal_rate}x the rate of one raw connection"),
+        );
+        targets.push(match floor_ratio(report) {
+            Some(time) => {
+                let rate = 1.0 / time.max(f64::MIN_POSITIVE);
+                goal.judged(format!("{rate:.2}x"), rate >= goal_rate)
+            }
+            None => goal,
+        });
+    }
+    if store.starts_with("redlock") {
+        // The benchmark's floor is one server's, and no peer's Redlock runs beside ours.
+        targets.push(Target::new(
+            store,
+            "uncontended: >= 0.9x of five servers in parallel",
+        ));
+        targets.push(Target::new(
+            store,
+            "contended: acquisitions/s >= rslock's Redlock",
+        ));
+    }
+    targets
+}
+
+/// Every target of the run, store by store, and those no store measures yet.
+pub(crate) fn all(collected: &Collected) -> Vec<Target> {
+    let mut targets: Vec<Target> = collected.benches.iter().flat_map(of_store).collect();
+    targets.push(Target::new(
+        "every store",
+        "renewing 10,000 held locks: <= 1 round trip per 100 locks per period",
+    ));
+    targets.push(Target::new(
+        "every store",
+        "client sweep 1..64 on many names: throughput grows, p99 within 10x p50",
+    ));
+    targets
+}
+
+/// How many targets were met, and how many were measured.
+pub(crate) fn tally(targets: &[Target]) -> (usize, usize) {
+    let measured = targets.iter().filter(|t| t.met.is_some()).count();
+    let met = targets.iter().filter(|t| t.met == Some(true)).count();
+    (met, measured)
+}
+
+/// The targets as a table in `preset`.
+pub(crate) fn render(targets: &[Target], preset: &str) -> String {
+    let mut table = Table::new();
+    table.load_preset(preset);
+    table.set_header(["store", "target", "measured", "verdict"]);
+    for t in targets {
+        table.add_row([
+            t.store.as_str(),
+            t.goal.as_str(),
+            t.measured.as_deref().unwrap_or("-"),
+            t.verdict(),
+        ]);
+    }
+    let (met, measured) = tally(targets);
+    format!(
+        "## Targets\n\n{met} of {measured} measured targets met; {} not measured by this run.\n\n{table}",
+        targets.len() - measured
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_run_is_judged() {
+        let collected = super::super::tests::recorded();
+        let targets = all(&collected);
+        let find = |store: &str, start: &str| {
+            targets
+                .iter()
+                .find(|t| t.store == store && t.goal.starts_with(start))
+                .unwrap()
+                .clone()
+        };
+        // 360/s against rslock's 429/s in that run.
+        let peer = find("redis", "16 clients: acquisitions/s >= rslock");
+        assert_eq!(peer.met, Some(false), "{peer:?}");
+        assert!(peer.measured.unwrap().contains("0.84x"));
+        // Jain 1.00, fewest 67 of a mean of 68.
+        assert_eq!(find("redis", "16 clients, hold 1 ms: Jain").met, Some(true));
+        // 2.04x the raw queue's time per acquisition: 0.49x its rate.
+        let queue = find("mysql-rowlock", "100 clients");
+        assert_eq!(queue.measured.as_deref(), Some("0.49x"));
+        assert_eq!(queue.met, Some(false));
+        assert_eq!(find("every store", "renewing").verdict(), "not measured");
+        let (met, measured) = tally(&targets);
+        assert!(met < measured && measured < targets.len());
+    }
+}

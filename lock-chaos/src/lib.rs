@@ -7,8 +7,9 @@
 //! [`History`] and counts what went wrong ([`Findings`]):
 //!
 //! - **overlaps**: two critical sections of one lock overlapping in time, and among them the
-//!   **trusted** ones, where the older holder still saw `is_held() == true` after the newer
-//!   grant;
+//!   **trusted** ones, where the holder of the older grant (the lower fence: a grant can
+//!   return after a newer one when its lock was lost and given on before it answered) still
+//!   saw `is_held() == true` after the newer grant returned;
 //! - **stale writes**: a write the resource accepted although a higher fence had already
 //!   been accepted (a fence that failed to protect);
 //! - **fence regressions**: a grant whose fence is not above that of a grant that had

@@ -1,13 +1,15 @@
-//! What one run covers, as `cargo xtask compare --only STORE,... --quick` asks the suites and
-//! benchmarks it starts, through the environment: which stores ([`ONLY_VAR`]) and whether the
-//! benchmarks measure briefly ([`QUICK_VAR`]).
+//! What one run covers, as `cargo xtask compare --only STORE,... --workload NAME,... --quick`
+//! asks the suites and benchmarks it starts, through the environment: which stores
+//! ([`ONLY_VAR`]), which workloads of the benchmarks ([`WORKLOAD_VAR`]) and whether they
+//! measure briefly ([`QUICK_VAR`]).
 
 /// Comma-separated store names; when set, only those stores run. A name matches a store's
 /// label exactly, or the label's part before `(` (`redlock` is `redlock(5)`).
 pub const ONLY_VAR: &str = "LOCK_COMPARE_ONLY";
 
-/// When set (to anything), benchmarks measure fewer rounds and only the 16-client runs of
-/// separate clients, for a run of a few minutes.
+/// When set (to anything), benchmarks measure a tenth of their rounds and, of the runs of
+/// separate clients, only the first (16 clients holding 1 ms), a third as long: a run of a
+/// few minutes.
 pub const QUICK_VAR: &str = "LOCK_COMPARE_QUICK";
 
 /// Comma-separated workloads of the store benchmarks; when set, only those run:

@@ -2,8 +2,9 @@
 //! run, on the standalone server and on the 3-node ensemble.
 //!
 //! - uncontended acquire + release cycle vs the raw floor: `create` + `delete` of an
-//!   EPHEMERAL_SEQUENTIAL node with the same session (target <= 1.5x: an acquisition needs a
-//!   `create` and a `getChildren`, the floor does not list);
+//!   EPHEMERAL_SEQUENTIAL node with the same session (target <= 1.25x, at least 0.8x of the
+//!   raw rate, although an acquisition needs a `create` and a `getChildren` and the floor
+//!   does not list);
 //! - 16 tasks (16 sessions) on one lock: hand-off latency (release start to the next holder's
 //!   `acquire` returning) p50/p99 vs one raw `create` (target p50 <= 3x), and acquisitions per
 //!   second.
@@ -120,8 +121,9 @@ async fn one_client(
     report.stats("raw create + delete (floor)", floor);
     report.stats("raw create", create);
     report.stats("acquire + release", &cycle);
-    report.ratio("cycle / floor, p50", cycle.p50, floor.p50, Some(1.5));
-    report.ratio("cycle / floor, mean", cycle.mean, floor.mean, Some(1.5));
+    // At least 0.8x of the raw rate.
+    report.ratio("cycle / floor, p50", cycle.p50, floor.p50, Some(1.25));
+    report.ratio("cycle / floor, mean", cycle.mean, floor.mean, Some(1.25));
     report.stats(&format!("hand-off, {TASKS} tasks"), &contended.handoff);
     report.ratio(
         "hand-off p50 / raw create p50",

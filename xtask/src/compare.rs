@@ -150,10 +150,13 @@ pub(crate) fn run(args: &CompareArgs) -> Result<()> {
     println!("{}", collected.terminal());
     println!(
         "\nThe whole report: {}\n(also report.md and report.json beside it)",
-        page.display()
+        page.strip_prefix(&root).unwrap_or(&page).display()
     );
     if !failed_suites.is_empty() {
-        bail!("failing conformance suites: {}", failed_suites.join(", "));
+        bail!(
+            "{} failed step(s) (their FAIL lines above name their logs)",
+            failed_suites.len()
+        );
     }
     Ok(())
 }
@@ -236,37 +239,35 @@ fn run_steps(args: &CompareArgs, root: &Path, out: &Path, runs: &Path) -> Result
     Ok(failed_suites)
 }
 
-/// Reads every report in `dir`: the memory reference column first, then by store label.
-fn load(dir: &Path) -> Result<Vec<SuiteReport>> {
-    let mut reports = Vec::new();
+/// Reads every JSON file in `dir` as a `T` (none when the directory is missing).
+fn load_json<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<Vec<T>> {
+    let mut all = Vec::new();
+    if !dir.exists() {
+        return Ok(all);
+    }
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "json") {
             let text = std::fs::read_to_string(&path)?;
-            let report: SuiteReport = serde_json::from_str(&text)
-                .with_context(|| format!("reading {}", path.display()))?;
-            reports.push(report);
+            all.push(
+                serde_json::from_str(&text)
+                    .with_context(|| format!("reading {}", path.display()))?,
+            );
         }
     }
+    Ok(all)
+}
+
+/// Reads every suite report in `dir`: the memory reference column first, then by store.
+fn load(dir: &Path) -> Result<Vec<SuiteReport>> {
+    let mut reports: Vec<SuiteReport> = load_json(dir)?;
     reports.sort_by_key(|r| (r.store != "memory", r.store.clone()));
     Ok(reports)
 }
 
-/// Reads every benchmark report in `dir` (none when the directory is missing).
-fn load_benches(dir: &Path) -> Result<Vec<bench::Report>, anyhow::Error> {
-    let mut reports = Vec::new();
-    if !dir.exists() {
-        return Ok(reports);
-    }
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "json") {
-            let text = std::fs::read_to_string(&path)?;
-            let report: bench::Report = serde_json::from_str(&text)
-                .with_context(|| format!("reading {}", path.display()))?;
-            reports.push(report);
-        }
-    }
+/// Reads every benchmark report in `dir`, by store.
+fn load_benches(dir: &Path) -> Result<Vec<bench::Report>> {
+    let mut reports: Vec<bench::Report> = load_json(dir)?;
     reports.sort_by(|a, b| a.store.cmp(&b.store));
     Ok(reports)
 }

@@ -47,8 +47,8 @@ pub(crate) fn is_pair(report: &bench::Report) -> bool {
     report.store.contains(" -> ")
 }
 
-/// The metrics whose denominator is a store's raw floor, as each store's benchmark names it
-/// (the first one a store's report has is its floor).
+/// The metrics whose denominator is a store's raw floor, as each store's benchmark names it,
+/// in the order [`floor_line`] looks for them.
 pub(crate) const FLOOR_METRICS: [&str; 3] = [
     "uncontended acquire+release / raw floor (means)",
     "uncontended acquire+release / raw INSERT+DELETE on one connection (means)",
@@ -57,6 +57,14 @@ pub(crate) const FLOOR_METRICS: [&str; 3] = [
 
 /// The metric of a pair's `dual` cycle against the two stores' own cycles.
 const DUAL_CYCLE: &str = "dual cycle / (from cycle + to cycle)";
+
+/// The line of a store's benchmark report whose denominator is its raw floor: the first of
+/// [`FLOOR_METRICS`] the report has.
+pub(crate) fn floor_line(report: &bench::Report) -> Option<&bench::Line> {
+    FLOOR_METRICS
+        .iter()
+        .find_map(|metric| report.lines.iter().find(|l| l.metric == *metric))
+}
 
 /// The raw floor of `store` (a name of the migration test) in its own benchmark's report, in
 /// nanoseconds: that report's store label is the name, or the name and a count
@@ -68,13 +76,7 @@ fn floor_of(store: &str, reports: &[bench::Report]) -> Option<u64> {
                 .strip_prefix(store)
                 .is_some_and(|rest| rest.starts_with('('))
     })?;
-    FLOOR_METRICS.iter().find_map(|metric| {
-        report
-            .lines
-            .iter()
-            .find(|l| l.metric == *metric)
-            .and_then(|l| l.floor_ns)
-    })
+    floor_line(report).and_then(|l| l.floor_ns)
 }
 
 /// One cell: the verdict; `dual`'s cycle against the two stores' own cycles and against the

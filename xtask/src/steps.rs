@@ -61,14 +61,30 @@ impl Steps {
             .status()
             .with_context(|| format!("running {name}"))?;
         let took = started.elapsed().as_secs();
+        // The log's path from the workspace root: short enough for the line.
+        let shown = log
+            .strip_prefix(crate::workspace_root())
+            .unwrap_or(&log)
+            .display()
+            .to_string();
         let line = if status.success() {
             format!("ok   {name} ({took} s)")
         } else {
-            format!("FAIL {name} ({took} s): see {}", log.display())
+            format!("FAIL {name} ({took} s): {shown}")
         };
-        self.bar.println(fit(&line));
+        self.say(&fit(&line));
         self.bar.inc(1);
         Ok(status.success())
+    }
+
+    /// Prints `line` above the bar, or on its own when the bar is hidden (standard error is
+    /// not a terminal: indicatif draws nothing then, `println` included).
+    fn say(&self, line: &str) {
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
     }
 
     /// Ends the bar (it leaves the terminal).

@@ -388,7 +388,8 @@ pub const FLEET_RUNS: [(usize, Duration); 4] = [
 /// (the benchmarks' [`crate::runtime`]).
 ///
 /// Returns the runs, in the order of [`FLEET_RUNS`] (the first only in a quick run, see
-/// [`crate::selection::QUICK_VAR`]), for ratios a store's benchmark adds.
+/// [`crate::selection::QUICK_VAR`]; none when the `clients` workload is left out, see
+/// [`crate::selection::WORKLOAD_VAR`]), for ratios a store's benchmark adds.
 ///
 /// # Errors
 /// The first error of a run, as text.

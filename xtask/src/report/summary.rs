@@ -16,26 +16,25 @@ pub(crate) const TERMINAL_WIDTH: usize = 100;
 /// How many lines [`lines`] gives.
 pub(crate) const LINES: usize = 5;
 
-/// The run of this library's separate clients the summary compares stores on: 16 clients
-/// holding 1 ms each turn.
-pub(crate) fn headline(report: &bench::Report) -> Option<&FleetRun> {
-    report.fleets.iter().find(|run| {
-        run.peer.is_none() && run.fleet.clients == 16 && run.fleet.hold == Duration::from_millis(1)
+/// The run of this library (not a peer's) with `clients` separate clients holding `hold_ms`.
+pub(crate) fn fleet_run(report: &bench::Report, clients: usize, hold_ms: u64) -> Option<&FleetRun> {
+    report.fleets.iter().find(|r| {
+        r.peer.is_none()
+            && r.fleet.clients == clients
+            && r.fleet.hold == Duration::from_millis(hold_ms)
     })
 }
 
-/// A store's uncontended cycle against its raw floor (the first floor metric its benchmark
-/// has; see [`crate::migration_matrix::FLOOR_METRICS`]).
+/// The run of this library's separate clients the summary compares stores on: 16 clients
+/// holding 1 ms each turn.
+pub(crate) fn headline(report: &bench::Report) -> Option<&FleetRun> {
+    fleet_run(report, 16, 1)
+}
+
+/// A store's uncontended cycle against its raw floor (see
+/// [`crate::migration_matrix::floor_line`]).
 pub(crate) fn floor_ratio(report: &bench::Report) -> Option<f64> {
-    crate::migration_matrix::FLOOR_METRICS
-        .iter()
-        .find_map(|metric| {
-            report
-                .lines
-                .iter()
-                .find(|l| l.metric == *metric)
-                .and_then(|l| l.ratio)
-        })
+    crate::migration_matrix::floor_line(report).and_then(|l| l.ratio)
 }
 
 fn ms(d: Duration) -> String {
@@ -60,18 +59,32 @@ pub(crate) fn overview(collected: &Collected) -> String {
         "Jain",
         "chaos",
     ]);
-    for suite in &collected.suites {
-        let bench = collected.bench(&suite.store);
+    // Every store a suite or a benchmark reported on (a run may have only one of them).
+    let mut stores: Vec<&str> = collected.suites.iter().map(|s| s.store.as_str()).collect();
+    for bench in &collected.benches {
+        if !stores.contains(&bench.store.as_str()) {
+            stores.push(&bench.store);
+        }
+    }
+    for store in stores {
+        let suite = collected.suites.iter().find(|s| s.store == store);
+        let bench = collected.bench(store);
         let run = bench.and_then(headline);
-        let caps = suite.capabilities.as_ref();
+        let caps = suite.and_then(|s| s.capabilities.as_ref());
         let dash = || "-".to_string();
-        let chaos = collected.chaos(&suite.store).map_or_else(dash, |c| {
-            let violations = c["violations"].as_array().map_or(0, Vec::len);
-            if violations == 0 { "pass" } else { "FAIL" }.to_string()
+        let chaos = collected.chaos(store).map_or_else(dash, |c| {
+            if crate::chaos::passed(c) {
+                "pass"
+            } else {
+                "FAIL"
+            }
+            .to_string()
         });
         table.add_row([
-            suite.store.clone(),
-            format!("{}/{}", suite.passed(), suite.passed() + suite.failed()),
+            store.to_string(),
+            suite.map_or_else(dash, |s| {
+                format!("{}/{}", s.passed(), s.passed() + s.failed())
+            }),
             caps.map_or_else(dash, |c| format!("{:?}", c.fencing)),
             caps.map_or_else(dash, |c| format!("{:?}", c.order)),
             bench
@@ -167,6 +180,9 @@ fn floor_line(collected: &Collected) -> String {
 }
 
 fn fencing_line(collected: &Collected) -> String {
+    if collected.suites.is_empty() {
+        return "strictest fencing: not known (the conformance suites did not run)".to_string();
+    }
     let strict: Vec<&str> = collected
         .suites
         .iter()
@@ -192,7 +208,7 @@ fn chaos_line(collected: &Collected) -> String {
     let passed = collected
         .chaos
         .iter()
-        .filter(|c| c["violations"].as_array().is_some_and(Vec::is_empty))
+        .filter(|c| crate::chaos::passed(c))
         .count();
     let acquisitions: u64 = collected
         .chaos

@@ -2,12 +2,13 @@
 //! issue), each judged from one compare run as met, missed, or not measured, with the
 //! measured ratio.
 
-use std::time::Duration;
-
 use comfy_table::Table;
 use conformance_tests::bench::{self, FleetRun};
 
-use super::{Collected, summary::floor_ratio};
+use super::{
+    Collected,
+    summary::{fleet_run as run, floor_ratio},
+};
 
 /// One target of one store.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,15 +48,6 @@ impl Target {
             None => "not measured",
         }
     }
-}
-
-/// The run of this library with `clients` separate clients holding `hold_ms`.
-fn run(report: &bench::Report, clients: usize, hold_ms: u64) -> Option<&FleetRun> {
-    report.fleets.iter().find(|r| {
-        r.peer.is_none()
-            && r.fleet.clients == clients
-            && r.fleet.hold == Duration::from_millis(hold_ms)
-    })
 }
 
 /// The ratio of the line `metric` of `report`.

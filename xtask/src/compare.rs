@@ -206,7 +206,7 @@ fn run_steps(args: &CompareArgs, root: &Path, out: &Path, runs: &Path) -> Result
         let mut test = crate::migration_matrix::test_command(root, &cargo, &verdicts);
         test.envs(env.iter().cloned());
         if !steps.run(
-            "migration: every ordered pair of stores",
+            "migration: ordered pairs of the chosen stores",
             "migration",
             &mut test,
         )? {

@@ -162,10 +162,7 @@ mod tests {
             "--window-size=1280,2400",
             &format!("--screenshot={}", shot.display()),
         ]);
-        let png = std::fs::File::open(&shot).unwrap();
-        let mut reader = png::Decoder::new(png).read_info().unwrap();
-        let mut pixels = vec![0; reader.output_buffer_size()];
-        let info = reader.next_frame(&mut pixels).unwrap();
+        let (width, height, colours) = colours(&shot);
         std::fs::remove_dir_all(&out).unwrap();
 
         // Every run of separate clients, with its figures as the JSON has them.
@@ -197,23 +194,30 @@ mod tests {
             assert!(dom.contains(&text(&line)), "summary line missing: {line}");
         }
         assert_eq!(dom.matches("<svg").count(), 3, "three plots");
-        assert!(
-            dom.contains("redis 1.44x"),
-            "the floor plot labels its bars"
-        );
-        // The screenshot shows a page, not a blank one: many colours (plots, text).
-        let mut colours = std::collections::HashSet::new();
-        let bytes = info.line_size / info.width as usize;
-        for pixel in pixels[..info.buffer_size()].chunks(bytes) {
-            colours.insert(pixel.to_vec());
+        // The floor plot labels each bar with its store and ratio.
+        for bench in &json.benches {
+            if let Some(ratio) = summary::floor_ratio(bench) {
+                let label = format!("{} {ratio:.2}x", bench.store);
+                assert!(dom.contains(&label), "the floor plot lacks `{label}`");
+            }
         }
+        // The screenshot shows a page, not a blank one: many colours (plots, text).
         assert!(
-            info.width >= 1000 && colours.len() > 50,
-            "{}x{}, {} colours",
-            info.width,
-            info.height,
-            colours.len()
+            width >= 1000 && colours > 50,
+            "{width}x{height}, {colours} colours"
         );
+    }
+
+    /// The width, height and number of distinct colours of the PNG image `path`.
+    fn colours(path: &std::path::Path) -> (u32, u32, usize) {
+        let png = std::fs::File::open(path).unwrap();
+        let mut reader = png::Decoder::new(png).read_info().unwrap();
+        let mut pixels = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut pixels).unwrap();
+        let bytes = info.line_size / info.width as usize;
+        let distinct: std::collections::HashSet<&[u8]> =
+            pixels[..info.buffer_size()].chunks(bytes).collect();
+        (info.width, info.height, distinct.len())
     }
 
     #[test]

@@ -52,6 +52,11 @@ pub fn quick() -> bool {
     std::env::var_os(QUICK_VAR).is_some()
 }
 
+/// How long a run of separate clients lasts: `full`, or a third of it in a quick run.
+pub fn run_for(full: std::time::Duration) -> std::time::Duration {
+    if quick() { full / 3 } else { full }
+}
+
 /// `full`, or a tenth of it (at least 1) in a quick run.
 pub fn scaled(full: usize) -> usize {
     if quick() { (full / 10).max(1) } else { full }

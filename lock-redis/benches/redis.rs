@@ -5,7 +5,9 @@
 //!   (target <= 1.05x: at least 0.95x of the raw rate);
 //! - 16 tasks on one lock: hand-off latency (release start to next holder) p50/p99 vs one raw
 //!   round trip (`SET NX PX`) (target p50 <= 3x), and acquisitions per second;
-//! - renewing 50 held locks: one batched call vs 50 single renewals.
+//! - renewing 50 held locks: one batched call vs 50 single renewals;
+//! - separate clients (`conformance_tests::bench::fleet_report`), and beside them rslock, a
+//!   peer library, with 16 clients on the single server and on the five Redlock servers.
 //!
 //! Run with `cargo bench -p lock-redis` (servers from `cargo xtask services up`); `cargo xtask
 //! compare` runs it too.
@@ -131,7 +133,6 @@ impl bench::Contender for Rslock {
     }
 }
 
-/// rslock's fleet on the single server, 16 clients holding 1 ms, beside ours.
 /// The servers' own counts: commands processed (`total_commands_processed`; a script is one
 /// command) and clients connected, summed over the servers.
 struct Counters {
@@ -175,31 +176,29 @@ impl bench::ServerCounters for Counters {
     }
 }
 
+/// rslock's fleet on `urls` (one server, or Redlock's five), 16 clients holding 1 ms, beside
+/// ours.
 async fn rslock_fleet(
     report: &mut Report,
-    url: &str,
+    urls: &[String],
     rtt: Duration,
     counters: &Counters,
 ) -> Result<(), String> {
-    let url = url.to_owned();
+    let urls = urls.to_vec();
     let fleet = bench::counted(counters, 16, move || {
         bench::fleet(
             move |name| {
-                let url = url.clone();
+                let urls = urls.clone();
                 async move {
                     Ok(Rslock {
-                        manager: rslock::LockManager::new(vec![url]),
+                        manager: rslock::LockManager::new(urls),
                         resource: format!("bench:rslock:{name}"),
                     })
                 }
             },
             16,
             Duration::from_millis(1),
-            if selection::quick() {
-                FLEET_TIME / 3
-            } else {
-                FLEET_TIME
-            },
+            selection::run_for(FLEET_TIME),
         )
     })
     .await?;
@@ -370,7 +369,7 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
     )
     .await?;
     if selection::workload(selection::CLIENTS) {
-        rslock_fleet(&mut report, url, rtt, &counters).await?;
+        rslock_fleet(&mut report, &[url.to_owned()], rtt, &counters).await?;
     }
     report.finish().map_err(|e| e.to_string())
 }
@@ -415,6 +414,7 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
         .split(',')
         .map(str::to_owned)
         .collect();
+    let counters = Counters::new(&redlock_urls).await?;
     let mut report = Report::new("redlock(5)");
     let backend =
         RedlockBackend::connect(RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"))
@@ -432,9 +432,12 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
         ),
         rtt,
         FLEET_TIME,
-        &Counters::new(&redlock_urls).await?,
+        &counters,
     )
     .await?;
+    if selection::workload(selection::CLIENTS) {
+        rslock_fleet(&mut report, &redlock_urls, rtt, &counters).await?;
+    }
     report.finish().map_err(|e| e.to_string())
 }
 

@@ -20,7 +20,7 @@ use std::{process::ExitCode, time::Duration};
 use conformance_tests::bench::{self, Report, Stats};
 use lock_core::{LockClient, LockOptions};
 use lock_zookeeper::{ZkBackend, ZkConfig};
-use zookeeper_client::{Acls, Client, CreateMode};
+use zookeeper_client::{Acls, Client, CreateMode, LockPrefix};
 
 const TASKS: usize = 16;
 
@@ -50,6 +50,92 @@ async fn raw_create(raw: &Client, prefix: &str) -> Result<String, String> {
 
 /// How long each run of separate clients lasts.
 const FLEET_TIME: Duration = Duration::from_secs(3);
+
+/// The peer beside ours: the lock recipe of `zookeeper-client` (the client crate this
+/// backend uses), Curator's node layout, a session per client; released by dropping its
+/// guard, which deletes the node in the background, as its docs show.
+const PEER: &str = "zookeeper-client 0.11 lock recipe";
+
+/// One client of the peer.
+struct Recipe {
+    client: Client,
+    dir: String,
+}
+
+impl bench::Contender for Recipe {
+    async fn turn(
+        &self,
+        end: std::time::Instant,
+        hold: Duration,
+    ) -> Result<Option<(std::time::Instant, std::time::Instant)>, String> {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let prefix = LockPrefix::new_curator(&self.dir, "lock-").map_err(text)?;
+        let options = zookeeper_client::LockOptions::new(Acls::anyone_all());
+        let guard = match tokio::time::timeout(left, self.client.lock(prefix, b"", options)).await {
+            Ok(guard) => guard.map_err(text)?,
+            Err(_) => return Ok(None),
+        };
+        let acquired = std::time::Instant::now();
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+        let released = std::time::Instant::now();
+        drop(guard);
+        Ok(Some((acquired, released)))
+    }
+}
+
+/// The peer's fleet: 16 clients holding 1 ms on one lock, beside ours.
+async fn peer_fleet(
+    report: &mut Report,
+    config: &ZkConfig,
+    hosts: &str,
+    round_trip: Duration,
+) -> Result<(), String> {
+    let raw = Client::connect(hosts).await.map_err(text)?;
+    let dir = format!("{}/bench-peer-{:016x}", config.root, rand::random::<u64>());
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    raw.create(&dir, &[], &persistent).await.map_err(text)?;
+    let hosts_owned = hosts.to_owned();
+    let peer_dir = dir.clone();
+    let counters = Counters(hosts.to_owned());
+    let fleet = bench::counted(&counters, 16, move || {
+        bench::fleet(
+            move |_name| {
+                let (hosts, dir) = (hosts_owned.clone(), peer_dir.clone());
+                async move {
+                    Ok(Recipe {
+                        client: Client::connect(&hosts).await.map_err(text)?,
+                        dir,
+                    })
+                }
+            },
+            16,
+            Duration::from_millis(1),
+            conformance_tests::selection::run_for(FLEET_TIME),
+        )
+    })
+    .await?;
+    report.peer_fleet(
+        PEER,
+        &format!("{PEER}, 16 clients, hold 1ms"),
+        &fleet,
+        round_trip,
+    );
+    if let Some(operations) = fleet.operations_per_acquisition {
+        report.number(
+            &format!("{PEER}, 16 clients, hold 1ms: server packets per acquisition"),
+            operations,
+        );
+    }
+    // The nodes left are deleted in the background by the dropped guards; the directory
+    // goes when it is empty (best effort).
+    let _ = raw.delete(&dir, None).await;
+    Ok(())
+}
 
 async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     let config = ZkConfig::new(support::hosts(var)?).session_timeout(Duration::from_secs(10));
@@ -88,12 +174,15 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     }
     bench::fleet_report(
         &mut report,
-        bench::each_own(config, ZkBackend::connect),
+        bench::each_own(config.clone(), ZkBackend::connect),
         create.p50,
         FLEET_TIME,
         &Counters(support::hosts(var)?),
     )
     .await?;
+    if conformance_tests::selection::workload(conformance_tests::selection::CLIENTS) {
+        peer_fleet(&mut report, &config, &support::hosts(var)?, create.p50).await?;
+    }
     report.finish().map_err(text)
 }
 

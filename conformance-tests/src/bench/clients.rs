@@ -372,12 +372,14 @@ where
 }
 
 /// The fleet runs every store's benchmark makes: 16 clients holding 1 ms and holding 0, and
-/// 100 and 1,000 clients holding 1 ms, `run_for` each. In a run of a few seconds most of the
+/// 2, 100 and 1,000 clients holding 1 ms (hand-off against 1, 15, 99 and 999 waiters),
+/// `run_for` each. In a run of a few seconds most of the
 /// 1,000 clients get the lock once or never: that run is for the rate and the operations per
 /// acquisition, not for fairness.
-pub const FLEET_RUNS: [(usize, Duration); 4] = [
+pub const FLEET_RUNS: [(usize, Duration); 5] = [
     (16, Duration::from_millis(1)),
     (16, Duration::ZERO),
+    (2, Duration::from_millis(1)),
     (100, Duration::from_millis(1)),
     (1_000, Duration::from_millis(1)),
 ];
@@ -411,7 +413,7 @@ where
     let (fleets, run_for) = if !crate::selection::workload(crate::selection::CLIENTS) {
         (&FLEET_RUNS[..0], run_for)
     } else if crate::selection::quick() {
-        (&FLEET_RUNS[..1], run_for / 3)
+        (&FLEET_RUNS[..1], crate::selection::run_for(run_for))
     } else {
         (&FLEET_RUNS[..], run_for)
     };

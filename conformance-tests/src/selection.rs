@@ -13,15 +13,19 @@ pub const ONLY_VAR: &str = "LOCK_COMPARE_ONLY";
 pub const QUICK_VAR: &str = "LOCK_COMPARE_QUICK";
 
 /// Comma-separated workloads of the store benchmarks; when set, only those run:
-/// [`UNCONTENDED`] and [`CLIENTS`].
+/// [`UNCONTENDED`], [`CLIENTS`] and [`SWEEP`].
 pub const WORKLOAD_VAR: &str = "LOCK_COMPARE_WORKLOAD";
 
 /// The workload of one client (the uncontended cycle against the raw floor, tasks of one
 /// client on one lock, batched renewals).
 pub const UNCONTENDED: &str = "uncontended";
 
-/// The workload of separate clients on one lock (16, 100 and 1,000 of them), peers beside.
+/// The workload of separate clients on one lock (2, 16, 100 and 1,000 of them), peers beside.
 pub const CLIENTS: &str = "clients";
+
+/// The client sweep: 1 to 64 separate clients on many names (see
+/// [`crate::bench::sweep_report`]).
+pub const SWEEP: &str = "sweep";
 
 /// Whether the benchmarks' workload `name` runs (see [`WORKLOAD_VAR`]).
 pub fn workload(name: &str) -> bool {

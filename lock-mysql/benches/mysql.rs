@@ -52,6 +52,9 @@ fn main() -> ExitCode {
 /// How long each run of separate clients lasts.
 const FLEET_TIME: Duration = Duration::from_secs(3);
 
+/// How long each step of the client sweep lasts.
+const SWEEP_TIME: Duration = Duration::from_secs(1);
+
 async fn run() -> Result<(), String> {
     for (strategy, label) in [
         (Strategy::Lease, "mysql-lease"),
@@ -83,6 +86,16 @@ async fn run() -> Result<(), String> {
             handoff(&mut report, strategy, &clients, &options, &raw).await?;
         }
         fleets(&mut report, strategy, &config, &backend, &raw).await?;
+        // The sweep's clients, as the fleets': a pool of one connection each.
+        bench::sweep_report(
+            &mut report,
+            bench::each_own(config.clone().pool_size(1), |config| async move {
+                MySqlBackend::connect(&config).await
+            }),
+            SWEEP_TIME,
+            &["mariadb"],
+        )
+        .await?;
         raw.finish().await?;
         report.finish().map_err(|e| e.to_string())?;
     }

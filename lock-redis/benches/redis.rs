@@ -230,6 +230,9 @@ fn per_round() -> usize {
 /// How long each run of separate clients lasts.
 const FLEET_TIME: Duration = Duration::from_secs(3);
 
+/// How long each step of the client sweep lasts.
+const SWEEP_TIME: Duration = Duration::from_secs(1);
+
 async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
     report: &mut Report,
     client: &LockClient,
@@ -371,6 +374,16 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
     if selection::workload(selection::CLIENTS) {
         rslock_fleet(&mut report, &[url.to_owned()], rtt, &counters).await?;
     }
+    bench::sweep_report(
+        &mut report,
+        bench::each_own(
+            RedisConfig::single(url).key_prefix("bench"),
+            RedisBackend::connect,
+        ),
+        SWEEP_TIME,
+        &["redis"],
+    )
+    .await?;
     report.finish().map_err(|e| e.to_string())
 }
 
@@ -403,6 +416,16 @@ async fn cluster() -> Result<(), String> {
         rtt,
         FLEET_TIME,
         &Counters::new(&cluster_urls).await?,
+    )
+    .await?;
+    bench::sweep_report(
+        &mut report,
+        bench::each_own(
+            RedisConfig::cluster(cluster_urls.clone()).key_prefix("bench"),
+            RedisBackend::connect,
+        ),
+        SWEEP_TIME,
+        &["redis-cluster"],
     )
     .await?;
     report.finish().map_err(|e| e.to_string())
@@ -438,6 +461,22 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
     if selection::workload(selection::CLIENTS) {
         rslock_fleet(&mut report, &redlock_urls, rtt, &counters).await?;
     }
+    bench::sweep_report(
+        &mut report,
+        bench::each_own(
+            RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"),
+            RedlockBackend::connect,
+        ),
+        SWEEP_TIME,
+        &[
+            "redlock-0",
+            "redlock-1",
+            "redlock-2",
+            "redlock-3",
+            "redlock-4",
+        ],
+    )
+    .await?;
     report.finish().map_err(|e| e.to_string())
 }
 

@@ -51,6 +51,9 @@ async fn raw_create(raw: &Client, prefix: &str) -> Result<String, String> {
 /// How long each run of separate clients lasts.
 const FLEET_TIME: Duration = Duration::from_secs(3);
 
+/// How long each step of the client sweep lasts.
+const SWEEP_TIME: Duration = Duration::from_secs(1);
+
 /// The peer beside ours: the lock recipe of `zookeeper-client` (the client crate this
 /// backend uses), Curator's node layout, a session per client; released by dropping its
 /// guard, which deletes the node in the background, as its docs show.
@@ -183,7 +186,24 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     if conformance_tests::selection::workload(conformance_tests::selection::CLIENTS) {
         peer_fleet(&mut report, &config, &support::hosts(var)?, create.p50).await?;
     }
+    let instances: &'static [&'static str] = if is_ensemble(var) {
+        &["zk-ensemble-1", "zk-ensemble-2", "zk-ensemble-3"]
+    } else {
+        &["zookeeper"]
+    };
+    bench::sweep_report(
+        &mut report,
+        bench::each_own(config, ZkBackend::connect),
+        SWEEP_TIME,
+        instances,
+    )
+    .await?;
     report.finish().map_err(text)
+}
+
+/// Whether the servers of `var` are the ensemble's (their instances' names differ).
+fn is_ensemble(var: &str) -> bool {
+    var == support::ENSEMBLE_VAR
 }
 
 /// The workload of one client: its uncontended cycle and the hand-off between tasks of

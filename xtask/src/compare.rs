@@ -37,10 +37,11 @@ const SUITES: &[(&str, &str)] = &[
 ];
 
 /// The parts of the comparison that can be chosen.
-pub(crate) const WORKLOADS: [&str; 4] = [
+pub(crate) const WORKLOADS: [&str; 5] = [
     "conformance",
     selection::UNCONTENDED,
     selection::CLIENTS,
+    selection::SWEEP,
     "migration",
 ];
 
@@ -60,8 +61,9 @@ pub(crate) const STORES: [&str; 8] = [
 #[derive(Debug, Clone, Default, clap::Args)]
 pub(crate) struct CompareArgs {
     /// A run of a few minutes: one conformance scenario per store (enough for the
-    /// capabilities), a tenth of the benchmarks' rounds, only the 16-client runs of
-    /// separate clients, a third as long, and no migration unless `--workload` names it.
+    /// capabilities), a tenth of the benchmarks' rounds, of the runs of separate clients the
+    /// first (16 clients holding 1 ms) and of the sweep 1, 4 and 16 clients, a third as long,
+    /// and no migration unless `--workload` names it.
     #[arg(long)]
     pub(crate) quick: bool,
     /// Only these stores (comma-separated): memory, redis, redis-cluster, redlock,
@@ -69,7 +71,8 @@ pub(crate) struct CompareArgs {
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Vec<String>,
     /// Only these parts (comma-separated): conformance, uncontended (one client against
-    /// the raw floor), clients (separate clients on one lock, peers beside), migration.
+    /// the raw floor), clients (separate clients on one lock, peers beside), sweep (1 to 64
+    /// clients on many names), migration.
     #[arg(long, value_delimiter = ',')]
     pub(crate) workload: Vec<String>,
 }
@@ -174,7 +177,9 @@ fn run_steps(args: &CompareArgs, root: &Path, out: &Path, runs: &Path) -> Result
     };
     let (suites, benches_run) = (
         args.runs("conformance"),
-        args.runs(selection::UNCONTENDED) || args.runs(selection::CLIENTS),
+        args.runs(selection::UNCONTENDED)
+            || args.runs(selection::CLIENTS)
+            || args.runs(selection::SWEEP),
     );
     let total = usize::from(suites) * SUITES.len()
         + usize::from(migration) * 2

@@ -193,6 +193,7 @@ mod tests {
                 })
                 .collect(),
             fleets: Vec::new(),
+            sweep: Vec::new(),
         }
     }
 

@@ -16,12 +16,14 @@ use std::{
 mod clients;
 mod counters;
 mod report;
+mod sweep;
 
 pub use clients::{
     Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, separate_clients,
 };
 pub use counters::{ServerCounters, counted, stat_line};
 pub use report::{FleetRun, Line, Report, render_line};
+pub use sweep::{SWEEP_CLIENTS, SWEEP_NAMES, SweepStep, ZIPF_EXPONENT, sweep_report, sweep_step};
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};

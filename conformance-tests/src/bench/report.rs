@@ -5,7 +5,7 @@ use std::{path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use super::{BENCH_REPORT_DIR_VAR, Fleet, RoundRatios, Stats};
+use super::{BENCH_REPORT_DIR_VAR, Fleet, RoundRatios, Stats, SweepStep};
 
 /// One line of a benchmark report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +36,9 @@ pub struct Report {
     /// The runs of separate clients, as numbers (their lines are in `lines` too), for plots.
     #[serde(default)]
     pub fleets: Vec<FleetRun>,
+    /// The client sweep's steps (see [`super::sweep_report`]), as numbers (and in `lines`).
+    #[serde(default)]
+    pub sweep: Vec<SweepStep>,
 }
 
 /// One run of separate clients in a [`Report`]: by this library or by a peer library on the
@@ -57,6 +60,7 @@ impl Report {
             store: store.to_owned(),
             lines: Vec::new(),
             fleets: Vec::new(),
+            sweep: Vec::new(),
         }
     }
 
@@ -161,6 +165,30 @@ impl Report {
     /// the same server; `label` names the peer too.
     pub fn peer_fleet(&mut self, peer: &str, label: &str, fleet: &Fleet, round_trip: Duration) {
         self.fleet_of(Some(peer), label, fleet, round_trip);
+    }
+
+    /// Adds one step of the client sweep.
+    pub fn sweep_step(&mut self, step: &SweepStep) {
+        self.sweep.push(step.clone());
+        let label = format!("sweep, {} clients on many names", step.clients);
+        self.rate(&format!("{label}: turns"), step.per_second);
+        self.push(
+            &format!("{label}: turn (acquire + release)"),
+            format!(
+                "p50 {:?}, p99 {:?}, max {:?} ({} turns; {} waits cut by the step's end)",
+                step.turn.p50, step.turn.p99, step.turn.max, step.turn.samples, step.cut_short
+            ),
+            None,
+            None,
+        );
+        if let (Some(cores), Some(rss)) = (step.server_cores, step.server_rss_kib) {
+            self.push(
+                &format!("{label}: servers"),
+                format!("{cores:.2} cores, {} MiB resident", rss / 1024),
+                None,
+                None,
+            );
+        }
     }
 
     fn fleet_of(&mut self, peer: Option<&str>, label: &str, fleet: &Fleet, round_trip: Duration) {

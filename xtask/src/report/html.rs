@@ -47,6 +47,8 @@ pub(crate) fn page(collected: &Collected, markdown: &str) -> Result<String> {
     for svg in [
         plots::handoff_vs_waiters(collected)?,
         plots::rate_vs_clients(collected)?,
+        plots::sweep_rate(collected)?,
+        plots::sweep_p99(collected)?,
         plots::floor_ratios(collected)?,
     ] {
         let _ = writeln!(html, "<figure>{svg}</figure>");
@@ -125,9 +127,12 @@ mod tests {
             .collect()
     }
 
+    /// How many plots the page has.
+    const PLOTS: usize = 5;
+
     /// The report of the recorded run, opened in headless Chromium (`cargo xtask services up`
     /// installs it; `LOCK_TEST_CHROMIUM` names it): the page it renders has the figures of
-    /// `report.json`, its three plots and summary, and its screenshot is not blank.
+    /// `report.json`, its plots and summary, and its screenshot is not blank.
     #[test]
     fn chromium_shows_the_figures_of_the_json() {
         let chromium = std::env::var_os("LOCK_TEST_CHROMIUM")
@@ -193,7 +198,7 @@ mod tests {
         for line in summary::lines(&json) {
             assert!(dom.contains(&text(&line)), "summary line missing: {line}");
         }
-        assert_eq!(dom.matches("<svg").count(), 3, "three plots");
+        assert_eq!(dom.matches("<svg").count(), PLOTS, "every plot");
         // The floor plot labels each bar with its store and ratio.
         for bench in &json.benches {
             if let Some(ratio) = summary::floor_ratio(bench) {

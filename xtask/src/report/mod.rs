@@ -188,6 +188,6 @@ pub(crate) mod tests {
         for remote in ["src=\"http", "href=\"http", "<script src", "<link"] {
             assert!(!page.contains(remote), "the page fetches `{remote}`");
         }
-        assert!(page.matches("<svg").count() >= 3, "three plots at least");
+        assert!(page.matches("<svg").count() >= 5, "five plots at least");
     }
 }

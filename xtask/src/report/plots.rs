@@ -124,6 +124,51 @@ pub(crate) fn rate_vs_clients(collected: &Collected) -> Result<String> {
     )
 }
 
+/// The client sweep per store: `value` of each step against its clients.
+fn sweep_series(
+    benches: &[bench::Report],
+    value: impl Fn(&bench::SweepStep) -> Option<f64>,
+) -> Vec<Series> {
+    benches
+        .iter()
+        .filter(|b| !b.sweep.is_empty())
+        .map(|b| {
+            let points = b
+                .sweep
+                .iter()
+                .filter_map(|step| value(step).map(|y| (step.clients as f64, y)))
+                .collect();
+            (b.store.clone(), points)
+        })
+        .collect()
+}
+
+/// The client sweep's turns per second against its clients.
+pub(crate) fn sweep_rate(collected: &Collected) -> Result<String> {
+    let series = sweep_series(&collected.benches, |step| {
+        (step.per_second > 0.0).then_some(step.per_second)
+    });
+    lines(
+        "Client sweep: turns per second (many names, Zipf)",
+        "separate clients",
+        "turns/s",
+        &series,
+    )
+}
+
+/// The client sweep's p99 turn latency against its clients, in ms.
+pub(crate) fn sweep_p99(collected: &Collected) -> Result<String> {
+    let series = sweep_series(&collected.benches, |step| {
+        (step.turn.samples > 0).then_some(step.turn.p99.as_secs_f64() * 1e3)
+    });
+    lines(
+        "Client sweep: p99 of a turn (acquire + release)",
+        "separate clients",
+        "ms",
+        &series,
+    )
+}
+
 /// Each store's uncontended cycle against its raw floor, as bars.
 pub(crate) fn floor_ratios(collected: &Collected) -> Result<String> {
     let bars: Vec<(&str, f64)> = collected

@@ -73,7 +73,42 @@ const UNCONTENDED: [(&str, f64); 5] = [
 fn of_store(report: &bench::Report) -> Vec<Target> {
     let mut targets = of_fleets(report);
     targets.extend(of_floors(report));
+    targets.push(of_sweep(report));
     targets
+}
+
+/// The client sweep's target: turns per second grow with clients until the store
+/// saturates (read here as: two clients do more than one, and no later step falls below
+/// 80 % of the best one before it), and p99 stays within 10x p50 at every step.
+fn of_sweep(report: &bench::Report) -> Target {
+    let goal = Target::new(
+        &report.store,
+        "client sweep: turns/s grow until saturation, p99 <= 10x p50",
+    );
+    let steps = &report.sweep;
+    if steps.len() < 2 {
+        return goal;
+    }
+    let grows = steps[1].per_second > steps[0].per_second;
+    let mut best = 0.0_f64;
+    let mut holds = true;
+    for step in steps {
+        holds &= step.per_second >= 0.8 * best;
+        best = best.max(step.per_second);
+    }
+    let spread = steps
+        .iter()
+        .filter(|s| s.turn.samples > 0)
+        .map(|s| s.turn.p99.as_secs_f64() / s.turn.p50.as_secs_f64().max(1e-9))
+        .fold(0.0_f64, f64::max);
+    let rates: Vec<String> = steps
+        .iter()
+        .map(|s| format!("{:.0}", s.per_second))
+        .collect();
+    goal.judged(
+        format!("{}/s; p99/p50 up to {spread:.1}x", rates.join(", ")),
+        grows && holds && spread <= 10.0,
+    )
 }
 
 /// The targets of the runs of separate clients.
@@ -202,10 +237,6 @@ pub(crate) fn all(collected: &Collected) -> Vec<Target> {
     targets.push(Target::new(
         "every store",
         "renewing 10,000 held locks: <= 1 round trip per 100 locks per period",
-    ));
-    targets.push(Target::new(
-        "every store",
-        "client sweep 1..64 on many names: throughput grows, p99 within 10x p50",
     ));
     targets
 }

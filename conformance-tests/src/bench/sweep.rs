@@ -1,0 +1,278 @@
+//! The client sweep, after YCSB: 1, 2, 4, ..., 64 separate clients on many names, each turn
+//! on a name chosen with a Zipf distribution (a few names hot, most cold): acquire, write,
+//! release. Per step: turns per second, the latency of a turn (p50/p99/max), and what the
+//! store's server processes used meanwhile (CPU time, resident memory), read from `/proc`.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Barrier, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use lock_core::{Holder, LockClient, LockName, LockOptions};
+use rand_distr::{Distribution, Zipf};
+use serde::{Deserialize, Serialize};
+
+use super::{Stats, histogram, record, stats};
+use crate::SERVICES_DIR_VAR;
+
+/// The clients of the sweep's steps.
+pub const SWEEP_CLIENTS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// How many names the turns choose from.
+pub const SWEEP_NAMES: usize = 1_000;
+
+/// The Zipf exponent of the choice of name (YCSB's default).
+pub const ZIPF_EXPONENT: f64 = 0.99;
+
+/// One step of the sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepStep {
+    /// Separate clients.
+    pub clients: usize,
+    /// Turns done (acquire, write, release).
+    pub turns: usize,
+    /// Turns per second.
+    pub per_second: f64,
+    /// The latency of a turn, from the acquire call to the release's return.
+    pub turn: Stats,
+    /// Turns whose wait the step's end cut short (each waits at most until then).
+    pub cut_short: usize,
+    /// CPU time the store's server processes used during the step, per second of it (1.0
+    /// is one core busy), when their processes were found.
+    pub server_cores: Option<f64>,
+    /// The server processes' resident memory at the step's end, in KiB, when found.
+    pub server_rss_kib: Option<u64>,
+}
+
+/// The pids of the server instances `instances` (directories under [`SERVICES_DIR_VAR`],
+/// each with a `pid` file, or with one per node below it, as Redis Cluster's).
+fn server_pids(instances: &[&str]) -> Vec<u32> {
+    let Some(root) = std::env::var_os(SERVICES_DIR_VAR).map(PathBuf::from) else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for instance in instances {
+        let dir = root.join(instance);
+        let mut files = vec![dir.join("pid")];
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            files.extend(entries.flatten().map(|e| e.path().join("pid")));
+        }
+        pids.extend(files.iter().filter_map(|file| {
+            std::fs::read_to_string(file)
+                .ok()
+                .and_then(|text| text.trim().parse::<u32>().ok())
+        }));
+    }
+    pids
+}
+
+/// CPU time (user + system) of `pid` so far, from `/proc/<pid>/stat`.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis; utime and stime are the 12th and
+    // 13th of them, in clock ticks (100 per second on Linux).
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Resident memory of `pid`, in KiB, from `/proc/<pid>/status`.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// The summed CPU time of `pids`, `None` when one cannot be read.
+fn total_cpu(pids: &[u32]) -> Option<Duration> {
+    pids.iter().map(|&pid| cpu_time(pid)).sum()
+}
+
+/// One step: `clients` separate clients (each an OS thread with its own current-thread
+/// runtime and its own client from `connect`) take turns on names chosen by Zipf for
+/// `run_for`. `instances` name the store's server instances (see [`server_pids`]).
+///
+/// # Errors
+/// A client that cannot connect, or a turn's error other than a time-out, as text.
+pub fn sweep_step<C, CF>(
+    connect: C,
+    clients: usize,
+    run_for: Duration,
+    instances: &[&str],
+) -> Result<SweepStep, String>
+where
+    C: Fn() -> CF + Send + Sync + 'static,
+    CF: Future<Output = Result<LockClient, String>>,
+{
+    let prefix = format!("bench/sweep/{:016x}", rand::random::<u64>());
+    let names: Arc<Vec<LockName>> = Arc::new(
+        (0..SWEEP_NAMES)
+            .map(|i| LockName::new(format!("{prefix}/{i}")).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?,
+    );
+    let zipf = Zipf::new(SWEEP_NAMES as f64, ZIPF_EXPONENT).map_err(|e| e.to_string())?;
+    let connect = Arc::new(connect);
+    let ready = Arc::new(Barrier::new(clients + 1));
+    let latencies = Arc::new(Mutex::new((histogram()?, 0usize, 0usize)));
+    let end = Arc::new(Mutex::new(None::<Instant>));
+    let mut threads = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let (connect, ready, names) = (connect.clone(), ready.clone(), names.clone());
+        let (latencies, end) = (latencies.clone(), end.clone());
+        threads.push(std::thread::spawn(move || -> Result<(), String> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string());
+            let client = runtime
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|rt| rt.block_on(connect()));
+            ready.wait();
+            ready.wait();
+            let (runtime, client) = (runtime?, client?);
+            let end = end
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ok_or("the step did not start")?;
+            runtime.block_on(turns(&client, &names, zipf, end, &latencies))
+        }));
+    }
+    ready.wait();
+    let pids = server_pids(instances);
+    let cpu_before = total_cpu(&pids);
+    let began = Instant::now();
+    *end.lock().unwrap_or_else(PoisonError::into_inner) = Some(began + run_for);
+    ready.wait();
+    let mut first_error = None;
+    for thread in threads {
+        let outcome = thread
+            .join()
+            .map_err(|_| "a sweep client panicked".to_string())
+            .and_then(|r| r);
+        if let Err(error) = outcome {
+            first_error.get_or_insert(error);
+        }
+    }
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    let elapsed = began.elapsed();
+    let cpu_after = total_cpu(&pids);
+    let (histogram, turns, cut_short) = std::mem::replace(
+        &mut *latencies.lock().unwrap_or_else(PoisonError::into_inner),
+        (histogram()?, 0, 0),
+    );
+    let server_cores = cpu_before
+        .zip(cpu_after)
+        .filter(|_| !pids.is_empty())
+        .map(|(before, after)| after.saturating_sub(before).as_secs_f64() / elapsed.as_secs_f64());
+    let rss: Option<u64> = if pids.is_empty() {
+        None
+    } else {
+        pids.iter().map(|&pid| rss_kib(pid)).sum()
+    };
+    Ok(SweepStep {
+        clients,
+        turns,
+        per_second: turns as f64 / elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
+        turn: stats(&histogram),
+        cut_short,
+        server_cores,
+        server_rss_kib: rss,
+    })
+}
+
+/// One client's turns until `end`: a Zipf-chosen name, acquire (waiting at most until
+/// `end`), write (the caller's work: nothing here, the lock's cost is what is measured),
+/// release.
+async fn turns(
+    client: &LockClient,
+    names: &[LockName],
+    zipf: Zipf<f64>,
+    end: Instant,
+    latencies: &Mutex<(hdrhistogram::Histogram<u64>, usize, usize)>,
+) -> Result<(), String> {
+    let holder = Holder::new();
+    let mut rng = rand::rng();
+    let mut mine = histogram()?;
+    let (mut done, mut failed) = (0, 0);
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        // Zipf draws 1..=n, 1 the most frequent.
+        let rank = (zipf.sample(&mut rng) as usize).clamp(1, names.len());
+        let name = &names[rank - 1];
+        let options = LockOptions::new().ttl(Duration::from_secs(30)).wait(left);
+        let started = Instant::now();
+        match client.acquire(&holder, name, &options).await {
+            Ok(guard) => {
+                guard.release().await.map_err(|e| e.to_string())?;
+                record(&mut mine, started.elapsed());
+                done += 1;
+            }
+            Err(lock_core::LockError::Timeout { .. }) => failed += 1,
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+    let mut all = latencies.lock().unwrap_or_else(PoisonError::into_inner);
+    all.0.add(&mine).map_err(|e| e.to_string())?;
+    all.1 += done;
+    all.2 += failed;
+    Ok(())
+}
+
+/// The sweep's steps against the store `connect` reaches (see [`SWEEP_CLIENTS`]; 1, 4 and
+/// 16 clients a third as long in a quick run), each added to `report` (see
+/// [`super::Report::sweep_step`]); nothing when the `sweep` workload is left out (see
+/// [`crate::selection::WORKLOAD_VAR`]). `instances` name the store's server instances.
+///
+/// # Errors
+/// The first error of a step, as text.
+pub async fn sweep_report<C, CF>(
+    report: &mut super::Report,
+    connect: C,
+    run_for: Duration,
+    instances: &'static [&'static str],
+) -> Result<(), String>
+where
+    C: Fn() -> CF + Clone + Send + Sync + 'static,
+    CF: Future<Output = Result<LockClient, String>>,
+{
+    if !crate::selection::workload(crate::selection::SWEEP) {
+        return Ok(());
+    }
+    let steps: &[usize] = if crate::selection::quick() {
+        &[1, 4, 16]
+    } else {
+        &SWEEP_CLIENTS
+    };
+    let run_for = crate::selection::run_for(run_for);
+    for &clients in steps {
+        let connect = connect.clone();
+        let step =
+            tokio::task::spawn_blocking(move || sweep_step(connect, clients, run_for, instances))
+                .await
+                .map_err(|e| format!("a sweep step panicked: {e}"))??;
+        report.sweep_step(&step);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let me = std::process::id();
+        assert!(rss_kib(me).is_some_and(|kib| kib > 0));
+        assert!(cpu_time(me).is_some());
+    }
+}

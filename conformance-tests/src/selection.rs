@@ -56,7 +56,8 @@ pub fn quick() -> bool {
     std::env::var_os(QUICK_VAR).is_some()
 }
 
-/// How long a run of separate clients lasts: `full`, or a third of it in a quick run.
+/// How long a run of separate clients (or a step of the sweep) lasts: `full`, or a third of
+/// it in a quick run.
 pub fn run_for(full: std::time::Duration) -> std::time::Duration {
     if quick() { full / 3 } else { full }
 }

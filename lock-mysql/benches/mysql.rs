@@ -12,7 +12,8 @@
 //! - separate clients (see `conformance_tests::bench::fleet_report`), and for the row lock the
 //!   100-client run against InnoDB's own queue of 100 raw connections on one row, measured
 //!   right after it (target: time per acquisition at most 1.25x, that is at least 0.8x of
-//!   the raw rate).
+//!   the raw rate);
+//! - the client sweep on many names (`conformance_tests::bench::sweep_report`).
 //!
 //! Run with `cargo bench -p lock-mysql` (servers from `cargo xtask services up`, variables from
 //! `cargo xtask services env`); `cargo xtask compare` runs it too.

@@ -7,7 +7,10 @@
 //!   does not list);
 //! - 16 tasks (16 sessions) on one lock: hand-off latency (release start to the next holder's
 //!   `acquire` returning) p50/p99 vs one raw `create` (target p50 <= 3x), and acquisitions per
-//!   second.
+//!   second;
+//! - separate clients on one lock (`conformance_tests::bench::fleet_report`), and beside
+//!   them the peer: zookeeper-client's own lock recipe, 16 clients;
+//! - the client sweep on many names (`conformance_tests::bench::sweep_report`).
 //!
 //! Run with `cargo bench -p lock-zookeeper` (servers from `cargo xtask services up`, variables
 //! from `cargo xtask services env`). `LOCK_BENCH_N` sets the number of cycles (default 1000).
@@ -99,9 +102,12 @@ async fn peer_fleet(
     round_trip: Duration,
 ) -> Result<(), String> {
     let raw = Client::connect(hosts).await.map_err(text)?;
+    // A container node: the server deletes it once its last child is gone (the peer's
+    // guards delete their nodes in the background, and a client's runtime may end first:
+    // then its session's end takes the node).
     let dir = format!("{}/bench-peer-{:016x}", config.root, rand::random::<u64>());
-    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-    raw.create(&dir, &[], &persistent).await.map_err(text)?;
+    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+    raw.create(&dir, &[], &container).await.map_err(text)?;
     let hosts_owned = hosts.to_owned();
     let peer_dir = dir.clone();
     let counters = Counters(hosts.to_owned());
@@ -134,9 +140,6 @@ async fn peer_fleet(
             operations,
         );
     }
-    // The nodes left are deleted in the background by the dropped guards; the directory
-    // goes when it is empty (best effort).
-    let _ = raw.delete(&dir, None).await;
     Ok(())
 }
 
@@ -186,24 +189,14 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     if conformance_tests::selection::workload(conformance_tests::selection::CLIENTS) {
         peer_fleet(&mut report, &config, &support::hosts(var)?, create.p50).await?;
     }
-    let instances: &'static [&'static str] = if is_ensemble(var) {
-        &["zk-ensemble-1", "zk-ensemble-2", "zk-ensemble-3"]
-    } else {
-        &["zookeeper"]
-    };
     bench::sweep_report(
         &mut report,
         bench::each_own(config, ZkBackend::connect),
         SWEEP_TIME,
-        instances,
+        support::instances(var),
     )
     .await?;
     report.finish().map_err(text)
-}
-
-/// Whether the servers of `var` are the ensemble's (their instances' names differ).
-fn is_ensemble(var: &str) -> bool {
-    var == support::ENSEMBLE_VAR
 }
 
 /// The workload of one client: its uncontended cycle and the hand-off between tasks of

@@ -5,7 +5,7 @@
 
 use std::{
     future::Future,
-    sync::{Arc, Barrier, Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -184,65 +184,19 @@ where
     let connect = Arc::new(connect);
     let turns = Arc::new(Mutex::new(Vec::new()));
     let failures = Arc::new(Mutex::new((0usize, None::<String>)));
-    // Every client connects first; the clock starts when all are ready (the start is set
-    // between the two barriers: set before the first, it would run while slow clients still
-    // connect, and a run of a thousand clients would be cut short).
-    let ready = Arc::new(Barrier::new(clients + 1));
-    let go = Arc::new(Barrier::new(clients + 1));
-    let start = Arc::new(Mutex::new(None::<Instant>));
-    let mut threads = Vec::with_capacity(clients);
-    for id in 0..clients {
-        let (connect, turns, ready, start) =
-            (connect.clone(), turns.clone(), ready.clone(), start.clone());
-        let go = go.clone();
-        let (name, failures) = (name.clone(), failures.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("fleet-{id}"))
-            .spawn(move || -> Result<(), String> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string());
-                let contender = runtime
-                    .as_ref()
-                    .map_err(Clone::clone)
-                    .and_then(|rt| rt.block_on(connect(name)));
-                ready.wait();
-                go.wait();
-                let (runtime, contender) = (runtime?, contender?);
-                let began = start
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .ok_or("the run did not start")?;
-                runtime.block_on(take_turns(
-                    id,
-                    &contender,
-                    hold,
-                    began + run_for,
-                    &turns,
-                    &failures,
-                ))
-            })
-            .map_err(|e| e.to_string())?;
-        threads.push(thread);
-    }
-    ready.wait();
-    let began = Instant::now();
-    *start.lock().unwrap_or_else(PoisonError::into_inner) = Some(began);
-    go.wait();
-    let mut first_error = None;
-    for thread in threads {
-        let outcome = thread
-            .join()
-            .map_err(|_| "a client thread panicked".to_string())
-            .and_then(|r| r);
-        if let Err(error) = outcome {
-            first_error.get_or_insert(error);
-        }
-    }
-    if let Some(error) = first_error {
-        return Err(error);
-    }
+    let (turns_of, failures_of) = (turns.clone(), failures.clone());
+    let began = super::threads::run_clients(
+        clients,
+        move |_| {
+            let (connect, name) = (connect.clone(), name.clone());
+            async move { connect(name).await }
+        },
+        move |id, contender, began| {
+            let (turns, failures) = (turns_of.clone(), failures_of.clone());
+            async move { take_turns(id, &contender, hold, began + run_for, &turns, &failures).await }
+        },
+        |_| {},
+    )?;
     let elapsed = began.elapsed();
     let mut turns = std::mem::take(&mut *turns.lock().unwrap_or_else(PoisonError::into_inner));
     turns.sort_by_key(|turn| turn.acquired);

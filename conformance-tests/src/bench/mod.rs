@@ -17,6 +17,7 @@ mod clients;
 mod counters;
 mod report;
 mod sweep;
+mod threads;
 
 pub use clients::{
     Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, separate_clients,

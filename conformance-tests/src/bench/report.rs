@@ -181,14 +181,18 @@ impl Report {
             None,
             None,
         );
-        if let (Some(cores), Some(rss)) = (step.server_cores, step.server_rss_kib) {
-            self.push(
-                &format!("{label}: servers"),
-                format!("{cores:.2} cores, {} MiB resident", rss / 1024),
-                None,
-                None,
-            );
-        }
+        let cores = step
+            .server_cores
+            .map_or_else(|| "?".to_string(), |c| format!("{c:.2}"));
+        let rss = step
+            .server_rss_kib
+            .map_or_else(|| "?".to_string(), |kib| (kib / 1024).to_string());
+        self.push(
+            &format!("{label}: servers"),
+            format!("{cores} cores, {rss} MiB resident"),
+            None,
+            None,
+        );
     }
 
     fn fleet_of(&mut self, peer: Option<&str>, label: &str, fleet: &Fleet, round_trip: Duration) {

@@ -5,7 +5,7 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, Barrier, Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -36,7 +36,8 @@ pub struct SweepStep {
     pub per_second: f64,
     /// The latency of a turn, from the acquire call to the release's return.
     pub turn: Stats,
-    /// Turns whose wait the step's end cut short (each waits at most until then).
+    /// Acquisitions whose wait the step's end cut short (each waits at most until then;
+    /// not counted in `turns`).
     pub cut_short: usize,
     /// CPU time the store's server processes used during the step, per second of it (1.0
     /// is one core busy), when their processes were found.
@@ -94,7 +95,10 @@ fn total_cpu(pids: &[u32]) -> Option<Duration> {
 
 /// One step: `clients` separate clients (each an OS thread with its own current-thread
 /// runtime and its own client from `connect`) take turns on names chosen by Zipf for
-/// `run_for`. `instances` name the store's server instances (see [`server_pids`]).
+/// `run_for`; only turns done by then count, and the servers' CPU time is read at the start
+/// and at that end (not while the clients shut down). `instances` name the store's server
+/// instances (see [`server_pids`]). Blocks the calling thread: call it outside a runtime or
+/// from `spawn_blocking`.
 ///
 /// # Errors
 /// A client that cannot connect, or a turn's error other than a time-out, as text.
@@ -116,53 +120,32 @@ where
     );
     let zipf = Zipf::new(SWEEP_NAMES as f64, ZIPF_EXPONENT).map_err(|e| e.to_string())?;
     let connect = Arc::new(connect);
-    let ready = Arc::new(Barrier::new(clients + 1));
     let latencies = Arc::new(Mutex::new((histogram()?, 0usize, 0usize)));
-    let end = Arc::new(Mutex::new(None::<Instant>));
-    let mut threads = Vec::with_capacity(clients);
-    for _ in 0..clients {
-        let (connect, ready, names) = (connect.clone(), ready.clone(), names.clone());
-        let (latencies, end) = (latencies.clone(), end.clone());
-        threads.push(std::thread::spawn(move || -> Result<(), String> {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string());
-            let client = runtime
-                .as_ref()
-                .map_err(Clone::clone)
-                .and_then(|rt| rt.block_on(connect()));
-            ready.wait();
-            ready.wait();
-            let (runtime, client) = (runtime?, client?);
-            let end = end
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .ok_or("the step did not start")?;
-            runtime.block_on(turns(&client, &names, zipf, end, &latencies))
-        }));
-    }
-    ready.wait();
     let pids = server_pids(instances);
     let cpu_before = total_cpu(&pids);
-    let began = Instant::now();
-    *end.lock().unwrap_or_else(PoisonError::into_inner) = Some(began + run_for);
-    ready.wait();
-    let mut first_error = None;
-    for thread in threads {
-        let outcome = thread
-            .join()
-            .map_err(|_| "a sweep client panicked".to_string())
-            .and_then(|r| r);
-        if let Err(error) = outcome {
-            first_error.get_or_insert(error);
-        }
-    }
-    if let Some(error) = first_error {
-        return Err(error);
-    }
-    let elapsed = began.elapsed();
-    let cpu_after = total_cpu(&pids);
+    let mut at_end = (None, None);
+    let of_clients = latencies.clone();
+    super::threads::run_clients(
+        clients,
+        move |_| {
+            let connect = connect.clone();
+            async move { connect().await }
+        },
+        move |_, client, began| {
+            let (names, latencies) = (names.clone(), of_clients.clone());
+            async move { turns(&client, &names, zipf, began + run_for, &latencies).await }
+        },
+        |began| {
+            std::thread::sleep((began + run_for).saturating_duration_since(Instant::now()));
+            at_end = (
+                total_cpu(&pids),
+                (!pids.is_empty())
+                    .then(|| pids.iter().map(|&pid| rss_kib(pid)).sum::<Option<u64>>())
+                    .flatten(),
+            );
+        },
+    )?;
+    let (cpu_after, rss) = at_end;
     let (histogram, turns, cut_short) = std::mem::replace(
         &mut *latencies.lock().unwrap_or_else(PoisonError::into_inner),
         (histogram()?, 0, 0),
@@ -170,16 +153,11 @@ where
     let server_cores = cpu_before
         .zip(cpu_after)
         .filter(|_| !pids.is_empty())
-        .map(|(before, after)| after.saturating_sub(before).as_secs_f64() / elapsed.as_secs_f64());
-    let rss: Option<u64> = if pids.is_empty() {
-        None
-    } else {
-        pids.iter().map(|&pid| rss_kib(pid)).sum()
-    };
+        .map(|(before, after)| after.saturating_sub(before).as_secs_f64() / run_for.as_secs_f64());
     Ok(SweepStep {
         clients,
         turns,
-        per_second: turns as f64 / elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
+        per_second: turns as f64 / run_for.as_secs_f64().max(f64::MIN_POSITIVE),
         turn: stats(&histogram),
         cut_short,
         server_cores,
@@ -214,8 +192,11 @@ async fn turns(
         match client.acquire(&holder, name, &options).await {
             Ok(guard) => {
                 guard.release().await.map_err(|e| e.to_string())?;
-                record(&mut mine, started.elapsed());
-                done += 1;
+                // A turn done after the step's end is not the step's.
+                if Instant::now() <= end {
+                    record(&mut mine, started.elapsed());
+                    done += 1;
+                }
             }
             Err(lock_core::LockError::Timeout { .. }) => failed += 1,
             Err(error) => return Err(error.to_string()),
@@ -273,6 +254,21 @@ mod tests {
     fn this_process_has_cpu_time_and_memory() {
         let me = std::process::id();
         assert!(rss_kib(me).is_some_and(|kib| kib > 0));
-        assert!(cpu_time(me).is_some());
+        let before = cpu_time(me).unwrap();
+        // Burn CPU until the process's user + system time has grown by 100 ms (another
+        // field of `/proc/<pid>/stat`, one that does not grow with CPU use, never would).
+        let start = Instant::now();
+        let mut x = 0u64;
+        let mut used = Duration::ZERO;
+        while used < Duration::from_millis(100) && start.elapsed() < Duration::from_secs(20) {
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+            used = cpu_time(me).unwrap().saturating_sub(before);
+        }
+        assert!(
+            used >= Duration::from_millis(100),
+            "{used:?} of CPU in 20 s"
+        );
     }
 }

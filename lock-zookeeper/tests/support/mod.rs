@@ -53,6 +53,15 @@ pub(crate) struct ZkStore {
     instances: &'static [&'static str],
 }
 
+/// The service instances (see `cargo xtask services`) of the servers in `var`.
+pub(crate) fn instances(var: &str) -> &'static [&'static str] {
+    if var == ENSEMBLE_VAR {
+        &["zk-ensemble-1", "zk-ensemble-2", "zk-ensemble-3"]
+    } else {
+        &["zookeeper"]
+    }
+}
+
 impl ZkStore {
     /// The store of the servers in `var`, with sessions of `session_timeout`.
     pub(crate) async fn from_env(var: &str, session_timeout: Duration) -> Result<Self, String> {
@@ -63,11 +72,7 @@ impl ZkStore {
             session_timeout.as_millis()
         );
         let config: ZkConfig = url.parse().map_err(|e: LockError| e.to_string())?;
-        let instances: &'static [&'static str] = if var == ENSEMBLE_VAR {
-            &["zk-ensemble-1", "zk-ensemble-2", "zk-ensemble-3"]
-        } else {
-            &["zookeeper"]
-        };
+        let instances = instances(var);
         Ok(Self {
             url,
             config,

@@ -1,6 +1,7 @@
 //! The report's plots, drawn with `plotters` as SVG text to inline in the page: hand-off
-//! against waiting clients, acquisitions per second against clients (peers beside ours), and
-//! each store's uncontended cycle against its raw floor.
+//! against clients on one lock, acquisitions per second against clients (peers beside
+//! ours), the client sweep's turns per second and p99 against clients, and each store's
+//! uncontended cycle against its raw floor.
 
 use anyhow::{Result, anyhow};
 use conformance_tests::bench;

@@ -86,10 +86,16 @@ fn of_sweep(report: &bench::Report) -> Target {
         "client sweep: turns/s grow until saturation, p99 <= 10x p50",
     );
     let steps = &report.sweep;
-    if steps.len() < 2 {
+    let rate = |clients: usize| {
+        steps
+            .iter()
+            .find(|s| s.clients == clients)
+            .map(|s| s.per_second)
+    };
+    // A quick run has no 2-client step: the growth cannot be judged.
+    let (Some(one), Some(two)) = (rate(1), rate(2)) else {
         return goal;
-    }
-    let grows = steps[1].per_second > steps[0].per_second;
+    };
     let mut best = 0.0_f64;
     let mut holds = true;
     for step in steps {
@@ -107,7 +113,7 @@ fn of_sweep(report: &bench::Report) -> Target {
         .collect();
     goal.judged(
         format!("{}/s; p99/p50 up to {spread:.1}x", rates.join(", ")),
-        grows && holds && spread <= 10.0,
+        two > one && holds && spread <= 10.0,
     )
 }
 
@@ -296,5 +302,55 @@ mod tests {
         assert_eq!(find("every store", "renewing").verdict(), "not measured");
         let (met, measured) = tally(&targets);
         assert!(met < measured && measured < targets.len());
+    }
+
+    /// A sweep step of `clients` at `rate` turns/s with p50 1 ms and p99 `p99_ms`.
+    fn step(clients: usize, rate: f64, p99_ms: u64) -> bench::SweepStep {
+        let ms = std::time::Duration::from_millis;
+        bench::SweepStep {
+            clients,
+            turns: 100,
+            per_second: rate,
+            turn: bench::Stats {
+                samples: 100,
+                mean: ms(1),
+                p50: ms(1),
+                p99: ms(p99_ms),
+                max: ms(p99_ms),
+            },
+            cut_short: 0,
+            server_cores: None,
+            server_rss_kib: None,
+        }
+    }
+
+    #[test]
+    fn the_sweep_grows_until_it_saturates_without_collapse_or_a_long_tail() {
+        let mut report = bench::Report::new("s");
+        let judge = |steps: Vec<bench::SweepStep>, report: &mut bench::Report| {
+            report.sweep = steps;
+            of_sweep(report).met
+        };
+        let good = vec![
+            step(1, 100.0, 3),
+            step(2, 180.0, 3),
+            step(4, 300.0, 4),
+            step(8, 290.0, 5),
+        ];
+        assert_eq!(judge(good.clone(), &mut report), Some(true));
+        // Two clients no faster than one.
+        let flat = vec![step(1, 100.0, 3), step(2, 90.0, 3), step(4, 95.0, 3)];
+        assert_eq!(judge(flat, &mut report), Some(false));
+        // A collapse after the peak (below 80 % of the best before it).
+        let mut collapse = good.clone();
+        collapse.push(step(16, 200.0, 5));
+        assert_eq!(judge(collapse, &mut report), Some(false));
+        // A long tail at one step.
+        let mut tail = good;
+        tail[2] = step(4, 300.0, 11);
+        assert_eq!(judge(tail, &mut report), Some(false));
+        // A quick run's steps (1, 4, 16): not judged.
+        let quick = vec![step(1, 100.0, 3), step(4, 300.0, 3), step(16, 400.0, 3)];
+        assert_eq!(judge(quick, &mut report), None);
     }
 }

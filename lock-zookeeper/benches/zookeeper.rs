@@ -74,23 +74,13 @@ impl bench::Contender for Recipe {
         end: std::time::Instant,
         hold: Duration,
     ) -> Result<Option<(std::time::Instant, std::time::Instant)>, String> {
-        let left = end.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Ok(None);
-        }
-        let prefix = LockPrefix::new_curator(&self.dir, "lock-").map_err(text)?;
-        let options = zookeeper_client::LockOptions::new(Acls::anyone_all());
-        let guard = match tokio::time::timeout(left, self.client.lock(prefix, b"", options)).await {
-            Ok(guard) => guard.map_err(text)?,
-            Err(_) => return Ok(None),
+        let acquire = async {
+            let prefix = LockPrefix::new_curator(&self.dir, "lock-").map_err(text)?;
+            let options = zookeeper_client::LockOptions::new(Acls::anyone_all());
+            self.client.lock(prefix, b"", options).await.map_err(text)
         };
-        let acquired = std::time::Instant::now();
-        if !hold.is_zero() {
-            tokio::time::sleep(hold).await;
-        }
-        let released = std::time::Instant::now();
-        drop(guard);
-        Ok(Some((acquired, released)))
+        // Dropping the guard deletes the node in the background, as the recipe's docs show.
+        bench::peer_turn(end, hold, acquire, |guard| async move { drop(guard) }).await
     }
 }
 

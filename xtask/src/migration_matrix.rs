@@ -49,7 +49,8 @@ pub(crate) fn is_pair(report: &bench::Report) -> bool {
 
 /// The metrics whose denominator is a store's raw floor, as each store's benchmark names it,
 /// in the order [`floor_line`] looks for them.
-pub(crate) const FLOOR_METRICS: [&str; 3] = [
+pub(crate) const FLOOR_METRICS: [&str; 4] = [
+    "uncontended acquire+release / raw floor of the five servers in parallel (means)",
     "uncontended acquire+release / raw floor (means)",
     "uncontended acquire+release / raw INSERT+DELETE on one connection (means)",
     "cycle / floor, mean",

@@ -86,6 +86,40 @@ pub trait Contender {
     ) -> impl Future<Output = Result<Option<(Instant, Instant)>, String>>;
 }
 
+/// One turn of a peer library's client, for its [`Contender`]: `acquire`, bounded by the time
+/// left until `end` (`None` when that runs out first), hold `hold`, then `release` the
+/// guard; when `acquire` returned and when the release began.
+///
+/// # Errors
+/// `acquire`'s error.
+pub async fn peer_turn<G, A, R, RF>(
+    end: Instant,
+    hold: Duration,
+    acquire: A,
+    release: R,
+) -> Result<Option<(Instant, Instant)>, String>
+where
+    A: Future<Output = Result<G, String>>,
+    R: FnOnce(G) -> RF,
+    RF: Future<Output = ()>,
+{
+    let left = end.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Ok(None);
+    }
+    let guard = match tokio::time::timeout(left, acquire).await {
+        Ok(guard) => guard?,
+        Err(_) => return Ok(None),
+    };
+    let acquired = Instant::now();
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
+    let released = Instant::now();
+    release(guard).await;
+    Ok(Some((acquired, released)))
+}
+
 /// A [`LockClient`] taking its turns as a user of this library would: `acquire` with the
 /// budget that is left, hold, `release`.
 struct Client {

@@ -20,7 +20,7 @@ mod sweep;
 mod threads;
 
 pub use clients::{
-    Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, separate_clients,
+    Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, peer_turn, separate_clients,
 };
 pub use counters::{ServerCounters, counted, stat_line};
 pub use report::{FleetRun, Line, Report, render_line};

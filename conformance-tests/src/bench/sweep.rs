@@ -97,7 +97,7 @@ fn total_cpu(pids: &[u32]) -> Option<Duration> {
 /// runtime and its own client from `connect`) take turns on names chosen by Zipf for
 /// `run_for`; only turns done by then count, and the servers' CPU time is read at the start
 /// and at that end (not while the clients shut down). `instances` name the store's server
-/// instances (see [`server_pids`]). Blocks the calling thread: call it outside a runtime or
+/// instances (see `server_pids`). Blocks the calling thread: call it outside a runtime or
 /// from `spawn_blocking`.
 ///
 /// # Errors

@@ -195,50 +195,52 @@ fn of_fleets(report: &bench::Report) -> Vec<Target> {
     targets
 }
 
+/// The target `goal` of `store` on a rate: met when the inverse of the time ratio `time`
+/// (ours over the floor's) is at least `at_least`.
+fn rate_target(store: &str, goal: &str, time: Option<f64>, at_least: f64) -> Target {
+    let goal = Target::new(store, goal);
+    match time {
+        Some(time) => {
+            let rate = 1.0 / time.max(f64::MIN_POSITIVE);
+            goal.judged(format!("{rate:.2}x"), rate >= at_least)
+        }
+        None => goal,
+    }
+}
+
 /// The targets against a raw floor.
 fn of_floors(report: &bench::Report) -> Vec<Target> {
     let store = report.store.as_str();
     let mut targets = Vec::new();
     if store == "mysql-rowlock" {
-        let goal = Target::new(store, "100 clients: >= 0.8x a raw FOR UPDATE queue");
-        let time = line_ratio(
-            report,
-            "100 clients: time per acquisition / raw FOR UPDATE queue",
-        );
-        targets.push(match time {
-            Some(time) => {
-                let rate = 1.0 / time.max(f64::MIN_POSITIVE);
-                goal.judged(format!("{rate:.2}x"), rate >= 0.8)
-            }
-            None => goal,
-        });
+        targets.push(rate_target(
+            store,
+            "100 clients: >= 0.8x a raw FOR UPDATE queue",
+            line_ratio(
+                report,
+                "100 clients: time per acquisition / raw FOR UPDATE queue",
+            ),
+            0.8,
+        ));
     }
     if let Some(&(_, goal_rate)) = UNCONTENDED.iter().find(|(s, _)| *s == store) {
-        let goal = Target::new(
+        targets.push(rate_target(
             store,
             &format!("uncontended: >= {goal_rate}x the rate of one raw connection"),
-        );
-        targets.push(match floor_ratio(report) {
-            Some(time) => {
-                let rate = 1.0 / time.max(f64::MIN_POSITIVE);
-                goal.judged(format!("{rate:.2}x"), rate >= goal_rate)
-            }
-            None => goal,
-        });
+            floor_ratio(report),
+            goal_rate,
+        ));
     }
     if store.starts_with("redlock") {
-        let goal = Target::new(store, "uncontended: >= 0.9x of five servers in parallel");
-        let time = line_ratio(
-            report,
-            "uncontended acquire+release / raw floor of the five servers in parallel (means)",
-        );
-        targets.push(match time {
-            Some(time) => {
-                let rate = 1.0 / time.max(f64::MIN_POSITIVE);
-                goal.judged(format!("{rate:.2}x"), rate >= 0.9)
-            }
-            None => goal,
-        });
+        targets.push(rate_target(
+            store,
+            "uncontended: >= 0.9x of five servers in parallel",
+            line_ratio(
+                report,
+                "uncontended acquire+release / raw floor of the five servers in parallel (means)",
+            ),
+            0.9,
+        ));
     }
     targets
 }

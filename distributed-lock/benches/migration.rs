@@ -27,20 +27,11 @@ use distributed_lock::{
 };
 use migration_stores::{pairs, store_backend};
 
-/// Rounds of the ratio (one in a quick run, see `conformance_tests::selection`).
-fn rounds() -> usize {
-    conformance_tests::selection::scaled(5)
-}
-
-/// Cycles per round.
-fn per_round() -> usize {
-    conformance_tests::selection::scaled(20)
-}
-
-/// Hand-offs between two `dual` clients.
-fn handoffs() -> usize {
-    conformance_tests::selection::scaled(60)
-}
+/// Rounds of the ratio, cycles per round, hand-offs between two `dual` clients (the
+/// harness takes a tenth of each in a quick run).
+const ROUNDS: usize = 5;
+const PER_ROUND: usize = 20;
+const HANDOFFS: usize = 60;
 
 fn main() -> ExitCode {
     conformance_tests::main_with(async {
@@ -99,11 +90,10 @@ async fn pair(from: &str, to: &str) -> Result<(), String> {
     };
     let dual_client = dual(from, to).await?;
     let mut report = Report::new(&format!("{from} -> {to}"));
-    let ratios =
-        bench::uncontended_rounds(&dual_client, &options, rounds(), per_round(), both).await?;
+    let ratios = bench::uncontended_rounds(&dual_client, &options, ROUNDS, PER_ROUND, both).await?;
     report.round_ratio("dual cycle / (from cycle + to cycle)", &ratios, None);
     let clients = [dual_client, dual(from, to).await?];
-    let contended = bench::contended(&clients, &options, 2, handoffs()).await?;
+    let contended = bench::contended(&clients, &options, 2, HANDOFFS).await?;
     report.stats("dual hand-off between two clients", &contended.handoff);
     report.number(
         "dual hand-off p50 (ms)",

@@ -30,15 +30,11 @@ use sqlx::AssertSqlSafe;
 
 const TASKS: usize = 16;
 const CLIENTS: usize = 4;
-/// Rounds of each ratio (a tenth in a quick run, see `conformance_tests::selection`).
-fn rounds() -> usize {
-    conformance_tests::selection::scaled(10)
-}
+/// Rounds of each ratio (the harness takes a tenth in a quick run).
+const ROUNDS: usize = 10;
 
 /// Operations per round.
-fn per_round() -> usize {
-    conformance_tests::selection::scaled(200)
-}
+const PER_ROUND: usize = 200;
 
 fn main() -> ExitCode {
     conformance_tests::main_with(async {
@@ -111,10 +107,9 @@ async fn uncontended(
     options: &LockOptions,
     raw: &Raw,
 ) -> Result<(), String> {
-    let cycle = bench::uncontended_rounds(client, options, rounds(), per_round(), || {
-        raw.insert_delete()
-    })
-    .await?;
+    let cycle =
+        bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || raw.insert_delete())
+            .await?;
     report.round_ratio(
         "uncontended acquire+release / raw INSERT+DELETE on the pool (means)",
         &cycle,
@@ -122,7 +117,7 @@ async fn uncontended(
     );
     // Against one raw connection of its own: what a hand-written client pays. Targets:
     // the lease at least 0.85x of that rate, the row lock 0.8x.
-    let single = bench::uncontended_rounds(client, options, rounds(), per_round(), || {
+    let single = bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || {
         raw.insert_delete_single()
     })
     .await?;
@@ -147,9 +142,9 @@ async fn handoff(
 ) -> Result<(), String> {
     let measured = Mutex::new(Vec::new());
     let (rounds_ref, options_ref, clients_ref, raw_ref) = (&measured, options, clients, raw);
-    let handoff = bench::round_ratios(rounds(), || async move {
-        let commit = bench::time_op(per_round(), || raw_ref.commit()).await?;
-        let contended = bench::contended(clients_ref, options_ref, TASKS, per_round()).await?;
+    let handoff = bench::round_ratios(ROUNDS, || async move {
+        let commit = bench::time_op(PER_ROUND, || raw_ref.commit()).await?;
+        let contended = bench::contended(clients_ref, options_ref, TASKS, PER_ROUND).await?;
         rounds_ref
             .lock()
             .map_err(|e| e.to_string())?
@@ -184,7 +179,7 @@ async fn fleets(
     backend: &MySqlBackend,
     raw: &Raw,
 ) -> Result<(), String> {
-    let rtt = bench::time_op(per_round(), || raw.commit()).await?.p50;
+    let rtt = bench::time_op(PER_ROUND, || raw.commit()).await?.p50;
     // Each fleet client has its own backend with a pool of one connection (plus, on the
     // row lock, the dedicated connection of its hold or wait).
     let fleet_config = config.clone().pool_size(1);

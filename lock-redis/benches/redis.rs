@@ -92,7 +92,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> Raw<C> {
     }
 
     async fn round_trip(&self) -> Result<Stats, String> {
-        let stats = bench::time_op(per_round(), || self.set()).await?;
+        let stats = bench::time_op(PER_ROUND, || self.set()).await?;
         let _: i64 = redis::cmd("DEL")
             .arg(&self.key)
             .query_async(&mut self.conn.clone())
@@ -199,7 +199,7 @@ async fn rslock_fleet(
             },
             16,
             Duration::from_millis(1),
-            selection::run_for(FLEET_TIME),
+            FLEET_TIME,
         )
     })
     .await?;
@@ -218,15 +218,11 @@ async fn rslock_fleet(
     Ok(())
 }
 
-/// Rounds of each ratio (a tenth in a quick run, see `conformance_tests::selection`).
-fn rounds() -> usize {
-    selection::scaled(10)
-}
+/// Rounds of each ratio (the harness takes a tenth in a quick run).
+const ROUNDS: usize = 10;
 
 /// Operations per round.
-fn per_round() -> usize {
-    selection::scaled(200)
-}
+const PER_ROUND: usize = 200;
 
 /// How long each run of separate clients lasts.
 const FLEET_TIME: Duration = Duration::from_secs(3);
@@ -244,7 +240,7 @@ async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(30));
     let cycle =
-        bench::uncontended_rounds(client, &options, rounds(), per_round(), || raw.cycle()).await?;
+        bench::uncontended_rounds(client, &options, ROUNDS, PER_ROUND, || raw.cycle()).await?;
     report.round_ratio(
         "uncontended acquire+release / raw floor (means)",
         &cycle,
@@ -253,15 +249,10 @@ async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
     );
     let rates = std::sync::Mutex::new(Vec::new());
     let (rates_ref, options_ref) = (&rates, &options);
-    let handoff = bench::round_ratios(rounds(), || async move {
+    let handoff = bench::round_ratios(ROUNDS, || async move {
         let rtt = raw.round_trip().await?;
-        let contended = bench::contended(
-            std::slice::from_ref(client),
-            options_ref,
-            TASKS,
-            per_round(),
-        )
-        .await?;
+        let contended =
+            bench::contended(std::slice::from_ref(client), options_ref, TASKS, PER_ROUND).await?;
         rates_ref
             .lock()
             .map_err(|e| e.to_string())?
@@ -448,7 +439,7 @@ async fn five_servers(
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(30));
     let raws = &raws;
-    let cycle = bench::uncontended_rounds(client, &options, rounds(), per_round(), || async move {
+    let cycle = bench::uncontended_rounds(client, &options, ROUNDS, PER_ROUND, || async move {
         futures::future::try_join_all(raws.iter().map(|raw| raw.cycle()))
             .await
             .map(|_| ())

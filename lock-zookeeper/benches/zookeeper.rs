@@ -114,7 +114,7 @@ async fn peer_fleet(
             },
             16,
             Duration::from_millis(1),
-            conformance_tests::selection::run_for(FLEET_TIME),
+            FLEET_TIME,
         )
     })
     .await?;
@@ -279,7 +279,7 @@ fn main() -> ExitCode {
     let n = std::env::var("LOCK_BENCH_N")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| conformance_tests::selection::scaled(1000));
+        .unwrap_or(1000);
     conformance_tests::main_with(async move {
         let mut failed = Vec::new();
         for (label, var) in [

@@ -125,13 +125,24 @@ pub(crate) fn run(args: &CompareArgs) -> Result<()> {
     let root = crate::workspace_root();
     services::up(false)?;
     let out = root.join("target/compare");
-    let runs = out.join("runs");
-    if runs.exists() {
-        std::fs::remove_dir_all(&runs).with_context(|| format!("clearing {}", runs.display()))?;
+    // This run's outputs, emptied first: the suites' reports, the benchmarks' reports, the
+    // migration test's verdicts.
+    let (runs, benches, verdicts) = (
+        out.join("runs"),
+        out.join("benches"),
+        out.join("migration.json"),
+    );
+    for dir in [&runs, &benches] {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(dir)?;
     }
-    std::fs::create_dir_all(&runs)?;
-    let failed_suites = run_steps(args, &root, &out, &runs)?;
-    let (benches, verdicts) = (out.join("benches"), out.join("migration.json"));
+    if verdicts.exists() {
+        std::fs::remove_file(&verdicts)
+            .with_context(|| format!("clearing {}", verdicts.display()))?;
+    }
+    let failed_steps = run_steps(args, &root, &out, (&runs, &benches, &verdicts))?;
     let all = load_benches(&benches)?;
     let (pairs, benches): (Vec<_>, Vec<_>) =
         all.into_iter().partition(crate::migration_matrix::is_pair);
@@ -155,19 +166,35 @@ pub(crate) fn run(args: &CompareArgs) -> Result<()> {
         "\nThe whole report: {}\n(also report.md and report.json beside it)",
         page.strip_prefix(&root).unwrap_or(&page).display()
     );
-    if !failed_suites.is_empty() {
+    if !failed_steps.is_empty() {
         bail!(
             "{} failed step(s) (their FAIL lines above name their logs)",
-            failed_suites.len()
+            failed_steps.len()
         );
     }
     Ok(())
 }
 
-/// Runs the chosen suites, the migration test and the benchmarks, each as a step (see
-/// [`Steps`]), the suites writing into `runs`; the steps that failed.
-fn run_steps(args: &CompareArgs, root: &Path, out: &Path, runs: &Path) -> Result<Vec<String>> {
-    let cargo = crate::test_cmd::cargo();
+/// `cargo <args>` in `root` with the services' variables and `env` (the selection).
+fn cargo(root: &Path, env: &[(&'static str, String)], args: &[&str]) -> Command {
+    let mut command = Command::new(crate::test_cmd::cargo());
+    command
+        .args(args)
+        .current_dir(root)
+        .envs(services::env_vars())
+        .envs(env.iter().cloned());
+    command
+}
+
+/// Runs the chosen suites (writing into `runs`), the migration test (its verdicts into
+/// `verdicts`) and the benchmarks (into `benches`), each as a step (see [`Steps`]); the
+/// steps that failed.
+fn run_steps(
+    args: &CompareArgs,
+    root: &Path,
+    out: &Path,
+    (runs, benches, verdicts): (&Path, &Path, &Path),
+) -> Result<Vec<String>> {
     let env = args.env();
     // A quick run leaves the migration out unless it is asked for by name.
     let migration = if args.quick {
@@ -185,63 +212,48 @@ fn run_steps(args: &CompareArgs, root: &Path, out: &Path, runs: &Path) -> Result
         + usize::from(migration) * 2
         + usize::from(benches_run) * (BENCHES.len() - 1);
     let steps = Steps::new(total, &out.join("logs"))?;
-    let mut failed_suites = Vec::new();
+    let mut failed = Vec::new();
     for (package, target) in SUITES.iter().filter(|_| suites) {
-        let mut command = Command::new(&cargo);
-        command
-            .args(["test", "--quiet", "-p", package, "--test", target])
-            .current_dir(root)
-            .envs(services::env_vars())
-            .envs(env.iter().cloned())
-            .env(REPORT_DIR_VAR, runs);
+        let mut command = cargo(
+            root,
+            &env,
+            &["test", "--quiet", "-p", package, "--test", target],
+        );
+        command.env(REPORT_DIR_VAR, runs);
         if args.quick {
             command.args(["--", QUICK_SCENARIO]);
         }
         let name = format!("conformance: {package} --test {target}");
         if !steps.run(&name, &format!("conformance-{package}"), &mut command)? {
-            failed_suites.push(format!("{package}/{target}"));
+            failed.push(name);
         }
-    }
-    let verdicts = out.join("migration.json");
-    if verdicts.exists() {
-        std::fs::remove_file(&verdicts)
-            .with_context(|| format!("clearing {}", verdicts.display()))?;
     }
     if migration {
-        let mut test = crate::migration_matrix::test_command(root, &cargo, &verdicts);
-        test.envs(env.iter().cloned());
-        if !steps.run(
-            "migration: ordered pairs of the chosen stores",
-            "migration",
-            &mut test,
-        )? {
-            failed_suites.push("distributed-lock/migration".to_string());
+        let mut test = cargo(root, &env, &crate::migration_matrix::TEST_ARGS);
+        test.env(crate::migration_matrix::REPORT_VAR, verdicts);
+        let name = "migration: ordered pairs of the chosen stores";
+        if !steps.run(name, "migration", &mut test)? {
+            failed.push(name.to_string());
         }
-    }
-    let benches = out.join("benches");
-    if benches.exists() {
-        std::fs::remove_dir_all(&benches)
-            .with_context(|| format!("clearing {}", benches.display()))?;
     }
     for (package, target) in BENCHES {
         let pair_bench = *package == "distributed-lock";
         if !(if pair_bench { migration } else { benches_run }) {
             continue;
         }
-        let mut command = Command::new(&cargo);
-        command
-            .args(["bench", "--quiet", "-p", package, "--bench", target])
-            .current_dir(root)
-            .envs(services::env_vars())
-            .envs(env.iter().cloned())
-            .env(BENCH_REPORT_DIR_VAR, &benches);
+        let mut command = cargo(
+            root,
+            &env,
+            &["bench", "--quiet", "-p", package, "--bench", target],
+        );
+        command.env(BENCH_REPORT_DIR_VAR, benches);
         let name = format!("benchmark: {package} --bench {target}");
         if !steps.run(&name, &format!("bench-{package}-{target}"), &mut command)? {
-            failed_suites.push(format!("{package} bench {target}"));
+            failed.push(name);
         }
     }
     steps.finish();
-    Ok(failed_suites)
+    Ok(failed)
 }
 
 /// Reads every JSON file in `dir` as a `T` (none when the directory is missing).

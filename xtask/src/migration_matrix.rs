@@ -4,17 +4,15 @@
 //! (distributed-lock's `benches/migration.rs`, one benchmark report per pair, named
 //! `FROM -> TO`).
 
-use std::{collections::BTreeMap, ffi::OsStr, path::Path, process::Command};
+use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use comfy_table::Table;
 use conformance_tests::bench;
 use serde::Deserialize;
 
-use crate::services;
-
 /// The variable naming the file the migration test writes its verdicts to.
-const REPORT_VAR: &str = "LOCK_MIGRATION_REPORT";
+pub(crate) const REPORT_VAR: &str = "LOCK_MIGRATION_REPORT";
 
 /// One pair's verdict, as the migration test writes it.
 #[derive(Debug, Deserialize)]
@@ -24,23 +22,16 @@ struct Verdict {
     passed: bool,
 }
 
-/// The command that runs the migration test, writing its verdicts to `file`.
-pub(crate) fn test_command(root: &Path, cargo: &OsStr, file: &Path) -> Command {
-    let mut command = Command::new(cargo);
-    command
-        .args([
-            "test",
-            "--quiet",
-            "-p",
-            "distributed-lock",
-            "--test",
-            "migration",
-        ])
-        .current_dir(root)
-        .envs(services::env_vars())
-        .env(REPORT_VAR, file);
-    command
-}
+/// `cargo` arguments that run the migration test (it writes its verdicts to the file
+/// [`REPORT_VAR`] names).
+pub(crate) const TEST_ARGS: [&str; 6] = [
+    "test",
+    "--quiet",
+    "-p",
+    "distributed-lock",
+    "--test",
+    "migration",
+];
 
 /// Whether a benchmark report is one pair's (`FROM -> TO`).
 pub(crate) fn is_pair(report: &bench::Report) -> bool {

@@ -198,7 +198,8 @@ where
 }
 
 /// Like [`separate_clients`], for any [`Contender`]: `connect` makes each client's contender
-/// for the lock it is given.
+/// for the lock it is given. A quick run lasts a third of `run_for` (see
+/// [`crate::selection::run_for`]).
 ///
 /// # Errors
 /// The first error of a client, as text.
@@ -213,6 +214,7 @@ where
     CF: Future<Output = Result<T, String>>,
     T: Contender,
 {
+    let run_for = crate::selection::run_for(run_for);
     let name = LockName::new(format!("bench/fleet/{:016x}", rand::random::<u64>()))
         .map_err(|e| e.to_string())?;
     let connect = Arc::new(connect);
@@ -397,11 +399,11 @@ where
 {
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     // Not asked for (see `selection::WORKLOAD_VAR`): none. A quick run (see
-    // `selection::QUICK_VAR`): the first run only, a third as long.
+    // `selection::QUICK_VAR`): the first run only ([`fleet`] makes it a third as long).
     let (fleets, run_for) = if !crate::selection::workload(crate::selection::CLIENTS) {
         (&FLEET_RUNS[..0], run_for)
     } else if crate::selection::quick() {
-        (&FLEET_RUNS[..1], crate::selection::run_for(run_for))
+        (&FLEET_RUNS[..1], run_for)
     } else {
         (&FLEET_RUNS[..], run_for)
     };

@@ -79,7 +79,8 @@ fn stats(h: &Histogram<u64>) -> Stats {
     }
 }
 
-/// Times `n` sequential runs of `op`, after `n / 10` warm-up runs.
+/// Times `n` sequential runs of `op`, after `n / 10` warm-up runs (a tenth of both in a
+/// quick run, see [`crate::selection::QUICK_VAR`]).
 ///
 /// # Errors
 /// The first error of `op`.
@@ -88,6 +89,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), String>>,
 {
+    let n = crate::selection::scaled(n);
     for _ in 0..n / 10 {
         op().await?;
     }
@@ -121,6 +123,7 @@ where
     F: FnMut() -> FF,
     FF: Future<Output = Result<(), String>>,
 {
+    let n = crate::selection::scaled(n);
     for _ in 0..n / 10 {
         floor().await?;
         value().await?;
@@ -210,7 +213,8 @@ pub struct Contended {
 }
 
 /// `tasks` tasks (spread over `clients`, each with its own holder) contend for one lock until
-/// `acquisitions` acquisitions were made in total; measures hand-off latency and throughput.
+/// `acquisitions` acquisitions (a tenth in a quick run) were made in total; measures
+/// hand-off latency and throughput.
 ///
 /// # Errors
 /// The first lock error, as text.
@@ -223,6 +227,7 @@ pub async fn contended(
     if clients.is_empty() {
         return Err("no clients".into());
     }
+    let acquisitions = crate::selection::scaled(acquisitions);
     let name = bench_name("contended")?;
     let left = Arc::new(AtomicUsize::new(acquisitions));
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
@@ -311,7 +316,8 @@ where
     .await
 }
 
-/// Runs `round` `rounds` times; each run returns `(value, floor)` measured back to back.
+/// Runs `round` `rounds` times (a tenth in a quick run); each run returns `(value, floor)`
+/// measured back to back.
 ///
 /// # Errors
 /// The first error of a round.
@@ -320,6 +326,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(Duration, Duration), String>>,
 {
+    let rounds = crate::selection::scaled(rounds);
     let mut ratios = Vec::with_capacity(rounds);
     let mut values = Vec::with_capacity(rounds);
     let mut floors = Vec::with_capacity(rounds);

@@ -95,8 +95,9 @@ fn total_cpu(pids: &[u32]) -> Option<Duration> {
 
 /// One step: `clients` separate clients (each an OS thread with its own current-thread
 /// runtime and its own client from `connect`) take turns on names chosen by Zipf for
-/// `run_for`; only turns done by then count, and the servers' CPU time is read at the start
-/// and at that end (not while the clients shut down). `instances` name the store's server
+/// `run_for` (a third of it in a quick run); only turns done by then count, and the
+/// servers' CPU time is read at the start and at that end (not while the clients shut
+/// down). `instances` name the store's server
 /// instances (see `server_pids`). Blocks the calling thread: call it outside a runtime or
 /// from `spawn_blocking`.
 ///
@@ -119,6 +120,7 @@ where
             .collect::<Result<_, _>>()?,
     );
     let zipf = Zipf::new(SWEEP_NAMES as f64, ZIPF_EXPONENT).map_err(|e| e.to_string())?;
+    let run_for = crate::selection::run_for(run_for);
     let connect = Arc::new(connect);
     let latencies = Arc::new(Mutex::new((histogram()?, 0usize, 0usize)));
     let pids = server_pids(instances);
@@ -178,7 +180,7 @@ async fn turns(
     let holder = Holder::new();
     let mut rng = rand::rng();
     let mut mine = histogram()?;
-    let (mut done, mut failed) = (0, 0);
+    let (mut done, mut cut_short) = (0, 0);
     loop {
         let left = end.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -198,14 +200,14 @@ async fn turns(
                     done += 1;
                 }
             }
-            Err(lock_core::LockError::Timeout { .. }) => failed += 1,
+            Err(lock_core::LockError::Timeout { .. }) => cut_short += 1,
             Err(error) => return Err(error.to_string()),
         }
     }
     let mut all = latencies.lock().unwrap_or_else(PoisonError::into_inner);
     all.0.add(&mine).map_err(|e| e.to_string())?;
     all.1 += done;
-    all.2 += failed;
+    all.2 += cut_short;
     Ok(())
 }
 
@@ -234,7 +236,6 @@ where
     } else {
         &SWEEP_CLIENTS
     };
-    let run_for = crate::selection::run_for(run_for);
     for &clients in steps {
         let connect = connect.clone();
         let step =

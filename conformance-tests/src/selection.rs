@@ -13,7 +13,7 @@ pub const ONLY_VAR: &str = "LOCK_COMPARE_ONLY";
 pub const QUICK_VAR: &str = "LOCK_COMPARE_QUICK";
 
 /// Comma-separated workloads of the store benchmarks; when set, only those run:
-/// [`UNCONTENDED`], [`CLIENTS`] and [`SWEEP`].
+/// [`UNCONTENDED`], [`CLIENTS`], [`SWEEP`] and [`RENEWAL`].
 pub const WORKLOAD_VAR: &str = "LOCK_COMPARE_WORKLOAD";
 
 /// The workload of one client (the uncontended cycle against the raw floor, tasks of one
@@ -26,6 +26,10 @@ pub const CLIENTS: &str = "clients";
 /// The client sweep: 1 to 64 separate clients on many names (see
 /// [`crate::bench::sweep_report`]).
 pub const SWEEP: &str = "sweep";
+
+/// The renewal cost: 10,000 locks held by one client (see
+/// [`crate::bench::renewal_report`]).
+pub const RENEWAL: &str = "renewal";
 
 /// Whether the benchmarks' workload `name` runs (see [`WORKLOAD_VAR`]).
 pub fn workload(name: &str) -> bool {

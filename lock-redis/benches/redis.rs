@@ -10,7 +10,8 @@
 //!   peer library, with 16 clients on the single server and on the five Redlock servers
 //!   (each rslock client makes one throwaway acquisition before the clock starts, so its
 //!   connections are up as ours are);
-//! - the client sweep on many names (`conformance_tests::bench::sweep_report`).
+//! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
+//! - the renewal cost of 10,000 locks held by one client (`conformance_tests::bench::renewal_report`).
 //!
 //! Run with `cargo bench -p lock-redis` (servers from `cargo xtask services up`); `cargo xtask
 //! compare` runs it too.
@@ -376,6 +377,14 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
         &["redis"],
     )
     .await?;
+    bench::renewal_report(
+        &mut report,
+        &backend,
+        &counters,
+        bench::RENEWAL_LOCKS,
+        &["redis"],
+    )
+    .await?;
     report.finish().map_err(|e| e.to_string())
 }
 
@@ -396,9 +405,16 @@ async fn cluster() -> Result<(), String> {
             .map_err(|e| e.to_string())?;
     let cluster_raw = Raw::new(cluster_raw);
     if selection::workload(selection::UNCONTENDED) {
-        lock_numbers(&mut report, &LockClient::new(backend), &cluster_raw, true).await?;
+        lock_numbers(
+            &mut report,
+            &LockClient::new(backend.clone()),
+            &cluster_raw,
+            true,
+        )
+        .await?;
     }
     let rtt = cluster_raw.round_trip().await?.p50;
+    let counters = Counters::new(&cluster_urls).await?;
     bench::fleet_report(
         &mut report,
         bench::each_own(
@@ -407,7 +423,7 @@ async fn cluster() -> Result<(), String> {
         ),
         rtt,
         FLEET_TIME,
-        &Counters::new(&cluster_urls).await?,
+        &counters,
     )
     .await?;
     bench::sweep_report(
@@ -417,6 +433,14 @@ async fn cluster() -> Result<(), String> {
             RedisBackend::connect,
         ),
         SWEEP_TIME,
+        &["redis-cluster"],
+    )
+    .await?;
+    bench::renewal_report(
+        &mut report,
+        &backend,
+        &counters,
+        bench::RENEWAL_LOCKS,
         &["redis-cluster"],
     )
     .await?;
@@ -453,6 +477,15 @@ async fn five_servers(
 const FIVE_SERVERS: &str =
     "uncontended acquire+release / raw floor of the five servers in parallel (means)";
 
+/// The server instances of Redlock's five servers.
+const REDLOCK_INSTANCES: [&str; 5] = [
+    "redlock-0",
+    "redlock-1",
+    "redlock-2",
+    "redlock-3",
+    "redlock-4",
+];
+
 /// Redlock, against its five servers' floor and against one server's (no target: Redlock
 /// writes to five).
 async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
@@ -467,7 +500,7 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
     if selection::workload(selection::UNCONTENDED) {
-        let client = LockClient::new(backend);
+        let client = LockClient::new(backend.clone());
         five_servers(&mut report, &client, &redlock_urls).await?;
         lock_numbers(&mut report, &client, raw, false).await?;
     }
@@ -493,13 +526,15 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
             RedlockBackend::connect,
         ),
         SWEEP_TIME,
-        &[
-            "redlock-0",
-            "redlock-1",
-            "redlock-2",
-            "redlock-3",
-            "redlock-4",
-        ],
+        &REDLOCK_INSTANCES,
+    )
+    .await?;
+    bench::renewal_report(
+        &mut report,
+        &backend,
+        &counters,
+        bench::RENEWAL_LOCKS,
+        &REDLOCK_INSTANCES,
     )
     .await?;
     report.finish().map_err(|e| e.to_string())

@@ -10,7 +10,8 @@
 //!   second;
 //! - separate clients on one lock (`conformance_tests::bench::fleet_report`), and beside
 //!   them the peer: zookeeper-client's own lock recipe, 16 clients;
-//! - the client sweep on many names (`conformance_tests::bench::sweep_report`).
+//! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
+//! - the renewal cost of 10,000 locks held by one client (`conformance_tests::bench::renewal_report`).
 //!
 //! Run with `cargo bench -p lock-zookeeper` (servers from `cargo xtask services up`, variables
 //! from `cargo xtask services env`). `LOCK_BENCH_N` sets the number of cycles (default 1000).
@@ -183,6 +184,14 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         &mut report,
         bench::each_own(config, ZkBackend::connect),
         SWEEP_TIME,
+        support::instances(var),
+    )
+    .await?;
+    bench::renewal_report(
+        &mut report,
+        &backend,
+        &Counters(support::hosts(var)?),
+        bench::RENEWAL_LOCKS,
         support::instances(var),
     )
     .await?;

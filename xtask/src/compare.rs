@@ -37,11 +37,12 @@ const SUITES: &[(&str, &str)] = &[
 ];
 
 /// The parts of the comparison that can be chosen.
-pub(crate) const WORKLOADS: [&str; 5] = [
+pub(crate) const WORKLOADS: [&str; 6] = [
     "conformance",
     selection::UNCONTENDED,
     selection::CLIENTS,
     selection::SWEEP,
+    selection::RENEWAL,
     "migration",
 ];
 
@@ -63,7 +64,8 @@ pub(crate) struct CompareArgs {
     /// A run of a few minutes: one conformance scenario per store (enough for the
     /// capabilities), a tenth of the benchmarks' rounds, of the runs of separate clients the
     /// first (16 clients holding 1 ms) and of the sweep 1, 4 and 16 clients, a third as long,
-    /// and no migration unless `--workload` names it.
+    /// a tenth of the renewal workload's held locks, and no migration unless `--workload`
+    /// names it.
     #[arg(long)]
     pub(crate) quick: bool,
     /// Only these stores (comma-separated): memory, redis, redis-cluster, redlock,
@@ -72,7 +74,8 @@ pub(crate) struct CompareArgs {
     pub(crate) only: Vec<String>,
     /// Only these parts (comma-separated): conformance, uncontended (one client against
     /// the raw floor), clients (separate clients on one lock, peers beside), sweep (1 to 64
-    /// clients on many names), migration.
+    /// clients on many names), renewal (10,000 locks held by one client, renewed period
+    /// after period), migration.
     #[arg(long, value_delimiter = ',')]
     pub(crate) workload: Vec<String>,
 }
@@ -206,7 +209,8 @@ fn run_steps(
         args.runs("conformance"),
         args.runs(selection::UNCONTENDED)
             || args.runs(selection::CLIENTS)
-            || args.runs(selection::SWEEP),
+            || args.runs(selection::SWEEP)
+            || args.runs(selection::RENEWAL),
     );
     let total = usize::from(suites) * SUITES.len()
         + usize::from(migration) * 2

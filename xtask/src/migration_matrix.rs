@@ -186,6 +186,7 @@ mod tests {
                 .collect(),
             fleets: Vec::new(),
             sweep: Vec::new(),
+            renewal: None,
         }
     }
 

@@ -15,7 +15,9 @@ use std::{
 
 mod clients;
 mod counters;
+mod renewal;
 mod report;
+mod server_process;
 mod sweep;
 mod threads;
 
@@ -23,6 +25,7 @@ pub use clients::{
     Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, peer_turn, separate_clients,
 };
 pub use counters::{ServerCounters, counted, stat_line};
+pub use renewal::{RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, renewal, renewal_report};
 pub use report::{FleetRun, Line, Report, render_line};
 pub use sweep::{SWEEP_CLIENTS, SWEEP_NAMES, SweepStep, ZIPF_EXPONENT, sweep_report, sweep_step};
 

@@ -5,7 +5,7 @@ use std::{path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use super::{BENCH_REPORT_DIR_VAR, Fleet, RoundRatios, Stats, SweepStep};
+use super::{BENCH_REPORT_DIR_VAR, Fleet, Renewal, RoundRatios, Stats, SweepStep};
 
 /// One line of a benchmark report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,6 +39,9 @@ pub struct Report {
     /// The client sweep's steps (see [`super::sweep_report`]), as numbers (and in `lines`).
     #[serde(default)]
     pub sweep: Vec<SweepStep>,
+    /// The renewal cost (see [`super::renewal_report`]), as numbers (and in `lines`).
+    #[serde(default)]
+    pub renewal: Option<Renewal>,
 }
 
 /// One run of separate clients in a [`Report`]: by this library or by a peer library on the
@@ -61,6 +64,7 @@ impl Report {
             lines: Vec::new(),
             fleets: Vec::new(),
             sweep: Vec::new(),
+            renewal: None,
         }
     }
 
@@ -190,6 +194,45 @@ impl Report {
         self.push(
             &format!("{label}: servers"),
             format!("{cores} cores, {rss} MiB resident"),
+            None,
+            None,
+        );
+    }
+
+    /// Adds the renewal cost.
+    pub fn renewal(&mut self, renewal: &Renewal) {
+        self.renewal = Some(renewal.clone());
+        let label = format!("renewing {} held locks", renewal.locks);
+        self.push(
+            &format!("{label}: one period (one batch of every lock)"),
+            renewal.period.to_string(),
+            None,
+            None,
+        );
+        let trips = renewal.round_trips.map_or_else(
+            || "? (ss could not tell)".to_string(),
+            |trips| {
+                format!(
+                    "{trips:.1} per period, {:.2} per 100 locks",
+                    trips * 100.0 / renewal.locks.max(1) as f64
+                )
+            },
+        );
+        self.push(
+            &format!("{label}: round trips at most (data segments sent)"),
+            trips,
+            None,
+            None,
+        );
+        let cpu = renewal
+            .server_cpu
+            .map_or_else(|| "?".to_string(), |cpu| format!("{cpu:?}"));
+        self.push(
+            &format!("{label}: servers per period"),
+            format!(
+                "{:.0} {}, {cpu} of CPU; {} renewals failed",
+                renewal.operations, renewal.operations_are, renewal.not_renewed
+            ),
             None,
             None,
         );

@@ -2,7 +2,7 @@
 //! a batch.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, Row};
 use super::{LeaseStrategy, RENEW_BATCH, changed_current, micros};
 use crate::{
     error::Error,
-    rows::{lease_current, lease_token_is_ours},
+    rows::lease_token_is_ours,
     sql::{execute_within, hex, retry_broken, retry_deadlocks, run_pooled, tagged},
 };
 
@@ -113,36 +113,53 @@ impl LeaseStrategy {
         Ok(out)
     }
 
-    /// One transaction extending each lease (for its own TTL) that is still current, judged as
-    /// a single renewal is: each `UPDATE` sets `LAST_INSERT_ID(fence)` on the row it changed
-    /// (after resetting it to 0), and the `SELECT LAST_INSERT_ID()` after it reports that
-    /// statement's own outcome, decided by the server when it ran (no re-read that a clock
-    /// step between statements could mislead).
+    /// One transaction extending each lease (for its own TTL) that is still current: per TTL
+    /// in the batch (the watchdog's batches have one), an `UPDATE` of the live rows that match
+    /// a lease (name, token and fence), then a `SELECT` of the live rows of those names, both
+    /// judged against one instant read once (`@lock_renew_now`), so the answer is the
+    /// server's own (no second reading of the clock that a step between statements could
+    /// mislead). The rows the `UPDATE` extended are locked until the `COMMIT`, and among the
+    /// rows matching a lease exactly those end after that instant (a matching row it did not
+    /// extend had ended by then); a lease is renewed when its name, token and fence are among
+    /// the rows read. Five statements for a batch of one TTL, however many leases.
     async fn renew_batch(
         &self,
         leases: &[&Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
         let t = self.table.quoted();
-        // Lock rows in one order (by name) so concurrent batches cannot deadlock.
-        let mut order: Vec<(usize, &&Lease)> = leases
+        // Leases by TTL; the rows of each `UPDATE` are locked in the primary key's order, so
+        // concurrent batches cannot deadlock.
+        let mut by_ttl: BTreeMap<u64, Vec<&Lease>> = BTreeMap::new();
+        for lease in leases
             .iter()
-            .enumerate()
-            .filter(|(_, lease)| lease_token_is_ours(lease.token()))
-            .collect();
-        order.sort_by(|(_, a), (_, b)| a.name().as_str().cmp(b.name().as_str()));
-        let mut sql = String::from("START TRANSACTION; ");
-        for (i, lease) in &order {
-            let current = lease_current(
-                &hex(lease.token().as_str().as_bytes()),
-                &lease.fence().get().to_string(),
-            );
+            .filter(|lease| lease_token_is_ours(lease.token()))
+        {
+            by_ttl.entry(micros(lease.ttl())).or_default().push(lease);
+        }
+        let mut sql = String::from("START TRANSACTION; SET @lock_renew_now = NOW(6); ");
+        for (ttl, group) in &by_ttl {
+            let names = group
+                .iter()
+                .map(|lease| hex(lease.name().as_str().as_bytes()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let keys = group
+                .iter()
+                .map(|lease| {
+                    format!(
+                        "({}, {}, {})",
+                        hex(lease.name().as_str().as_bytes()),
+                        hex(lease.token().as_str().as_bytes()),
+                        lease.fence().get()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let live = "acquired_at IS NOT NULL AND expires_at > @lock_renew_now";
             sql.push_str(&format!(
-                "DO LAST_INSERT_ID(0); \
-                 UPDATE {t} SET expires_at = NOW(6) + INTERVAL {} MICROSECOND, \
-                 fence = LAST_INSERT_ID(fence) WHERE name = {} AND {current}; \
-                 SELECT 'renewed', CAST({i} AS UNSIGNED), LAST_INSERT_ID(); ",
-                micros(lease.ttl()),
-                hex(lease.name().as_str().as_bytes()),
+                "UPDATE {t} SET expires_at = @lock_renew_now + INTERVAL {ttl} MICROSECOND \
+                 WHERE name IN ({names}) AND (name, token, fence) IN ({keys}) AND {live}; \
+                 SELECT 'renewed', name, token, fence FROM {t} WHERE name IN ({names}) AND {live}; "
             ));
         }
         sql.push_str("COMMIT");
@@ -150,22 +167,24 @@ impl LeaseStrategy {
         let rows = run_pooled(&self.pool, sql, self.statement_until())
             .await
             .map_err(|e| LockError::from(Error::new("renewing leases", e)))?;
-        let mut fences: HashMap<u64, u64> = HashMap::new();
+        let mut renewed: HashSet<(Vec<u8>, Vec<u8>, u64)> = HashSet::new();
         for row in tagged(&rows, "renewed") {
-            let index: u64 = row
-                .try_get(1)
-                .map_err(|e| LockError::from(Error::new("reading renewal outcomes", e)))?;
-            let fence: u64 = row
-                .try_get(2)
-                .map_err(|e| LockError::from(Error::new("reading renewal outcomes", e)))?;
-            fences.insert(index, fence);
+            let read = || -> Result<_, sqlx::Error> {
+                Ok((row.try_get(1)?, row.try_get(2)?, row.try_get(3)?))
+            };
+            renewed.insert(
+                read().map_err(|e| LockError::from(Error::new("reading renewal outcomes", e)))?,
+            );
         }
         Ok(leases
             .iter()
-            .enumerate()
-            .map(|(i, lease)| {
-                let fence = u64::try_from(i).ok().and_then(|i| fences.get(&i));
-                if fence.is_some_and(|f| *f > 0 && *f == lease.fence().get()) {
+            .map(|lease| {
+                let key = (
+                    lease.name().as_str().as_bytes().to_vec(),
+                    lease.token().as_str().as_bytes().to_vec(),
+                    lease.fence().get(),
+                );
+                if lease_token_is_ours(lease.token()) && renewed.contains(&key) {
                     Ok(Grant::new(Lease::clone(lease), sent))
                 } else {
                     // Released, expired, taken over, or not a lease of this library (a

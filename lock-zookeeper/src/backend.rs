@@ -12,7 +12,7 @@ use lock_core::{
     LockName, LossReason, WaitOrder, Wakeup,
     backend::{AcquireRequest, Grant, LeaseToken, async_trait},
 };
-use zookeeper_client::{self as zk, SessionId, SessionState};
+use zookeeper_client::{self as zk, MultiReadResult, SessionId, SessionState};
 
 use crate::{
     OpCounts, ZkConfig,
@@ -172,6 +172,57 @@ impl ZkBackend {
         }
         Ok(conn)
     }
+
+    /// A renewal's answer from the check of `held`'s node (`found`), asked at `sent` after a
+    /// sync: renewed when the node is there, owned by the session and of the lease's fence.
+    fn judge(
+        &self,
+        lease: &Lease,
+        held: &Held,
+        conn: &Conn,
+        sent: Instant,
+        found: Result<Option<zookeeper_client::Stat>, zookeeper_client::Error>,
+    ) -> Result<Grant, LockError> {
+        match found {
+            Ok(Some(stat))
+                if stat.ephemeral_owner == held.session.0
+                    && recipe::fence(stat.czxid, &held.path).is_ok_and(|f| f == lease.fence()) =>
+            {
+                let renewed = lease.clone().with_ttl(conn.lease_ttl());
+                Ok(Grant::new(renewed, sent))
+            }
+            Ok(_) => {
+                self.forget(lease);
+                Err(LockError::not_held(lease.name()))
+            }
+            Err(e) if is_session_end(&e) => Err(session_ended(&held.name)),
+            Err(e) => Err(ZkError::new("exists", held.path.clone(), e).into()),
+        }
+    }
+}
+
+/// The most nodes one `multiRead` of a batch of renewals reads.
+const RENEW_CHUNK: usize = 500;
+
+/// `Unavailable` while `conn` is disconnected: the session holding `held` may still be alive.
+fn connected(conn: &Conn, held: &Held) -> Result<(), LockError> {
+    if conn.state() == SessionState::Disconnected {
+        return Err(LockError::unavailable_msg(format!(
+            "disconnected from ZooKeeper; the session holding `{}` may still be alive",
+            held.name
+        )));
+    }
+    Ok(())
+}
+
+/// A renewal's sync: fine when done (or when the node it named is gone: the check answers
+/// then); the session's end, or the failure, otherwise.
+fn synced_or(synced: Result<(), zookeeper_client::Error>, held: &Held) -> Result<(), LockError> {
+    match synced {
+        Ok(()) | Err(zookeeper_client::Error::NoNode) => Ok(()),
+        Err(e) if is_session_end(&e) => Err(session_ended(&held.name)),
+        Err(e) => Err(ZkError::new("sync", held.path.clone(), e).into()),
+    }
 }
 
 fn session_ended(name: &LockName) -> LockError {
@@ -226,53 +277,103 @@ impl LockBackend for ZkBackend {
         self.on_server(async {
             let held = self.held(lease)?;
             let conn = self.session_of(&held)?;
-            if conn.state() == SessionState::Disconnected {
-                return Err(LockError::unavailable_msg(format!(
-                    "disconnected from ZooKeeper; the session holding `{}` may still be alive",
-                    held.name
-                )));
-            }
+            connected(&conn, &held)?;
             let sent = Instant::now();
             // `sync` first, pipelined with the check (one round trip): the server answers the
             // check only after catching up with the leader, so a server cut off from the quorum,
             // which would answer from its own stale state while the leader expires the session,
             // cannot confirm the hold.
             let (synced, found) = futures::join!(conn.sync(&held.path), conn.exists(&held.path));
-            if let Err(e) = synced {
-                if is_session_end(&e) {
-                    return Err(session_ended(&held.name));
-                }
-                if !matches!(e, zookeeper_client::Error::NoNode) {
-                    return Err(ZkError::new("sync", held.path, e).into());
-                }
-            }
-            match found {
-                Ok(Some(stat))
-                    if stat.ephemeral_owner == held.session.0
-                        && recipe::fence(stat.czxid, &held.path)
-                            .is_ok_and(|f| f == lease.fence()) =>
-                {
-                    let renewed = lease.clone().with_ttl(conn.lease_ttl());
-                    Ok(Grant::new(renewed, sent))
-                }
-                Ok(_) => {
-                    self.forget(lease);
-                    Err(LockError::not_held(lease.name()))
-                }
-                Err(e) if is_session_end(&e) => Err(session_ended(&held.name)),
-                Err(e) => Err(ZkError::new("exists", held.path, e).into()),
-            }
+            synced_or(synced, &held)?;
+            self.judge(lease, &held, &conn, sent, found)
         })
         .await
     }
 
-    /// Renews every lease at once: the checks are sent together and answered in one round
-    /// trip.
+    /// Renews every lease at once, in one round trip: one `sync`, then the nodes of every
+    /// lease read in `multiRead` requests of up to [`RENEW_CHUNK`] nodes, sent together after
+    /// it on the same session. A session answers in the order it was asked, so each read is
+    /// answered after the sync, as [`Self::renew`]'s check is. A server without `multiRead`
+    /// (before 3.6) gets one `exists` per lease instead.
     async fn renew_many(
         &self,
         leases: &[Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        lock_core::backend::renew_concurrently(self, leases).await
+        self.on_server(async {
+            let mut answers: Vec<Option<Result<Grant, LockError>>> =
+                leases.iter().map(|_| None).collect();
+            let mut checks = Vec::with_capacity(leases.len());
+            for (i, lease) in leases.iter().enumerate() {
+                let checked = self.held(lease).and_then(|held| {
+                    let conn = self.session_of(&held)?;
+                    connected(&conn, &held)?;
+                    Ok((i, held))
+                });
+                match checked {
+                    Ok(check) => checks.push(check),
+                    Err(error) => answers[i] = Some(Err(error)),
+                }
+            }
+            if let Some((_, first)) = checks.first() {
+                let conn = self.session_of(first)?;
+                let sent = Instant::now();
+                // The requests go out as they are made: the sync first.
+                let synced = conn.sync(&first.path);
+                let reads: Vec<_> = checks
+                    .chunks(RENEW_CHUNK)
+                    .map(|chunk| {
+                        let paths: Vec<&str> = chunk.iter().map(|(_, h)| h.path.as_str()).collect();
+                        conn.read_many(&paths)
+                    })
+                    .collect();
+                let reads = reads.into_iter().map(|read| async move { read?.await });
+                let (synced, read) = futures::join!(synced, futures::future::join_all(reads));
+                let mut found = Vec::with_capacity(checks.len());
+                for (chunk, read) in checks.chunks(RENEW_CHUNK).zip(read) {
+                    match read {
+                        Ok(results) if results.len() == chunk.len() => {
+                            found.extend(results.into_iter().map(|result| match result {
+                                MultiReadResult::Data { stat, .. } => Ok(Some(stat)),
+                                MultiReadResult::Error {
+                                    err: zookeeper_client::Error::NoNode,
+                                } => Ok(None),
+                                MultiReadResult::Error { err } => Err(err),
+                                // Only nodes' data was asked for.
+                                _ => Err(zookeeper_client::Error::UnexpectedError(
+                                    "a multiRead of nodes' data answered with children".into(),
+                                )),
+                            }));
+                        }
+                        Err(zookeeper_client::Error::Unimplemented) => {
+                            let exists = chunk.iter().map(|(_, held)| conn.exists(&held.path));
+                            found.extend(futures::future::join_all(exists).await);
+                        }
+                        Ok(results) => found.extend(chunk.iter().map(|_| {
+                            Err(zookeeper_client::Error::UnexpectedError(format!(
+                                "a multiRead of {} nodes answered {} results",
+                                chunk.len(),
+                                results.len()
+                            )))
+                        })),
+                        Err(error) => found.extend(chunk.iter().map(|_| Err(error.clone()))),
+                    }
+                }
+                for ((i, held), found) in checks.iter().zip(found) {
+                    answers[*i] = Some(
+                        synced_or(synced.clone(), held)
+                            .and_then(|()| self.judge(&leases[*i], held, &conn, sent, found)),
+                    );
+                }
+            }
+            Ok(answers
+                .into_iter()
+                .zip(leases)
+                .map(|(answer, lease)| {
+                    answer.unwrap_or_else(|| Err(LockError::not_held(lease.name())))
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Deletes the lease's node (retried until it is gone or the session is).

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// How many ZooKeeper requests a backend sent, by kind, since it was created.
 ///
 /// The recipe's cost is visible here: an uncontended acquisition is one `create` and one
-/// `list` (sent together), a release one `delete`, a renewal one `exists`; a waiter adds one
+/// `list` (sent together), a release one `delete`, a renewal one `exists` (a batch of renewals one `sync` and a `multiRead` per 500 leases); a waiter adds one
 /// `watch` of its predecessor and one `list` each time that predecessor goes. Pings and
 /// session management are not counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,8 +26,11 @@ pub struct OpCounts {
     pub exists: u64,
     /// `delete` requests.
     pub deletes: u64,
-    /// `sync` requests (`inspect` reads the leader's latest state).
+    /// `sync` requests (`inspect` reads the leader's latest state; a batch of renewals syncs
+    /// once).
     pub syncs: u64,
+    /// `multiRead` requests: a batch of renewals reads the nodes of up to 500 leases in one.
+    pub multi_reads: u64,
 }
 
 impl OpCounts {
@@ -40,6 +43,7 @@ impl OpCounts {
             + self.exists
             + self.deletes
             + self.syncs
+            + self.multi_reads
     }
 }
 
@@ -56,6 +60,7 @@ impl std::ops::Add for OpCounts {
             exists: self.exists + other.exists,
             deletes: self.deletes + other.deletes,
             syncs: self.syncs + other.syncs,
+            multi_reads: self.multi_reads + other.multi_reads,
         }
     }
 }
@@ -75,6 +80,7 @@ pub(crate) struct Counters {
     pub(crate) exists: AtomicU64,
     pub(crate) deletes: AtomicU64,
     pub(crate) syncs: AtomicU64,
+    pub(crate) multi_reads: AtomicU64,
 }
 
 impl Counters {
@@ -88,6 +94,7 @@ impl Counters {
             exists: get(&self.exists),
             deletes: get(&self.deletes),
             syncs: get(&self.syncs),
+            multi_reads: get(&self.multi_reads),
         }
     }
 }
@@ -111,6 +118,7 @@ mod tests {
             exists: 5,
             deletes: 6,
             syncs: 7,
+            multi_reads: 8,
         };
         let three: OpCounts = [one, one, one].into_iter().sum();
         assert_eq!(
@@ -123,8 +131,10 @@ mod tests {
                 exists: 15,
                 deletes: 18,
                 syncs: 21,
+                multi_reads: 24,
             }
         );
+        assert_eq!(one.total(), 36);
         assert_eq!(three.total(), 3 * one.total());
         assert_eq!(std::iter::empty().sum::<OpCounts>(), OpCounts::default());
     }

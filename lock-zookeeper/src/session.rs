@@ -9,8 +9,8 @@ use std::{
 
 use lock_core::LockError;
 use zookeeper_client::{
-    self as zk, Acls, Client, CreateMode, CreateOptions, CreateSequence, OneshotWatcher, SessionId,
-    SessionState, Stat,
+    self as zk, Acls, Client, CreateMode, CreateOptions, CreateSequence, MultiReadResult,
+    OneshotWatcher, SessionId, SessionState, Stat,
 };
 
 use crate::{
@@ -115,6 +115,19 @@ impl Conn {
     pub(crate) fn delete(&self, path: &str) -> impl Future<Output = ZkResult<()>> + Send + use<> {
         bump(&self.counters.deletes);
         self.client.delete(path, None)
+    }
+
+    /// One `multiRead` of the data and stat of every node of `paths` (their errors one by one).
+    pub(crate) fn read_many<'a>(
+        &'a self,
+        paths: &[&str],
+    ) -> ZkResult<impl Future<Output = ZkResult<Vec<MultiReadResult>>> + Send + use<'a>> {
+        let mut reader = self.client.new_multi_reader();
+        for path in paths {
+            reader.add_get_data(path)?;
+        }
+        bump(&self.counters.multi_reads);
+        Ok(reader.commit())
     }
 
     pub(crate) fn sync<'a>(

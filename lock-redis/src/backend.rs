@@ -439,7 +439,7 @@ impl LockBackend for RedisBackend {
             .collect();
         let mut conn = self.inner.conn.clone();
         let sent = Instant::now();
-        let replies = ops::renew_batch(&mut conn, &batch).await?;
+        let replies = ops::Renewals::new(&batch).send(&mut conn, None).await?;
         if replies.len() != leases.len() {
             return Err(LockError::backend_msg(format!(
                 "redis answered a pipeline of {} renewals with {} replies",

@@ -7,7 +7,7 @@ use lock_core::{Fence, Lease, LockError, LockInfo, LockName, backend::LeaseToken
 use redis::{Value, aio::ConnectionLike};
 
 use crate::{
-    error::Error,
+    error::{Error, timed_out},
     keys::RedisKeys as Keys,
     scripts::{self, Mark},
 };
@@ -300,34 +300,86 @@ pub(crate) async fn renew<C: ConnectionLike + Send>(
     Ok(u64::try_from(server_ms).ok().filter(|ms| *ms > 0))
 }
 
-/// Renews many leases in one pipeline: one reply per lease, in order. Pipelined scripts go by
-/// `EVALSHA`, so a server that does not know the script yet (a fresh or restarted server)
-/// answers `NOSCRIPT`: then the script is loaded and the batch sent once more.
-pub(crate) async fn renew_batch<C: ConnectionLike + Send>(
-    conn: &mut C,
-    batch: &[(Keys, &LeaseToken, Duration)],
-) -> Result<Vec<Value>, LockError> {
-    let mut pipe = redis::pipe();
-    for (keys, token, ttl) in batch {
-        pipe.invoke_script(
-            scripts::RENEW
-                .key(&keys.lock)
-                .arg(token.as_str())
-                .arg(millis(*ttl)),
-        );
+/// Renewals of many leases, ready to send to a server: calls of [`scripts::RENEW_MANY`] of
+/// up to [`scripts::RENEW_MANY_CHUNK`] leases each. Built once, they can go to several
+/// servers (Redlock's). They are sent one call after the other, each a request of its own
+/// that the connection's response time-out bounds (a pipeline of all of them would be one
+/// request, whose time grows with the batch): 20 round trips for 10,000 leases.
+pub(crate) struct Renewals {
+    /// Each call (a pipeline of one script call, so that `NOSCRIPT` can be told apart),
+    /// with its number of leases.
+    calls: Vec<(redis::Pipeline, usize)>,
+}
+
+impl Renewals {
+    /// The renewals of `batch`.
+    pub(crate) fn new(batch: &[(Keys, &LeaseToken, Duration)]) -> Self {
+        let calls = batch
+            .chunks(scripts::RENEW_MANY_CHUNK)
+            .map(|chunk| {
+                let mut call = scripts::RENEW_MANY.prepare_invoke();
+                for (keys, token, ttl) in chunk {
+                    call.key(&keys.lock).arg(token.as_str()).arg(millis(*ttl));
+                }
+                let mut pipe = redis::pipe();
+                pipe.invoke_script(&call);
+                (pipe, chunk.len())
+            })
+            .collect();
+        Self { calls }
     }
-    match pipe.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            scripts::RENEW
-                .load_async(conn)
-                .await
-                .map_err(|e| Error::new("loading the renew script", e))?;
-            Ok(pipe
-                .query_async(conn)
-                .await
-                .map_err(|e| Error::new("batched renew", e))?)
+
+    /// Sends them on `conn`, each call within `timeout` when one is given: one reply per
+    /// lease, in order. Script calls go by `EVALSHA`, so a server that does not know the
+    /// script yet (a fresh or restarted server) answers `NOSCRIPT`: then the script is loaded
+    /// and the call sent once more.
+    ///
+    /// # Errors
+    /// The first call that failed or timed out: the server's answers to the others are not
+    /// used.
+    pub(crate) async fn send<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Value>, LockError> {
+        let mut replies = Vec::with_capacity(self.calls.iter().map(|(_, n)| n).sum());
+        for (pipe, leases) in &self.calls {
+            let call = Self::call(conn, pipe);
+            let (reply,): (Vec<Value>,) = match timeout {
+                Some(timeout) => tokio::time::timeout(timeout, call)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out("batched renew")))?,
+                None => call.await?,
+            };
+            if reply.len() != *leases {
+                return Err(LockError::backend_msg(format!(
+                    "redis answered {leases} batched renewals with {} replies",
+                    reply.len()
+                )));
+            }
+            replies.extend(reply);
         }
-        other => Ok(other.map_err(|e| Error::new("batched renew", e))?),
+        Ok(replies)
+    }
+
+    /// One call, loading the script when the server does not know it.
+    async fn call<C: ConnectionLike + Send>(
+        conn: &mut C,
+        pipe: &redis::Pipeline,
+    ) -> Result<(Vec<Value>,), LockError> {
+        match pipe.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                scripts::RENEW_MANY
+                    .load_async(conn)
+                    .await
+                    .map_err(|e| Error::new("loading the renew script", e))?;
+                Ok(pipe
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| Error::new("batched renew", e))?)
+            }
+            other => Ok(other.map_err(|e| Error::new("batched renew", e))?),
+        }
     }
 }
 

@@ -215,6 +215,17 @@ impl RedlockBackend {
         self.on(self.inner.nodes.iter(), what, op).await
     }
 
+    /// Like [`Self::everywhere`], for a batch: `op` sends several requests to a server, one
+    /// after the other, and bounds each by the per-server time-out itself (a batch of
+    /// thousands takes longer than one request, and as long as this process is slow).
+    async fn everywhere_batched<T, F, Fut>(&self, op: F) -> Vec<Vote<T>>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, LockError>>,
+    {
+        join_all(self.inner.nodes.iter().map(|conn| op(conn.clone()))).await
+    }
+
     /// Runs `op` on `nodes` in parallel, each within the per-server time-out.
     async fn on<'a, T, F, Fut>(
         &self,
@@ -439,11 +450,11 @@ impl LockBackend for RedlockBackend {
             .map(|l| (self.keys(l.name()), l.token(), l.ttl()))
             .collect();
         let start = Instant::now();
-        let batch = &batch;
+        // Built once for the five servers.
+        let renewals = &ops::Renewals::new(&batch);
+        let timeout = Some(self.inner.config.node_timeout);
         let per_node: Vec<Vote<Vec<Value>>> = self
-            .everywhere("batched renew", |mut conn| async move {
-                ops::renew_batch(&mut conn, batch).await
-            })
+            .everywhere_batched(|mut conn| async move { renewals.send(&mut conn, timeout).await })
             .await;
         // A node that failed votes for no lease (`None`); the others, lease by lease.
         Ok(leases

@@ -182,6 +182,32 @@ return t[1] * 1000 + math.floor(t[2] / 1000)
     )
 });
 
+/// Renew many (one server, a batch): for each `KEYS[i]`, `PEXPIRE` to `ARGV[2i]` ms only if it
+/// holds the token `ARGV[2i-1]`. Returns one number per key: the server time in ms (read
+/// once, before the first renewal, so never later than the renewal), or 0 when not ours.
+/// The keys of one call must share a slot on a cluster, so only a single server uses it.
+pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.pcall('GET', key) == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', key, ARGV[2 * i])
+    out[i] = now
+  else
+    out[i] = 0
+  end
+end
+return out
+",
+    )
+});
+
+/// How many leases one call of [`RENEW_MANY`] renews at most.
+pub(crate) const RENEW_MANY_CHUNK: usize = 500;
+
 /// Whether an acquisition try sets the waiter mark (see [`ACQUIRE`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mark {

@@ -12,6 +12,7 @@ mod grants;
 mod outages;
 mod pubsub;
 mod queue;
+mod renewals;
 mod replicas;
 mod scripts;
 mod wakeups;
@@ -114,6 +115,9 @@ fn main() -> ExitCode {
         })
         .case("batched_renewal_survives_a_flushed_script_cache", || {
             Box::pin(scripts::batched_renewal_survives_a_flushed_script_cache())
+        })
+        .case("redlock_renews_thousands_of_leases_in_one_batch", || {
+            Box::pin(renewals::redlock_renews_thousands_of_leases_in_one_batch())
         })
         .case("redlock_survives_two_of_five_down", || {
             Box::pin(outages::redlock_survives_two_of_five_down())

@@ -64,12 +64,29 @@ impl ZkBackend {
     ///
     /// # Errors
     /// [`LockError::InvalidOptions`] for a bad configuration; [`LockError::Unavailable`] when
-    /// no server answered within [`ZkConfig::connect_timeout`].
+    /// no server answered within [`ZkConfig::connect_timeout`]; [`LockError::Unsupported`]
+    /// for a server before ZooKeeper 3.6.
     ///
     /// # Cancel safety
     /// Dropping the future closes the session if one was being established; nothing is held.
     pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
         let sessions = Sessions::connect(config).await?;
+        // Batched renewals read nodes with `multiRead` (ZooKeeper 3.6): a server without it
+        // answers `Unimplemented` and closes the connection, so ask once, before anything
+        // else is in flight.
+        let conn = sessions.peek();
+        match conn.read_many(&["/"]) {
+            Ok(read) => match read.await {
+                Ok(_) => {}
+                Err(zk::Error::Unimplemented) => {
+                    return Err(LockError::unsupported(
+                        "ZooKeeper before 3.6 (no multiRead, which batched renewals use)",
+                    ));
+                }
+                Err(e) => return Err(ZkError::new("multiRead", "/".to_owned(), e).into()),
+            },
+            Err(e) => return Err(ZkError::new("multiRead", "/".to_owned(), e).into()),
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 sessions,
@@ -293,8 +310,8 @@ impl LockBackend for ZkBackend {
     /// Renews every lease at once, in one round trip: one `sync`, then the nodes of every
     /// lease read in `multiRead` requests of up to [`RENEW_CHUNK`] nodes, sent together after
     /// it on the same session. A session answers in the order it was asked, so each read is
-    /// answered after the sync, as [`Self::renew`]'s check is. A server without `multiRead`
-    /// (before 3.6) gets one `exists` per lease instead.
+    /// answered after the sync, as [`Self::renew`]'s check is. (`multiRead` came with
+    /// ZooKeeper 3.6; [`Self::connect`] refuses older servers.)
     async fn renew_many(
         &self,
         leases: &[Lease],
@@ -343,10 +360,6 @@ impl LockBackend for ZkBackend {
                                     "a multiRead of nodes' data answered with children".into(),
                                 )),
                             }));
-                        }
-                        Err(zookeeper_client::Error::Unimplemented) => {
-                            let exists = chunk.iter().map(|(_, held)| conn.exists(&held.path));
-                            found.extend(futures::future::join_all(exists).await);
                         }
                         Ok(results) => found.extend(chunk.iter().map(|_| {
                             Err(zookeeper_client::Error::UnexpectedError(format!(

@@ -9,6 +9,7 @@
 //! pipeline or a batch of statements sent in one write is one segment per 64 KiB or so.
 
 use std::{
+    collections::HashMap,
     process::Command,
     time::{Duration, Instant},
 };
@@ -43,7 +44,8 @@ pub struct Renewal {
     /// The time of one period's renewals (one `renew_many` of every lock).
     pub period: Stats,
     /// At most this many round trips per period: the data segments the client sent (see the
-    /// module's documentation); `None` when `ss` could not tell.
+    /// module's documentation); `None` when `ss` could not tell, or a connection closed during a
+    /// period.
     pub round_trips: Option<f64>,
     /// The operations the store's servers counted per period (see
     /// [`ServerCounters::operations`]).
@@ -177,9 +179,10 @@ where
         let operations_after = counters.operations().await?;
         not_renewed += results.iter().filter(|r| r.is_err()).count();
         operations += operations_after.saturating_sub(operations_before);
-        segments = segments
-            .zip(segments_before.zip(segments_after))
-            .map(|(sum, (before, after))| sum + after.saturating_sub(before));
+        let sent = segments_before
+            .zip(segments_after)
+            .and_then(|(before, after)| sent_between(&before, &after));
+        segments = segments.zip(sent).map(|(sum, sent)| sum + sent);
         cpu = cpu
             .zip(cpu_before.zip(cpu_after))
             .map(|(sum, (before, after))| sum + after.saturating_sub(before));
@@ -240,17 +243,35 @@ fn ports_of(text: &str, pids: &[u32]) -> Vec<u16> {
     ports
 }
 
-/// The data segments this process has sent so far on its open TCP connections to `ports`.
-fn sent_segments(ports: &[u16]) -> Option<u64> {
+/// The data segments this process has sent so far on each of its open TCP connections to
+/// `ports`, by local address.
+fn sent_segments(ports: &[u16]) -> Option<HashMap<String, u64>> {
     let text = ss(&["-tinpH", "state", "established"])?;
     Some(segments_to(&text, ports, std::process::id()))
 }
 
+/// The data segments sent between two readings of [`sent_segments`]: on each connection of
+/// `after`, what it sent since `before` (all of it for a connection opened meanwhile).
+/// `None` when a connection of `before` closed meanwhile: what it sent before closing is
+/// unknown.
+fn sent_between(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Option<u64> {
+    if before.keys().any(|socket| !after.contains_key(socket)) {
+        return None;
+    }
+    Some(
+        after
+            .iter()
+            .map(|(socket, sent)| sent.saturating_sub(before.get(socket).copied().unwrap_or(0)))
+            .sum(),
+    )
+}
+
 /// In `ss -tinpH`'s `text` (a line per socket, then an indented line of its TCP details), the
-/// sum of `data_segs_out` of the sockets of `pid` whose peer port is one of `ports`.
-fn segments_to(text: &str, ports: &[u16], pid: u32) -> u64 {
+/// `data_segs_out` of each socket of `pid` whose peer port is one of `ports`, by local
+/// address.
+fn segments_to(text: &str, ports: &[u16], pid: u32) -> HashMap<String, u64> {
     let owner = format!("pid={pid},");
-    let mut sum = 0;
+    let mut sent = HashMap::new();
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
         if line.starts_with(char::is_whitespace) {
@@ -260,21 +281,24 @@ fn segments_to(text: &str, ports: &[u16], pid: u32) -> u64 {
             .next_if(|next| next.starts_with(char::is_whitespace))
             .unwrap_or_default();
         // With a state given, the columns are: Recv-Q, Send-Q, local, peer, process.
-        let peer_port = line
-            .split_whitespace()
-            .nth(3)
-            .and_then(|peer| peer.rsplit_once(':'))
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        let (Some(local), Some(peer)) = (columns.get(2), columns.get(3)) else {
+            continue;
+        };
+        let peer_port = peer
+            .rsplit_once(':')
             .and_then(|(_, port)| port.parse::<u16>().ok());
         if !line.contains(&owner) || !peer_port.is_some_and(|port| ports.contains(&port)) {
             continue;
         }
-        sum += details
+        let segments = details
             .split_whitespace()
             .find_map(|field| field.strip_prefix("data_segs_out:"))
             .and_then(|n| n.parse::<u64>().ok())
             .unwrap_or(0);
+        sent.insert((*local).to_owned(), segments);
     }
-    sum
+    sent
 }
 
 #[cfg(test)]
@@ -294,13 +318,34 @@ mod tests {
 \t cubic rto:204 data_segs_out:1000
 ";
 
+    fn sum(sent: &HashMap<String, u64>) -> u64 {
+        sent.values().sum()
+    }
+
     #[test]
     fn the_segments_are_those_this_process_sent_to_the_ports() {
         // The first socket's 9; the second sent no data; the server's own socket, the
         // socket to another port and another process's are not counted.
-        assert_eq!(segments_to(ESTABLISHED, &[6379], 77), 9);
-        assert_eq!(segments_to(ESTABLISHED, &[6379, 3306], 77), 109);
-        assert_eq!(segments_to(ESTABLISHED, &[], 77), 0);
+        let to_redis = segments_to(ESTABLISHED, &[6379], 77);
+        assert_eq!(sum(&to_redis), 9);
+        assert_eq!(to_redis.get("127.0.0.1:41000"), Some(&9));
+        assert_eq!(to_redis.get("127.0.0.1:41001"), Some(&0));
+        assert_eq!(sum(&segments_to(ESTABLISHED, &[6379, 3306], 77)), 109);
+        assert!(segments_to(ESTABLISHED, &[], 77).is_empty());
+    }
+
+    #[test]
+    fn a_connection_closed_between_readings_leaves_the_count_unknown() {
+        let reading = |pairs: &[(&str, u64)]| -> HashMap<String, u64> {
+            pairs.iter().map(|(s, n)| ((*s).to_owned(), *n)).collect()
+        };
+        let before = reading(&[("a", 100), ("b", 5)]);
+        // `b` sent 2 more, `c` opened and sent 3.
+        let after = reading(&[("a", 100), ("b", 7), ("c", 3)]);
+        assert_eq!(sent_between(&before, &after), Some(5));
+        // `a` closed, its 100 gone from the sum: unknown, not 100 fewer.
+        let closed = reading(&[("b", 7)]);
+        assert_eq!(sent_between(&before, &closed), None);
     }
 
     #[test]
@@ -323,7 +368,7 @@ LISTEN 0      50       127.0.0.1:2181      0.0.0.0:* users:((\"java\",pid=55,fd=
         let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         client.set_nodelay(true).unwrap();
         let (mut server, _) = listener.accept().unwrap();
-        let before = sent_segments(&[port]).expect("ss runs");
+        let before = sum(&sent_segments(&[port]).expect("ss runs"));
         // Three request/answer exchanges: three segments sent at least.
         for _ in 0..3 {
             client.write_all(b"ping").unwrap();
@@ -332,7 +377,7 @@ LISTEN 0      50       127.0.0.1:2181      0.0.0.0:* users:((\"java\",pid=55,fd=
             server.write_all(b"pong").unwrap();
             client.read_exact(&mut buf).unwrap();
         }
-        let after = sent_segments(&[port]).unwrap();
+        let after = sum(&sent_segments(&[port]).unwrap());
         assert!(after >= before + 3, "{before} then {after}");
         // The server's socket is this process's too, but its peer port is not `port`.
         assert!(after - before < 6, "{before} then {after}");

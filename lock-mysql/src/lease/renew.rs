@@ -115,13 +115,15 @@ impl LeaseStrategy {
 
     /// One transaction extending each lease (for its own TTL) that is still current: per TTL
     /// in the batch (the watchdog's batches have one), an `UPDATE` of the live rows that match
-    /// a lease (name, token and fence), then a `SELECT` of the live rows of those names, both
-    /// judged against one instant read once (`@lock_renew_now`), so the answer is the
-    /// server's own (no second reading of the clock that a step between statements could
-    /// mislead). The rows the `UPDATE` extended are locked until the `COMMIT`, and among the
-    /// rows matching a lease exactly those end after that instant (a matching row it did not
-    /// extend had ended by then); a lease is renewed when its name, token and fence are among
-    /// the rows read. Five statements for a batch of one TTL, however many leases.
+    /// a lease (name, token and fence) to end at one instant read once (`@lock_renew_now`)
+    /// plus the TTL, then a `SELECT` of the rows of those names that end exactly then. The
+    /// rows the `UPDATE` extended are locked until the `COMMIT` and end then; a row it did not
+    /// extend ends then only if another renewal of the same lease wrote that very end (the
+    /// same instant to the microsecond, the same TTL), which renews it as much. A row another
+    /// renewal extended and committed after the `UPDATE` passed it over ends at another
+    /// instant: not counted, as it was not this renewal's. So the answer is this statement's
+    /// own outcome, with no second reading of the clock. Five statements for a batch of one
+    /// TTL, however many leases.
     async fn renew_batch(
         &self,
         leases: &[&Lease],
@@ -155,11 +157,13 @@ impl LeaseStrategy {
                 })
                 .collect::<Vec<_>>()
                 .join(", ");
-            let live = "acquired_at IS NOT NULL AND expires_at > @lock_renew_now";
+            let end = format!("@lock_renew_now + INTERVAL {ttl} MICROSECOND");
             sql.push_str(&format!(
-                "UPDATE {t} SET expires_at = @lock_renew_now + INTERVAL {ttl} MICROSECOND \
-                 WHERE name IN ({names}) AND (name, token, fence) IN ({keys}) AND {live}; \
-                 SELECT 'renewed', name, token, fence FROM {t} WHERE name IN ({names}) AND {live}; "
+                "UPDATE {t} SET expires_at = {end} \
+                 WHERE name IN ({names}) AND (name, token, fence) IN ({keys}) \
+                 AND acquired_at IS NOT NULL AND expires_at > @lock_renew_now; \
+                 SELECT 'renewed', name, token, fence, CAST({ttl} AS UNSIGNED) FROM {t} \
+                 WHERE name IN ({names}) AND acquired_at IS NOT NULL AND expires_at = {end}; "
             ));
         }
         sql.push_str("COMMIT");
@@ -167,10 +171,15 @@ impl LeaseStrategy {
         let rows = run_pooled(&self.pool, sql, self.statement_until())
             .await
             .map_err(|e| LockError::from(Error::new("renewing leases", e)))?;
-        let mut renewed: HashSet<(Vec<u8>, Vec<u8>, u64)> = HashSet::new();
+        let mut renewed: HashSet<(Vec<u8>, Vec<u8>, u64, u64)> = HashSet::new();
         for row in tagged(&rows, "renewed") {
             let read = || -> Result<_, sqlx::Error> {
-                Ok((row.try_get(1)?, row.try_get(2)?, row.try_get(3)?))
+                Ok((
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                    row.try_get(4)?,
+                ))
             };
             renewed.insert(
                 read().map_err(|e| LockError::from(Error::new("reading renewal outcomes", e)))?,
@@ -183,6 +192,7 @@ impl LeaseStrategy {
                     lease.name().as_str().as_bytes().to_vec(),
                     lease.token().as_str().as_bytes().to_vec(),
                     lease.fence().get(),
+                    micros(lease.ttl()),
                 );
                 if lease_token_is_ours(lease.token()) && renewed.contains(&key) {
                     Ok(Grant::new(Lease::clone(lease), sent))

@@ -84,7 +84,7 @@ fn of_store(report: &bench::Report) -> Vec<Target> {
 fn of_renewal(report: &bench::Report) -> Target {
     let goal = Target::new(
         &report.store,
-        "renewing 10,000 held locks: <= 1 round trip per 100 locks per period",
+        "renewing held locks (10,000): <= 1 round trip per 100 locks per period",
     );
     let Some(renewal) = &report.renewal else {
         return goal;

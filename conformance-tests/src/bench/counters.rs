@@ -36,7 +36,8 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// - sessions: the most open during the run, above those open before it, per client.
 ///
 /// Both counters are read every 100 ms; the reads are a few operations per second,
-/// left in the count.
+/// left in the count. It returns once the servers have closed the run's sessions (see
+/// `drained`).
 ///
 /// # Errors
 /// The run's error, or a counter that could not be read.
@@ -82,7 +83,28 @@ where
         Some(operations_after.saturating_sub(from) as f64 / acquisitions.max(1) as f64);
     fleet.sessions_per_client =
         Some(most.saturating_sub(sessions_before) as f64 / clients.max(1) as f64);
+    drained(counters, sessions_before).await;
     Ok(fleet)
+}
+
+/// How long the servers get to close a run's sessions before the next run starts anyway.
+const DRAIN_AT_MOST: Duration = Duration::from_secs(30);
+
+/// Sessions above the count before a run that still count as drained: the benchmark's own
+/// pools may have opened one or two meanwhile (the counters' reads among them).
+const DRAIN_SLACK: u64 = 2;
+
+/// Waits until the servers count at most [`DRAIN_SLACK`] sessions more than `before` (the
+/// run's clients are gone, so the next run does not measure the server closing a thousand of
+/// them), reading the count every 100 ms, for at most [`DRAIN_AT_MOST`].
+async fn drained<S: ServerCounters>(counters: &S, before: u64) {
+    let until = Instant::now() + DRAIN_AT_MOST;
+    while Instant::now() < until {
+        match counters.sessions().await {
+            Ok(now) if now > before + DRAIN_SLACK => tokio::time::sleep(SAMPLE_EVERY).await,
+            _ => return,
+        }
+    }
 }
 
 /// The integer after `key` and one separator (`:` in Redis `INFO`, a tab in ZooKeeper `mntr`)

@@ -34,7 +34,7 @@ pub const RENEWAL_LOCKS: usize = 10_000;
 pub const RENEWAL_PERIODS: usize = 5;
 
 /// How many acquisitions (and releases) of the held locks are in flight at once.
-const IN_FLIGHT: usize = 64;
+const IN_FLIGHT: usize = 256;
 
 /// What renewing many held locks cost, per period.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -179,12 +179,26 @@ impl Report {
         self.push(
             &format!("{label}: turn (acquire + release)"),
             format!(
-                "p50 {:?}, p99 {:?}, max {:?} ({} turns; {} waits cut by the step's end)",
-                step.turn.p50, step.turn.p99, step.turn.max, step.turn.samples, step.cut_short
+                "p50 {:?}, p99 {:?}, max {:?} ({} turns; {} waits cut by the step's end, {} \
+                 answered unavailable)",
+                step.turn.p50,
+                step.turn.p99,
+                step.turn.max,
+                step.turn.samples,
+                step.cut_short,
+                step.unavailable
             ),
             None,
             None,
         );
+        if let Some(first) = &step.first_unavailable {
+            self.push(
+                &format!("{label}: first unavailable answer"),
+                first.clone(),
+                None,
+                None,
+            );
+        }
         let cores = step
             .server_cores
             .map_or_else(|| "?".to_string(), |c| format!("{c:.2}"));

@@ -41,6 +41,13 @@ pub struct SweepStep {
     /// Acquisitions whose wait the step's end cut short (each waits at most until then;
     /// not counted in `turns`).
     pub cut_short: usize,
+    /// Acquisitions the store answered `Unavailable` (retry): not counted in `turns`; the
+    /// client tries again, as a user's would.
+    #[serde(default)]
+    pub unavailable: usize,
+    /// The first of them, as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_unavailable: Option<String>,
     /// CPU time the store's server processes used during the step, per second of it (1.0
     /// is one core busy), when their processes were found.
     pub server_cores: Option<f64>,
@@ -77,11 +84,11 @@ where
     let zipf = Zipf::new(SWEEP_NAMES as f64, ZIPF_EXPONENT).map_err(|e| e.to_string())?;
     let run_for = crate::selection::run_for(run_for);
     let connect = Arc::new(connect);
-    let latencies = Arc::new(Mutex::new((histogram()?, 0usize, 0usize)));
+    let tally = Arc::new(Mutex::new(Tally::new()?));
     let pids = server_pids(instances);
     let cpu_before = total_cpu(&pids);
     let mut at_end = (None, None);
-    let of_clients = latencies.clone();
+    let of_clients = tally.clone();
     super::threads::run_clients(
         clients,
         move |_| {
@@ -89,8 +96,8 @@ where
             async move { connect().await }
         },
         move |_, client, began| {
-            let (names, latencies) = (names.clone(), of_clients.clone());
-            async move { turns(&client, &names, zipf, began + run_for, &latencies).await }
+            let (names, tally) = (names.clone(), of_clients.clone());
+            async move { turns(&client, &names, zipf, began + run_for, &tally).await }
         },
         |began| {
             std::thread::sleep((began + run_for).saturating_duration_since(Instant::now()));
@@ -103,9 +110,9 @@ where
         },
     )?;
     let (cpu_after, rss) = at_end;
-    let (histogram, turns, cut_short) = std::mem::replace(
-        &mut *latencies.lock().unwrap_or_else(PoisonError::into_inner),
-        (histogram()?, 0, 0),
+    let tally = std::mem::replace(
+        &mut *tally.lock().unwrap_or_else(PoisonError::into_inner),
+        Tally::new()?,
     );
     let server_cores = cpu_before
         .zip(cpu_after)
@@ -113,13 +120,54 @@ where
         .map(|(before, after)| after.saturating_sub(before).as_secs_f64() / run_for.as_secs_f64());
     Ok(SweepStep {
         clients,
-        turns,
-        per_second: turns as f64 / run_for.as_secs_f64().max(f64::MIN_POSITIVE),
-        turn: stats(&histogram),
-        cut_short,
+        turns: tally.done,
+        per_second: tally.done as f64 / run_for.as_secs_f64().max(f64::MIN_POSITIVE),
+        turn: stats(&tally.latencies),
+        cut_short: tally.cut_short,
+        unavailable: tally.unavailable,
+        first_unavailable: tally.first_unavailable,
         server_cores,
         server_rss_kib: rss,
     })
+}
+
+/// What the clients of one step counted.
+struct Tally {
+    /// The latency of each turn done.
+    latencies: hdrhistogram::Histogram<u64>,
+    /// Turns done.
+    done: usize,
+    /// Acquisitions cut short by the step's end.
+    cut_short: usize,
+    /// Acquisitions answered `Unavailable`, and the first of them.
+    unavailable: usize,
+    first_unavailable: Option<String>,
+}
+
+impl Tally {
+    fn new() -> Result<Self, String> {
+        Ok(Self {
+            latencies: histogram()?,
+            done: 0,
+            cut_short: 0,
+            unavailable: 0,
+            first_unavailable: None,
+        })
+    }
+
+    /// Adds `other`'s counts.
+    fn add(&mut self, other: Self) -> Result<(), String> {
+        self.latencies
+            .add(&other.latencies)
+            .map_err(|e| e.to_string())?;
+        self.done += other.done;
+        self.cut_short += other.cut_short;
+        self.unavailable += other.unavailable;
+        if self.first_unavailable.is_none() {
+            self.first_unavailable = other.first_unavailable;
+        }
+        Ok(())
+    }
 }
 
 /// One client's turns until `end`: a Zipf-chosen name, acquire (waiting at most until
@@ -130,12 +178,11 @@ async fn turns(
     names: &[LockName],
     zipf: Zipf<f64>,
     end: Instant,
-    latencies: &Mutex<(hdrhistogram::Histogram<u64>, usize, usize)>,
+    all: &Mutex<Tally>,
 ) -> Result<(), String> {
     let holder = Holder::new();
     let mut rng = rand::rng();
-    let mut mine = histogram()?;
-    let (mut done, mut cut_short) = (0, 0);
+    let mut mine = Tally::new()?;
     loop {
         let left = end.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -151,19 +198,20 @@ async fn turns(
                 guard.release().await.map_err(|e| e.to_string())?;
                 // A turn done after the step's end is not the step's.
                 if Instant::now() <= end {
-                    record(&mut mine, started.elapsed());
-                    done += 1;
+                    record(&mut mine.latencies, started.elapsed());
+                    mine.done += 1;
                 }
             }
-            Err(lock_core::LockError::Timeout { .. }) => cut_short += 1,
+            Err(lock_core::LockError::Timeout { .. }) => mine.cut_short += 1,
+            Err(error @ lock_core::LockError::Unavailable { .. }) => {
+                mine.unavailable += 1;
+                mine.first_unavailable
+                    .get_or_insert_with(|| error.to_string());
+            }
             Err(error) => return Err(error.to_string()),
         }
     }
-    let mut all = latencies.lock().unwrap_or_else(PoisonError::into_inner);
-    all.0.add(&mine).map_err(|e| e.to_string())?;
-    all.1 += done;
-    all.2 += cut_short;
-    Ok(())
+    all.lock().unwrap_or_else(PoisonError::into_inner).add(mine)
 }
 
 /// The sweep's steps against the store `connect` reaches (see [`SWEEP_CLIENTS`]; 1, 4 and

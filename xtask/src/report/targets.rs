@@ -385,6 +385,8 @@ mod tests {
                 max: ms(p99_ms),
             },
             cut_short: 0,
+            unavailable: 0,
+            first_unavailable: None,
             server_cores: None,
             server_rss_kib: None,
         }

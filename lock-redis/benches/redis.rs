@@ -326,6 +326,24 @@ async fn batching(report: &mut Report, backend: &RedisBackend) -> Result<(), Str
     Ok(())
 }
 
+/// The workloads of many names: the client sweep (clients from `connect`) and the renewal of
+/// 10,000 locks held through `backend`, on the servers of `instances`.
+async fn many_names<C, CF, B>(
+    report: &mut Report,
+    connect: C,
+    backend: &B,
+    counters: &Counters,
+    instances: &'static [&'static str],
+) -> Result<(), String>
+where
+    C: Fn() -> CF + Clone + Send + Sync + 'static,
+    CF: Future<Output = Result<LockClient, String>>,
+    B: LockBackend,
+{
+    bench::sweep_report(report, connect, SWEEP_TIME, instances).await?;
+    bench::renewal_report(report, backend, counters, bench::RENEWAL_LOCKS, instances).await
+}
+
 async fn run() -> Result<(), String> {
     let url = var("LOCK_TEST_REDIS_URL")?;
     // The single server's floor is Redlock's too (one of its five servers).
@@ -367,21 +385,14 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
     if selection::workload(selection::CLIENTS) {
         rslock_fleet(&mut report, &[url.to_owned()], rtt, &counters).await?;
     }
-    bench::sweep_report(
+    many_names(
         &mut report,
         bench::each_own(
             RedisConfig::single(url).key_prefix("bench"),
             RedisBackend::connect,
         ),
-        SWEEP_TIME,
-        &["redis"],
-    )
-    .await?;
-    bench::renewal_report(
-        &mut report,
         &backend,
         &counters,
-        bench::RENEWAL_LOCKS,
         &["redis"],
     )
     .await?;
@@ -426,21 +437,14 @@ async fn cluster() -> Result<(), String> {
         &counters,
     )
     .await?;
-    bench::sweep_report(
+    many_names(
         &mut report,
         bench::each_own(
             RedisConfig::cluster(cluster_urls.clone()).key_prefix("bench"),
             RedisBackend::connect,
         ),
-        SWEEP_TIME,
-        &["redis-cluster"],
-    )
-    .await?;
-    bench::renewal_report(
-        &mut report,
         &backend,
         &counters,
-        bench::RENEWAL_LOCKS,
         &["redis-cluster"],
     )
     .await?;
@@ -519,21 +523,14 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
     if selection::workload(selection::CLIENTS) {
         rslock_fleet(&mut report, &redlock_urls, rtt, &counters).await?;
     }
-    bench::sweep_report(
+    many_names(
         &mut report,
         bench::each_own(
             RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"),
             RedlockBackend::connect,
         ),
-        SWEEP_TIME,
-        &REDLOCK_INSTANCES,
-    )
-    .await?;
-    bench::renewal_report(
-        &mut report,
         &backend,
         &counters,
-        bench::RENEWAL_LOCKS,
         &REDLOCK_INSTANCES,
     )
     .await?;

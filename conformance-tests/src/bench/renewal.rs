@@ -31,7 +31,7 @@ use super::{
 pub const RENEWAL_LOCKS: usize = 10_000;
 
 /// How many renewal periods are measured (2 in a quick run).
-pub const RENEWAL_PERIODS: usize = 5;
+pub const RENEWAL_PERIODS: usize = 3;
 
 /// How many acquisitions (and releases) of the held locks are in flight at once.
 const IN_FLIGHT: usize = 256;

@@ -308,8 +308,8 @@ impl LockBackend for ZkBackend {
     }
 
     /// Renews every lease at once, in one round trip: one `sync`, then the nodes of every
-    /// lease read in `multiRead` requests of up to [`RENEW_CHUNK`] nodes, sent together after
-    /// it on the same session. A session answers in the order it was asked, so each read is
+    /// lease read in `multiRead` requests of up to 500 nodes each, sent together after it on
+    /// the same session. A session answers in the order it was asked, so each read is
     /// answered after the sync, as [`Self::renew`]'s check is. (`multiRead` came with
     /// ZooKeeper 3.6; [`Self::connect`] refuses older servers.)
     async fn renew_many(

@@ -123,9 +123,10 @@ where
     Ok(renewal)
 }
 
-/// The renewal workload of `report`'s store: `locks` locks held through `backend` ([`RENEWAL_LOCKS`]
-/// where the store takes that many; see [`renewal`]), added to `report` (see [`super::Report::renewal`]); nothing when the
-/// `renewal` workload is left out (see [`crate::selection::WORKLOAD_VAR`]).
+/// The renewal workload of `report`'s store: `locks` locks held through `backend`
+/// ([`RENEWAL_LOCKS`] where the store takes that many; see [`renewal`]), added to `report`
+/// (see [`super::Report::renewal`]); nothing when the `renewal` workload is left out (see
+/// [`crate::selection::WORKLOAD_VAR`]).
 ///
 /// # Errors
 /// As [`renewal`].

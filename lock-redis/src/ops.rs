@@ -283,21 +283,25 @@ pub(crate) async fn raise_fence<C: ConnectionLike + Send>(
     }
 }
 
-/// Renews if the key holds `token`: the server time in ms, or `None` when it is not ours.
+/// Renews if the key holds `token` ([`scripts::RENEW_MANY`] of one lease): the server time
+/// in ms, or `None` when it is not ours.
 pub(crate) async fn renew<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     token: &LeaseToken,
     ttl: Duration,
 ) -> Result<Option<u64>, LockError> {
-    let server_ms: i64 = scripts::RENEW
+    let reply: Vec<Value> = scripts::RENEW_MANY
         .key(&keys.lock)
         .arg(token.as_str())
         .arg(millis(ttl))
         .invoke_async(conn)
         .await
         .map_err(|e| Error::new("renew", e))?;
-    Ok(u64::try_from(server_ms).ok().filter(|ms| *ms > 0))
+    match reply.as_slice() {
+        [one] => Ok(renewed_at(one)),
+        _ => Err(unexpected("renew", &reply)),
+    }
 }
 
 /// Renewals of many leases, ready to send to a server: calls of [`scripts::RENEW_MANY`] of

@@ -170,22 +170,11 @@ return {{1}}
     ))
 });
 
-/// Renew: `PEXPIRE` only if the key holds our token. Returns the server time in ms, or 0.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local t = redis.call('TIME')
-return t[1] * 1000 + math.floor(t[2] / 1000)
-",
-    )
-});
-
-/// Renew many (one server, a batch): for each `KEYS[i]`, `PEXPIRE` to `ARGV[2i]` ms only if it
-/// holds the token `ARGV[2i-1]`. Returns one number per key: the server time in ms (read
-/// once, before the first renewal, so never later than the renewal), or 0 when not ours.
-/// The keys of one call must share a slot on a cluster, so only a single server uses it.
+/// Renew (one lease, or a batch on one server): for each `KEYS[i]`, `PEXPIRE` to `ARGV[2i]`
+/// ms only if it holds the token `ARGV[2i-1]`. Returns one number per key: the server time in
+/// ms (read once, before the first renewal, so never later than the renewal), or 0 when not
+/// ours. The keys of one call must share a slot on a cluster, so a cluster renews one lease
+/// per call.
 pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"

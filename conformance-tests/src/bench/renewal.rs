@@ -117,9 +117,8 @@ where
     };
     let released = release_all(backend, &leases).await;
     drop(grants);
-    let mut renewal = measured?;
+    let renewal = measured?;
     released?;
-    renewal.locks = leases.len();
     Ok(renewal)
 }
 

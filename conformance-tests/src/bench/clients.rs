@@ -400,12 +400,12 @@ where
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     // Not asked for (see `selection::WORKLOAD_VAR`): none. A quick run (see
     // `selection::QUICK_VAR`): the first run only ([`fleet`] makes it a third as long).
-    let (fleets, run_for) = if !crate::selection::workload(crate::selection::CLIENTS) {
-        (&FLEET_RUNS[..0], run_for)
+    let fleets = if !crate::selection::workload(crate::selection::CLIENTS) {
+        &FLEET_RUNS[..0]
     } else if crate::selection::quick() {
-        (&FLEET_RUNS[..1], run_for)
+        &FLEET_RUNS[..1]
     } else {
-        (&FLEET_RUNS[..], run_for)
+        &FLEET_RUNS[..]
     };
     let mut runs = Vec::with_capacity(fleets.len());
     for &(clients, hold) in fleets {

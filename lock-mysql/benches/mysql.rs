@@ -9,7 +9,8 @@
 //! - 16 tasks over 4 clients on one lock: hand-off latency (from the start of a release to the
 //!   next holder's acquire returning) p50/p99 vs one raw commit (an autocommitted `UPDATE`),
 //!   and acquisitions per second (target for the row-lock strategy: p50 at most 3x);
-//! - separate clients (see `conformance_tests::bench::fleet_report`), and for the row lock the
+//! - separate clients (see `conformance_tests::bench::fleet_report`), beside them the peer
+//!   `distributed-lock-mysql` (MySQL's named locks, 16 clients), and for the row lock the
 //!   100-client run against InnoDB's own queue of 100 raw connections on one row, measured
 //!   right after it (target: time per acquisition at most 1.25x, that is at least 0.8x of
 //!   the raw rate);
@@ -22,6 +23,9 @@
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+#[path = "mysql/peer.rs"]
+mod peer;
 
 use std::{process::ExitCode, sync::Mutex, time::Duration};
 
@@ -200,6 +204,12 @@ async fn fleets(
     // Each fleet client has its own backend with a pool of one connection (plus, on the
     // row lock, the dedicated connection of its hold or wait).
     let fleet_config = config.clone().pool_size(1);
+    if conformance_tests::selection::workload(conformance_tests::selection::CLIENTS) {
+        // The peer on the same server (named locks of `distributed-lock-mysql`), before ours:
+        // right after our 1,000-client run it took 7 acquisitions/s, 429/s without it.
+        let counters = Counters(backend.pool().clone());
+        peer::fleet(report, &support::url()?, rtt, &counters, FLEET_TIME).await?;
+    }
     let runs = bench::fleet_report(
         report,
         bench::each_own(fleet_config, |config| async move {

@@ -76,11 +76,24 @@ fn missing_packages() -> Vec<&'static str> {
     if find_program("faketime").is_none() {
         packages.push("faketime");
     }
+    // Not a server: the MySQL benchmark's peer, distributed-lock-mysql, builds sqlx 0.8 with
+    // native-tls, which links OpenSSL found by pkg-config (the tests build it too).
+    if !openssl_headers() {
+        packages.extend(["pkg-config", "libssl-dev"]);
+    }
     // Not a server: xtask's test of the compare report opens it in headless Chromium.
     if find_program("chromium").is_none() {
         packages.push("chromium");
     }
     packages
+}
+
+/// True when pkg-config runs and finds OpenSSL's development files.
+fn openssl_headers() -> bool {
+    Command::new("pkg-config")
+        .args(["--exists", "openssl"])
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 /// True if we run as root (`id -u` prints 0).

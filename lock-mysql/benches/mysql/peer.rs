@@ -1,0 +1,87 @@
+//! The peer beside ours: `distributed-lock-mysql`, the Rust crate a user would otherwise pick
+//! for locks on MySQL or MariaDB. It takes the server's named locks (`GET_LOCK`, held by the
+//! session that took them) on a connection of its pool, held until `RELEASE_LOCK`: no lease, no
+//! fencing token, and a lock ends with its connection.
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::bench::{self, Report};
+use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+use distributed_lock_mysql::{MySqlLockProvider, lock::MySqlDistributedLock};
+
+/// The peer's name in the report.
+const PEER: &str = "distributed-lock-mysql 0.2";
+
+/// One client of the peer: its own provider (its own pool), and the lock.
+struct NamedLock {
+    lock: MySqlDistributedLock,
+}
+
+impl bench::Contender for NamedLock {
+    async fn turn(
+        &self,
+        end: Instant,
+        hold: Duration,
+    ) -> Result<Option<(Instant, Instant)>, String> {
+        // The server's own wait outlasts the turn's end by a second, so the turn's bound, not a
+        // `GET_LOCK` time-out answered as an error, ends a wait that runs out.
+        let wait = end.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+        let acquire = async {
+            self.lock
+                .acquire(Some(wait))
+                .await
+                .map_err(|e| e.to_string())
+        };
+        bench::peer_turn(end, hold, acquire, |handle| async move {
+            // A failed release shows as the next turn's wait: the exclusion check and the
+            // counts judge the run, as for every contender.
+            let _released = handle.release().await;
+        })
+        .await
+    }
+}
+
+/// The peer's fleet on the server at `url`: `clients` separate clients (each with a pool of
+/// its own) holding `hold` on one lock for `run_for`, beside ours; `round_trip` is the raw
+/// round trip the hand-off is judged against.
+pub(crate) async fn fleet<S: bench::ServerCounters>(
+    report: &mut Report,
+    url: &str,
+    round_trip: Duration,
+    counters: &S,
+    run_for: Duration,
+) -> Result<(), String> {
+    const CLIENTS: usize = 16;
+    let hold = Duration::from_millis(1);
+    let url = url.to_owned();
+    let fleet = bench::counted(counters, CLIENTS, move || {
+        bench::fleet(
+            move |name| {
+                let url = url.clone();
+                async move {
+                    // The provider's pool connects once here, before the clock starts, as
+                    // our clients connect before it.
+                    let provider = MySqlLockProvider::new(url)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(NamedLock {
+                        lock: provider.create_lock(&format!("bench/peer/{name}")),
+                    })
+                }
+            },
+            CLIENTS,
+            hold,
+            run_for,
+        )
+    })
+    .await?;
+    let label = format!("{PEER}, {CLIENTS} clients, hold {hold:?}");
+    report.peer_fleet(PEER, &label, &fleet, round_trip);
+    if let Some(statements) = fleet.operations_per_acquisition {
+        report.number(
+            &format!("{label}: server statements per acquisition"),
+            statements,
+        );
+    }
+    Ok(())
+}

@@ -163,6 +163,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_rate_line_names_the_fastest_peer_whole() {
+        let mut collected = recorded();
+        // A second, slower peer run: the line names only the fastest one, uncut.
+        let mut slower = collected.benches[0].clone();
+        let mut run = collected
+            .benches
+            .iter()
+            .flat_map(|b| b.fleets.iter())
+            .find(|r| r.peer.is_some())
+            .unwrap()
+            .clone();
+        run.peer = Some("slow-peer 0.1".to_string());
+        run.fleet.per_second = 1.0;
+        slower.fleets = vec![run];
+        collected.benches.push(slower);
+        let line = &summary::lines(&collected)[1];
+        assert!(line.contains("; peer rslock 0.10 (redis) 433/s"), "{line}");
+        assert!(
+            !line.contains("slow-peer") && !line.ends_with("..."),
+            "{line}"
+        );
+    }
+
+    #[test]
     fn long_lines_are_cut_to_the_width() {
         assert_eq!(fit("short"), "short");
         let cut = fit(&"x".repeat(300));

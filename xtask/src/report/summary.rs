@@ -150,20 +150,18 @@ fn rate_line(collected: &Collected) -> String {
         .max_by(|a, b| a.1.fleet.per_second.total_cmp(&b.1.fleet.per_second))
         .map_or_else(
             || "no run".to_string(),
-            |(store, r)| format!("{store}, {:.0}/s", r.fleet.per_second),
+            |(store, r)| format!("{store} {:.0}/s", r.fleet.per_second),
         );
-    let peers: Vec<String> = collected
+    // The fastest peer only: the report lists every peer run (one per store it ran on).
+    let peer = collected
         .benches
         .iter()
         .flat_map(|b| b.fleets.iter().map(move |r| (b.store.as_str(), r)))
-        .filter_map(|(store, r)| {
-            let peer = r.peer.as_deref()?;
-            Some(format!("{peer} on {store} {:.0}/s", r.fleet.per_second))
-        })
-        .collect();
-    let mut line = format!("most acquisitions (16 clients, hold 1 ms): {most}");
-    if !peers.is_empty() {
-        line.push_str(&format!("; peer {}", peers.join(", ")));
+        .filter_map(|(store, r)| Some((r.peer.as_deref()?, store, r.fleet.per_second)))
+        .max_by(|a, b| a.2.total_cmp(&b.2));
+    let mut line = format!("most acquisitions, 16 clients: {most}");
+    if let Some((peer, store, per_second)) = peer {
+        line.push_str(&format!("; peer {peer} ({store}) {per_second:.0}/s"));
     }
     line
 }

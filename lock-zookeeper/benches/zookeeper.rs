@@ -81,7 +81,11 @@ impl bench::Contender for Recipe {
             self.client.lock(prefix, b"", options).await.map_err(text)
         };
         // Dropping the guard deletes the node in the background, as the recipe's docs show.
-        bench::peer_turn(end, hold, acquire, |guard| async move { drop(guard) }).await
+        bench::peer_turn(end, hold, acquire, |guard| async move {
+            drop(guard);
+            Ok(())
+        })
+        .await
     }
 }
 

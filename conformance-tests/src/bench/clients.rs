@@ -1,7 +1,9 @@
 //! Contention across separate clients: each client is an OS thread with its own Tokio runtime
 //! and its own backend (connections, session), as separate processes would have, all taking
 //! one lock in turn. Measures what a service fleet sees: throughput, hand-off to *another*
-//! client (re-takes by the same client reported apart), and fairness across clients.
+//! client (re-takes by the same client reported apart), and fairness across clients; and,
+//! for this library and the peers alike, whether any two holds overlapped (see
+//! [`Fleet::overlaps`]).
 
 use std::{
     future::Future,
@@ -42,6 +44,12 @@ pub struct Fleet {
     pub failures: usize,
     /// The first failed turn's error, if any turn failed.
     pub first_failure: Option<String>,
+    /// Acquisitions that returned before the release of an earlier hold had even begun: two
+    /// holds at once, mutual exclusion broken (every client is in this process, so their
+    /// instants compare). A correct lock grants only after a release reached the store, which
+    /// is after it began. A run of this library with any fails in [`fleet_report`].
+    #[serde(default)]
+    pub overlaps: usize,
     /// Operations the store's servers counted during the run, per acquisition (see
     /// [`counted`](super::counted)), when counted.
     pub operations_per_acquisition: Option<f64>,
@@ -91,7 +99,8 @@ pub trait Contender {
 /// guard; when `acquire` returned and when the release began.
 ///
 /// # Errors
-/// `acquire`'s error.
+/// `acquire`'s error, or `release`'s (a failed turn, as a failed release is for this library's
+/// clients).
 pub async fn peer_turn<G, A, R, RF>(
     end: Instant,
     hold: Duration,
@@ -101,7 +110,7 @@ pub async fn peer_turn<G, A, R, RF>(
 where
     A: Future<Output = Result<G, String>>,
     R: FnOnce(G) -> RF,
-    RF: Future<Output = ()>,
+    RF: Future<Output = Result<(), String>>,
 {
     let left = end.saturating_duration_since(Instant::now());
     if left.is_zero() {
@@ -116,7 +125,7 @@ where
         tokio::time::sleep(hold).await;
     }
     let released = Instant::now();
-    release(guard).await;
+    release(guard).await?;
     Ok(Some((acquired, released)))
 }
 
@@ -301,6 +310,7 @@ fn summarize(
 ) -> Result<Fleet, String> {
     let mut handoffs = histogram()?;
     let mut self_retakes = 0;
+    let overlaps = overlaps(turns);
     for pair in turns.windows(2) {
         let (before, after) = (pair[0], pair[1]);
         if before.client == after.client {
@@ -328,10 +338,26 @@ fn summarize(
         jain: jain(&counts),
         failures,
         first_failure: None,
+        overlaps,
         operations_per_acquisition: None,
         sessions_per_client: None,
         second_half: None,
     })
+}
+
+/// How many of `turns` (sorted by `acquired`) were acquired before the latest release begun
+/// by then: the start of each turn's release (`released`) is the earliest the store can have
+/// freed the lock.
+fn overlaps(turns: &[Turn]) -> usize {
+    let mut latest_release: Option<Instant> = None;
+    let mut overlaps = 0;
+    for turn in turns {
+        if latest_release.is_some_and(|release| turn.acquired < release) {
+            overlaps += 1;
+        }
+        latest_release = latest_release.max(Some(turn.released));
+    }
+    overlaps
 }
 
 /// A fleet's `connect`: each client gets its own backend, made by `connect` from a clone of
@@ -414,11 +440,15 @@ where
             separate_clients(connect, clients, hold, run_for, &options)
         })
         .await?;
-        report.fleet(
-            &format!("{clients} clients, hold {hold:?}"),
-            &fleet,
-            round_trip,
-        );
+        let label = format!("{clients} clients, hold {hold:?}");
+        report.fleet(&label, &fleet, round_trip);
+        if fleet.overlaps > 0 {
+            return Err(format!(
+                "{label}: {} acquisitions returned while another client's hold had not begun \
+                 its release: mutual exclusion broken",
+                fleet.overlaps
+            ));
+        }
         if let Some(operations) = fleet.operations_per_acquisition {
             report.number(
                 &format!(
@@ -444,6 +474,36 @@ mod tests {
         assert!((jain(&[20, 0, 0, 0]) - 0.25).abs() < 1e-9);
     }
 
+    fn turn(client: usize, acquired_ms: u64, released_ms: u64, base: Instant) -> Turn {
+        Turn {
+            client,
+            acquired: base + Duration::from_millis(acquired_ms),
+            released: base + Duration::from_millis(released_ms),
+        }
+    }
+
+    #[test]
+    fn holds_that_overlap_are_counted() {
+        let base = Instant::now();
+        // In turn: each acquired after the release before it began.
+        let in_turn = [
+            turn(0, 0, 2, base),
+            turn(1, 3, 5, base),
+            turn(0, 6, 6, base),
+        ];
+        assert_eq!(overlaps(&in_turn), 0);
+        // Client 1 acquired while client 0 held (0..10); client 2 while 0 still held too, and
+        // after 1 had begun releasing: two overlaps, as the latest release counts.
+        let two = [
+            turn(0, 0, 10, base),
+            turn(1, 4, 6, base),
+            turn(2, 8, 9, base),
+        ];
+        assert_eq!(overlaps(&two), 2);
+        let fleet = summarize(3, Duration::ZERO, &two, Duration::from_secs(1), 0).unwrap();
+        assert_eq!(fleet.overlaps, 2);
+    }
+
     #[test]
     fn separate_clients_take_turns_and_are_counted() {
         let fleet = separate_clients(
@@ -460,6 +520,7 @@ mod tests {
         assert!(fleet.acquisitions > 10, "{fleet:?}");
         assert!(fleet.min <= fleet.max && fleet.max <= fleet.acquisitions);
         assert!(fleet.jain > 0.0 && fleet.jain <= 1.0 + 1e-9, "{fleet:?}");
+        assert_eq!(fleet.overlaps, 0, "{fleet:?}");
         assert_eq!(
             fleet.handoff.samples + fleet.self_retakes + 1,
             fleet.acquisitions,

@@ -281,8 +281,8 @@ impl Report {
         self.push(
             &format!("{label}: fairness"),
             format!(
-                "per client min {} / max {} of {}, Jain {:.2}, {} failed turns",
-                fleet.min, fleet.max, fleet.acquisitions, fleet.jain, fleet.failures
+                "per client min {} / max {} of {}, Jain {:.2}, {} failed turns, {} overlapping holds",
+                fleet.min, fleet.max, fleet.acquisitions, fleet.jain, fleet.failures, fleet.overlaps
             ),
             None,
             None,

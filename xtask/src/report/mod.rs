@@ -163,27 +163,39 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_rate_line_names_the_fastest_peer_whole() {
+    fn the_rate_line_names_the_fastest_peer_and_keeps_its_numbers() {
         let mut collected = recorded();
-        // A second, slower peer run: the line names only the fastest one, uncut.
-        let mut slower = collected.benches[0].clone();
-        let mut run = collected
+        let peer_run = collected
             .benches
             .iter()
             .flat_map(|b| b.fleets.iter())
             .find(|r| r.peer.is_some())
             .unwrap()
             .clone();
-        run.peer = Some("slow-peer 0.1".to_string());
-        run.fleet.per_second = 1.0;
-        slower.fleets = vec![run];
-        collected.benches.push(slower);
+        // Two more peers on a store with a long name, after the recorded one (rslock, 433/s):
+        // a slower one and, last, the fastest, with a long name.
+        let mut other = collected.benches[0].clone();
+        other.store = "zookeeper-ensemble(3)".to_string();
+        other.fleets = [
+            ("slow-peer 0.1", 1.0),
+            ("a-peer-with-a-very-long-name 0.1", 999.0),
+        ]
+        .into_iter()
+        .map(|(name, per_second)| {
+            let mut run = peer_run.clone();
+            run.peer = Some(name.to_string());
+            run.fleet.per_second = per_second;
+            run
+        })
+        .collect();
+        collected.benches.push(other);
         let line = &summary::lines(&collected)[1];
-        assert!(line.contains("; peer rslock 0.10 (redis) 433/s"), "{line}");
+        assert!(line.contains("; fastest peer 999/s (a-peer"), "{line}");
         assert!(
-            !line.contains("slow-peer") && !line.ends_with("..."),
+            !line.contains("slow-peer") && !line.contains("433/s"),
             "{line}"
         );
+        assert!(line.chars().count() <= TERMINAL_WIDTH, "{line}");
     }
 
     #[test]

@@ -104,7 +104,7 @@ pub(crate) fn overview(collected: &Collected) -> String {
     )
 }
 
-/// The five-line summary: fastest hand-off, most acquisitions (beside the peers), closest to
+/// The five-line summary: fastest hand-off, most acquisitions (and the fastest peer's), closest to
 /// its floor, strictest fencing, and the fault campaign.
 pub(crate) fn lines(collected: &Collected) -> [String; LINES] {
     [
@@ -152,16 +152,19 @@ fn rate_line(collected: &Collected) -> String {
             || "no run".to_string(),
             |(store, r)| format!("{store} {:.0}/s", r.fleet.per_second),
         );
-    // The fastest peer only: the report lists every peer run (one per store it ran on).
+    // The fastest peer only (the report lists every peer run), its rate before its name: a
+    // line too long for the terminal is cut in the name, never in a number.
     let peer = collected
         .benches
         .iter()
         .flat_map(|b| b.fleets.iter().map(move |r| (b.store.as_str(), r)))
         .filter_map(|(store, r)| Some((r.peer.as_deref()?, store, r.fleet.per_second)))
         .max_by(|a, b| a.2.total_cmp(&b.2));
-    let mut line = format!("most acquisitions, 16 clients: {most}");
+    let mut line = format!("most acquisitions (16 clients, hold 1 ms): {most}");
     if let Some((peer, store, per_second)) = peer {
-        line.push_str(&format!("; peer {peer} ({store}) {per_second:.0}/s"));
+        line.push_str(&format!(
+            "; fastest peer {per_second:.0}/s ({peer}, on {store}'s server)"
+        ));
     }
     line
 }

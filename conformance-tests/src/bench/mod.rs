@@ -26,7 +26,7 @@ pub use clients::{
 };
 pub use counters::{ServerCounters, counted, stat_line};
 pub use renewal::{RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, renewal, renewal_report};
-pub use report::{FleetRun, Line, Report, render_line};
+pub use report::{FleetRun, Line, Report, factor, render_line};
 pub use sweep::{SWEEP_CLIENTS, SWEEP_NAMES, SweepStep, ZIPF_EXPONENT, sweep_report, sweep_step};
 
 use hdrhistogram::Histogram;

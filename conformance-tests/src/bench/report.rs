@@ -150,12 +150,21 @@ pub fn render_line(line: &Line) -> String {
         (Some(ratio), Some(target)) => {
             let verdict = if ratio <= target { "within" } else { "ABOVE" };
             format!(
-                "{} = {} [{verdict} target {target}x]",
-                line.metric, line.value
+                "{} = {} [{verdict} target {}x]",
+                line.metric,
+                line.value,
+                factor(target)
             )
         }
         _ => format!("{} = {}", line.metric, line.value),
     }
+}
+
+/// A target factor as text: at most two decimals, none that are zero (`2`, `1.25`, `1.11` for
+/// 1/0.9).
+pub fn factor(target: f64) -> String {
+    let text = format!("{target:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 impl Report {
@@ -303,5 +312,18 @@ impl Report {
                 None,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factors_show_at_most_two_decimals() {
+        assert_eq!(factor(2.0), "2");
+        assert_eq!(factor(1.25), "1.25");
+        assert_eq!(factor(1.0 / 0.9), "1.11");
+        assert_eq!(factor(1.5), "1.5");
     }
 }

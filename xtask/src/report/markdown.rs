@@ -19,8 +19,10 @@ pub(crate) fn render_benches(reports: &[bench::Report], preset: &str) -> String 
     for report in reports {
         for line in &report.lines {
             let target = match (line.ratio, line.target) {
-                (Some(ratio), Some(target)) if ratio <= target => format!("<= {target}x: met"),
-                (Some(_), Some(target)) => format!("<= {target}x: NOT met"),
+                (Some(ratio), Some(target)) if ratio <= target => {
+                    format!("<= {}x: met", bench::factor(target))
+                }
+                (Some(_), Some(target)) => format!("<= {}x: NOT met", bench::factor(target)),
                 _ => String::new(),
             };
             table.add_row([report.store.as_str(), &line.metric, &line.value, &target]);

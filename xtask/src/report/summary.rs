@@ -163,7 +163,7 @@ fn rate_line(collected: &Collected) -> String {
     let mut line = format!("most acquisitions (16 clients, hold 1 ms): {most}");
     if let Some((peer, store, per_second)) = peer {
         line.push_str(&format!(
-            "; fastest peer {per_second:.0}/s ({peer}, on {store}'s server)"
+            "; fastest peer {per_second:.0}/s ({peer} on {store})"
         ));
     }
     line

@@ -146,8 +146,8 @@ async fn uncontended(
         "uncontended acquire+release / raw INSERT+DELETE on one connection (means)",
         &single,
         Some(match strategy {
-            Strategy::RowLock => 1.25,
-            _ => 1.18,
+            Strategy::RowLock => 1.0 / 0.8,
+            _ => 1.0 / 0.85,
         }),
     );
     Ok(())

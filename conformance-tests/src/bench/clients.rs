@@ -2,8 +2,8 @@
 //! and its own backend (connections, session), as separate processes would have, all taking
 //! one lock in turn. Measures what a service fleet sees: throughput, hand-off to *another*
 //! client (re-takes by the same client reported apart), and fairness across clients; and,
-//! for this library and the peers alike, whether any two holds overlapped (see
-//! [`Fleet::overlaps`]).
+//! for this library and the peers alike, holds seen to overlap (see [`Fleet::overlaps`] for
+//! what that check can see).
 
 use std::{
     future::Future,
@@ -47,7 +47,11 @@ pub struct Fleet {
     /// Acquisitions that returned before the release of an earlier hold had even begun: two
     /// holds at once, mutual exclusion broken (every client is in this process, so their
     /// instants compare). A correct lock grants only after a release reached the store, which
-    /// is after it began. A run of this library with any fails in [`fleet_report`].
+    /// is after it began, as long as no lease expires during a hold (the runs hold 1 ms or 0
+    /// under a 30 s TTL). A run of this library with any fails in [`fleet_report`]. Not seen:
+    /// turns whose release failed (counted in `failures` only, as such a hold may have been
+    /// lost, and then overtaken, before its release), and overlaps shorter than the clock's
+    /// reading of a hold (with hold 0, a few microseconds).
     #[serde(default)]
     pub overlaps: usize,
     /// Operations the store's servers counted during the run, per acquisition (see
@@ -345,9 +349,9 @@ fn summarize(
     })
 }
 
-/// How many of `turns` (sorted by `acquired`) were acquired before the latest release begun
-/// by then: the start of each turn's release (`released`) is the earliest the store can have
-/// freed the lock.
+/// How many of `turns` (sorted by `acquired`) were acquired before the latest `released` of
+/// the turns acquired before them: the start of a turn's release is the earliest the store
+/// can have freed the lock.
 fn overlaps(turns: &[Turn]) -> usize {
     let mut latest_release: Option<Instant> = None;
     let mut overlaps = 0;

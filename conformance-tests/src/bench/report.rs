@@ -160,10 +160,11 @@ pub fn render_line(line: &Line) -> String {
     }
 }
 
-/// A target factor as text: at most two decimals, none that are zero (`2`, `1.25`, `1.11` for
-/// 1/0.9).
+/// A target factor as text: at most three decimals, no trailing zeros (`2`, `1.25`, `1.111`
+/// for 1/0.9), one more than the ratios beside it show, so a ratio just above a target never
+/// reads as equal to it.
 pub fn factor(target: f64) -> String {
-    let text = format!("{target:.2}");
+    let text = format!("{target:.3}");
     text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
@@ -320,10 +321,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn factors_show_at_most_two_decimals() {
+    fn factors_show_at_most_three_decimals() {
         assert_eq!(factor(2.0), "2");
         assert_eq!(factor(1.25), "1.25");
-        assert_eq!(factor(1.0 / 0.9), "1.11");
+        assert_eq!(factor(1.0 / 0.9), "1.111");
         assert_eq!(factor(1.5), "1.5");
+        assert_eq!(factor(1.05), "1.05");
     }
 }

@@ -68,7 +68,8 @@ fn fleets(collected: &Collected) -> String {
         "<h2>Separate clients on one lock</h2>\n<table id=\"fleets\"><tr><th>store</th>\
          <th>library</th><th>clients</th><th>hold</th><th>acquisitions/s</th>\
          <th>acquisitions</th><th>hand-off p50 (ms)</th><th>p99 (ms)</th><th>max (ms)</th>\
-         <th>hand-offs</th><th>self re-takes</th><th>Jain</th><th>failed turns</th></tr>\n",
+         <th>hand-offs</th><th>self re-takes</th><th>Jain</th><th>failed turns</th>\
+         <th>overlapping holds</th></tr>\n",
     );
     let ms = |d: std::time::Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
     for report in &collected.benches {
@@ -77,7 +78,8 @@ fn fleets(collected: &Collected) -> String {
             let _ = writeln!(
                 html,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:?}</td><td>{:.0}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td></tr>",
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td>\
+                 <td>{}</td></tr>",
                 esc(&report.store),
                 esc(run.peer.as_deref().unwrap_or("this library")),
                 f.clients,
@@ -90,7 +92,8 @@ fn fleets(collected: &Collected) -> String {
                 f.handoff.samples,
                 f.self_retakes,
                 f.jain,
-                f.failures
+                f.failures,
+                f.overlaps
             );
         }
     }
@@ -188,6 +191,7 @@ mod tests {
                 format!("{:.3}", run.fleet.handoff.p50.as_secs_f64() * 1e3)
             );
             assert_eq!(row[9], run.fleet.handoff.samples.to_string());
+            assert_eq!(row[13], run.fleet.overlaps.to_string());
         }
         // Chromium writes text with `&`, `<` and `>` escaped, quotes as they are.
         let text = |line: &str| {

@@ -204,10 +204,10 @@ async fn fleets(
     // Each fleet client has its own backend with a pool of one connection (plus, on the
     // row lock, the dedicated connection of its hold or wait).
     let fleet_config = config.clone().pool_size(1);
+    let counters = Counters(backend.pool().clone());
     if conformance_tests::selection::workload(conformance_tests::selection::CLIENTS) {
         // The peer on the same server (named locks of `distributed-lock-mysql`), before ours:
         // right after our 1,000-client run it took 7 acquisitions/s, 429/s without it.
-        let counters = Counters(backend.pool().clone());
         peer::fleet(report, &support::url()?, rtt, &counters, FLEET_TIME).await?;
     }
     let runs = bench::fleet_report(
@@ -217,7 +217,7 @@ async fn fleets(
         }),
         rtt,
         FLEET_TIME,
-        &Counters(backend.pool().clone()),
+        &counters,
     )
     .await?;
     if strategy == Strategy::RowLock {

@@ -174,8 +174,8 @@ impl bench::ServerCounters for Counters {
     }
 }
 
-/// rslock's fleet on `urls` (one server, or Redlock's five), 16 clients holding 1 ms, beside
-/// ours.
+/// rslock's run on `urls` (one server, or Redlock's five) beside ours (see
+/// [`bench::peer_report`]).
 async fn rslock_fleet(
     report: &mut Report,
     urls: &[String],
@@ -183,45 +183,25 @@ async fn rslock_fleet(
     counters: &Counters,
 ) -> Result<(), String> {
     let urls = urls.to_vec();
-    let fleet = bench::counted(counters, 16, move || {
-        bench::fleet(
-            move |name| {
-                let urls = urls.clone();
-                async move {
-                    let manager = rslock::LockManager::new(urls);
-                    // rslock connects at its first call: one throwaway lock before the clock
-                    // starts, as our clients connect before it.
-                    let warm = format!("bench:rslock:warm:{:016x}", rand::random::<u64>());
-                    let guard = manager
-                        .lock(warm.as_bytes(), Duration::from_secs(1))
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    guard.release().await;
-                    Ok(Rslock {
-                        manager,
-                        resource: format!("bench:rslock:{name}"),
-                    })
-                }
-            },
-            16,
-            Duration::from_millis(1),
-            FLEET_TIME,
-        )
-    })
-    .await?;
-    report.peer_fleet(
-        "rslock 0.10",
-        "rslock 0.10, 16 clients, hold 1ms",
-        &fleet,
-        rtt,
-    );
-    if let Some(commands) = fleet.operations_per_acquisition {
-        report.number(
-            "rslock 0.10, 16 clients, hold 1ms: server commands per acquisition",
-            commands,
-        );
-    }
-    Ok(())
+    let connect = move |name| {
+        let urls = urls.clone();
+        async move {
+            let manager = rslock::LockManager::new(urls);
+            // rslock connects at its first call: one throwaway lock before the clock starts,
+            // as our clients connect before it.
+            let warm = format!("bench:rslock:warm:{:016x}", rand::random::<u64>());
+            let guard = manager
+                .lock(warm.as_bytes(), Duration::from_secs(1))
+                .await
+                .map_err(|e| e.to_string())?;
+            guard.release().await;
+            Ok(Rslock {
+                manager,
+                resource: format!("bench:rslock:{name}"),
+            })
+        }
+    };
+    bench::peer_report(report, "rslock 0.10", connect, rtt, FLEET_TIME, counters).await
 }
 
 /// Rounds of each ratio (the harness takes a tenth in a quick run).

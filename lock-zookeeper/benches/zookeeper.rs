@@ -89,7 +89,7 @@ impl bench::Contender for Recipe {
     }
 }
 
-/// The peer's fleet: 16 clients holding 1 ms on one lock, beside ours.
+/// The peer's run beside ours (see [`bench::peer_report`]), in a container node of its own.
 async fn peer_fleet(
     report: &mut Report,
     config: &ZkConfig,
@@ -103,39 +103,18 @@ async fn peer_fleet(
     let dir = format!("{}/bench-peer-{:016x}", config.root, rand::random::<u64>());
     let container = CreateMode::Container.with_acls(Acls::anyone_all());
     raw.create(&dir, &[], &container).await.map_err(text)?;
-    let hosts_owned = hosts.to_owned();
-    let peer_dir = dir.clone();
-    let counters = Counters(hosts.to_owned());
-    let fleet = bench::counted(&counters, 16, move || {
-        bench::fleet(
-            move |_name| {
-                let (hosts, dir) = (hosts_owned.clone(), peer_dir.clone());
-                async move {
-                    Ok(Recipe {
-                        client: Client::connect(&hosts).await.map_err(text)?,
-                        dir,
-                    })
-                }
-            },
-            16,
-            Duration::from_millis(1),
-            FLEET_TIME,
-        )
-    })
-    .await?;
-    report.peer_fleet(
-        PEER,
-        &format!("{PEER}, 16 clients, hold 1ms"),
-        &fleet,
-        round_trip,
-    );
-    if let Some(operations) = fleet.operations_per_acquisition {
-        report.number(
-            &format!("{PEER}, 16 clients, hold 1ms: server packets per acquisition"),
-            operations,
-        );
-    }
-    Ok(())
+    let hosts = hosts.to_owned();
+    let counters = Counters(hosts.clone());
+    let connect = move |_name| {
+        let (hosts, dir) = (hosts.clone(), dir.clone());
+        async move {
+            Ok(Recipe {
+                client: Client::connect(&hosts).await.map_err(text)?,
+                dir,
+            })
+        }
+    };
+    bench::peer_report(report, PEER, connect, round_trip, FLEET_TIME, &counters).await
 }
 
 async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {

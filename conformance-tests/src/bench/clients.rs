@@ -453,18 +453,61 @@ where
                 fleet.overlaps
             ));
         }
-        if let Some(operations) = fleet.operations_per_acquisition {
-            report.number(
-                &format!(
-                    "{clients} clients, hold {hold:?}: server {} per acquisition (second half of the run)",
-                    counters.operations_are()
-                ),
-                operations,
-            );
-        }
+        operations_line(report, &label, &fleet, counters);
         runs.push(fleet);
     }
     Ok(runs)
+}
+
+/// The run of `peer`, a library a user would otherwise pick, beside ours: the first of
+/// [`FLEET_RUNS`] (16 clients holding 1 ms), each client made by `connect` for the lock it is
+/// given, `run_for` long, counted with `counters` and added to `report` as ours are (see
+/// [`Report::peer_fleet`](super::Report::peer_fleet)). Overlapping holds are reported, not
+/// an error: they are the peer's finding, not a failure of this run.
+///
+/// # Errors
+/// The first error of the run, as text.
+pub async fn peer_report<C, CF, T, S>(
+    report: &mut super::Report,
+    peer: &str,
+    connect: C,
+    round_trip: Duration,
+    run_for: Duration,
+    counters: &S,
+) -> Result<(), String>
+where
+    C: Fn(LockName) -> CF + Send + Sync + 'static,
+    CF: Future<Output = Result<T, String>>,
+    T: Contender,
+    S: super::ServerCounters,
+{
+    let (clients, hold) = FLEET_RUNS[0];
+    let fleet = super::counted(counters, clients, move || {
+        fleet(connect, clients, hold, run_for)
+    })
+    .await?;
+    let label = format!("{peer}, {clients} clients, hold {hold:?}");
+    report.peer_fleet(peer, &label, &fleet, round_trip);
+    operations_line(report, &label, &fleet, counters);
+    Ok(())
+}
+
+/// The line of the servers' operations per acquisition of the run `label`, when counted.
+fn operations_line<S: super::ServerCounters>(
+    report: &mut super::Report,
+    label: &str,
+    fleet: &Fleet,
+    counters: &S,
+) {
+    if let Some(operations) = fleet.operations_per_acquisition {
+        report.number(
+            &format!(
+                "{label}: server {} per acquisition (second half of the run)",
+                counters.operations_are()
+            ),
+            operations,
+        );
+    }
 }
 
 #[cfg(test)]

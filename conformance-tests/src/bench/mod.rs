@@ -22,7 +22,8 @@ mod sweep;
 mod threads;
 
 pub use clients::{
-    Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, peer_turn, separate_clients,
+    Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, peer_report, peer_turn,
+    separate_clients,
 };
 pub use counters::{ServerCounters, counted, stat_line};
 pub use renewal::{RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, renewal, renewal_report};

@@ -43,9 +43,9 @@ impl bench::Contender for NamedLock {
     }
 }
 
-/// The peer's fleet on the server at `url`: 16 separate clients (each with a pool of its own)
-/// holding the lock 1 ms per turn for `run_for`, beside ours; `round_trip` is the raw round
-/// trip the hand-off is judged against, `counters` the server's counts.
+/// The peer's run on the server at `url` beside ours (see [`bench::peer_report`]), each client
+/// with a provider (a pool) of its own; `round_trip` is the raw round trip the hand-off is
+/// judged against, `counters` the server's counts.
 pub(crate) async fn fleet<S: bench::ServerCounters>(
     report: &mut Report,
     url: &str,
@@ -53,37 +53,19 @@ pub(crate) async fn fleet<S: bench::ServerCounters>(
     counters: &S,
     run_for: Duration,
 ) -> Result<(), String> {
-    const CLIENTS: usize = 16;
-    let hold = Duration::from_millis(1);
     let url = url.to_owned();
-    let fleet = bench::counted(counters, CLIENTS, move || {
-        bench::fleet(
-            move |name| {
-                let url = url.clone();
-                async move {
-                    // The provider's pool connects once here, before the clock starts, as
-                    // our clients connect before it.
-                    let provider = MySqlLockProvider::new(url)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok(NamedLock {
-                        lock: provider.create_lock(&format!("bench/peer/{name}")),
-                    })
-                }
-            },
-            CLIENTS,
-            hold,
-            run_for,
-        )
-    })
-    .await?;
-    let label = format!("{PEER}, {CLIENTS} clients, hold {hold:?}");
-    report.peer_fleet(PEER, &label, &fleet, round_trip);
-    if let Some(statements) = fleet.operations_per_acquisition {
-        report.number(
-            &format!("{label}: server statements per acquisition"),
-            statements,
-        );
-    }
-    Ok(())
+    let connect = move |name| {
+        let url = url.clone();
+        async move {
+            // The provider's pool connects once here, before the clock starts, as our clients
+            // connect before it.
+            let provider = MySqlLockProvider::new(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(NamedLock {
+                lock: provider.create_lock(&format!("bench/peer/{name}")),
+            })
+        }
+    };
+    bench::peer_report(report, PEER, connect, round_trip, run_for, counters).await
 }

@@ -74,17 +74,17 @@ impl ZkBackend {
         // Batched renewals read nodes with `multiRead` (ZooKeeper 3.6): a server without it
         // answers `Unimplemented` and closes the connection, so ask once, before anything
         // else is in flight.
-        let conn = sessions.peek();
-        match conn.read_many(&["/"]) {
-            Ok(read) => match read.await {
-                Ok(_) => {}
-                Err(zk::Error::Unimplemented) => {
-                    return Err(LockError::unsupported(
-                        "ZooKeeper before 3.6 (no multiRead, which batched renewals use)",
-                    ));
-                }
-                Err(e) => return Err(ZkError::new("multiRead", "/".to_owned(), e).into()),
-            },
+        let probe = match sessions.peek().read_many(&["/"]) {
+            Ok(read) => read.await.map(drop),
+            Err(e) => Err(e),
+        };
+        match probe {
+            Ok(()) => {}
+            Err(zk::Error::Unimplemented) => {
+                return Err(LockError::unsupported(
+                    "ZooKeeper before 3.6 (no multiRead, which batched renewals use)",
+                ));
+            }
             Err(e) => return Err(ZkError::new("multiRead", "/".to_owned(), e).into()),
         }
         Ok(Self {

@@ -179,7 +179,9 @@ fn of_fleets(report: &bench::Report) -> Vec<Target> {
             store,
             &format!("{} clients: acquisitions/s >= {name}'s", peer.fleet.clients),
         );
-        let ours = run(report, peer.fleet.clients, 1).map(|r| r.fleet.per_second);
+        // Ours in the same shape of run (clients and hold) as the peer's.
+        let hold_ms = u64::try_from(peer.fleet.hold.as_millis()).unwrap_or(u64::MAX);
+        let ours = run(report, peer.fleet.clients, hold_ms).map(|r| r.fleet.per_second);
         targets.push(match ours {
             Some(ours) => {
                 let ratio = ours / peer.fleet.per_second.max(f64::MIN_POSITIVE);

@@ -32,15 +32,22 @@ fn text(error: impl std::fmt::Display) -> String {
     error.to_string()
 }
 
-/// The raw floor's node prefix under a container of its own, next to the locks.
-async fn floor_prefix(raw: &Client, config: &ZkConfig) -> Result<String, String> {
+/// The raw floor's node prefix under a container of its own, next to the locks, and the path
+/// of a persistent node that keeps that container while the floor runs: the server deletes a
+/// container found empty (its check runs every minute by default), and the floor empties it
+/// after every `delete`, so without the keeper a `create` may find no parent (`NoNode`, which
+/// failed a run here). Deleting the keeper afterwards lets the server take the container.
+async fn floor_prefix(raw: &Client, config: &ZkConfig) -> Result<(String, String), String> {
     let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
     raw.mkdir(&config.root, &persistent).await.map_err(text)?;
     let dir = format!("{}/bench-floor-{:016x}", config.root, rand::random::<u64>());
     let container = CreateMode::Container.with_acls(Acls::anyone_all());
     raw.create(&dir, &[], &container).await.map_err(text)?;
-    Ok(format!(
-        "{dir}/_c_00000000-0000-4000-8000-000000000000-lock-"
+    let keeper = format!("{dir}/keeper");
+    raw.create(&keeper, &[], &persistent).await.map_err(text)?;
+    Ok((
+        format!("{dir}/_c_00000000-0000-4000-8000-000000000000-lock-"),
+        keeper,
     ))
 }
 
@@ -123,7 +130,7 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     let client = LockClient::new(backend.clone());
     // The same session the backend uses.
     let raw = backend.zookeeper().await.map_err(text)?;
-    let prefix = floor_prefix(&raw, &config).await?;
+    let (prefix, keeper) = floor_prefix(&raw, &config).await?;
     let (raw, prefix) = (&raw, prefix.as_str());
 
     let floor = bench::time_op(n, || async move {
@@ -147,6 +154,7 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     futures::future::try_join_all(created.iter().map(|path| raw.delete(path, None)))
         .await
         .map_err(text)?;
+    raw.delete(&keeper, None).await.map_err(text)?;
 
     let mut report = Report::new(label);
     if conformance_tests::selection::workload(conformance_tests::selection::UNCONTENDED) {

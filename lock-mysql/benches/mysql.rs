@@ -9,8 +9,11 @@
 //! - 16 tasks over 4 clients on one lock: hand-off latency (from the start of a release to the
 //!   next holder's acquire returning) p50/p99 vs one raw commit (an autocommitted `UPDATE`),
 //!   and acquisitions per second (target for the row-lock strategy: p50 at most 3x);
-//! - separate clients (see `conformance_tests::bench::fleet_report`), beside them the peer
-//!   `distributed-lock-mysql` (MySQL's named locks, 16 clients), and for the row lock the
+//! - the peer `distributed-lock-mysql` (MySQL's named locks) through the same workloads:
+//!   its uncontended cycle against the floor on one connection (right after ours), its
+//!   separate clients (each of its runs right before ours of the same shape, see `fleets`)
+//!   and its client sweep (before ours);
+//! - separate clients (see `conformance_tests::bench::fleet_report`), and for the row lock the
 //!   100-client run against InnoDB's own queue of 100 raw connections on one row, measured
 //!   right after it (target: time per acquisition at most 1.25x, that is at least 0.8x of
 //!   the raw rate);
@@ -89,7 +92,16 @@ async fn run() -> Result<(), String> {
             handoff(&mut report, strategy, &clients, &options, &raw).await?;
         }
         fleets(&mut report, strategy, &config, &backend, &raw).await?;
-        // The sweep's clients, as the fleets': a pool of one connection each.
+        // The peer's sweep, then ours, whose clients are as the fleets': a pool of one
+        // connection each.
+        bench::peer_sweep_report(
+            &mut report,
+            peer::PEER,
+            peer::connect(&support::url()?),
+            SWEEP_TIME,
+            &["mariadb"],
+        )
+        .await;
         bench::sweep_report(
             &mut report,
             bench::each_own(config.clone().pool_size(1), |config| async move {
@@ -143,15 +155,25 @@ async fn uncontended(
     })
     .await?;
     report.round_ratio(
-        "uncontended acquire+release / raw INSERT+DELETE on one connection (means)",
+        ONE_CONNECTION,
         &single,
         Some(match strategy {
             Strategy::RowLock => 1.0 / 0.8,
             _ => 1.0 / 0.85,
         }),
     );
+    peer::uncontended(
+        report,
+        &support::url()?,
+        (|| raw.insert_delete_single(), ONE_CONNECTION),
+    )
+    .await;
     Ok(())
 }
+
+/// The metric of the uncontended cycle against the raw floor on one connection of its own.
+const ONE_CONNECTION: &str =
+    "uncontended acquire+release / raw INSERT+DELETE on one connection (means)";
 
 /// One client's tasks handing the lock to each other, against one raw commit.
 async fn handoff(
@@ -205,16 +227,16 @@ async fn fleets(
     // row lock, the dedicated connection of its hold or wait).
     let fleet_config = config.clone().pool_size(1);
     let counters = Counters(backend.pool().clone());
-    if conformance_tests::selection::workload(conformance_tests::selection::CLIENTS) {
-        // The peer on the same server (named locks of `distributed-lock-mysql`), before ours:
-        // right after our 1,000-client run it took 7 acquisitions/s, 429/s without it.
-        peer::fleet(report, &support::url()?, rtt, &counters, FLEET_TIME).await?;
-    }
-    let runs = bench::fleet_report(
+    // Beside ours, the peer on the same server (named locks of `distributed-lock-mysql`), each
+    // of its runs right before ours of the same shape, the 1,000-client runs last: a run
+    // right after a 1,000-client run measures a server still recovering (the peer took 7
+    // acquisitions/s right after our 1,000 clients, 429/s without them).
+    let runs = bench::fleet_report_beside(
         report,
         bench::each_own(fleet_config, |config| async move {
             MySqlBackend::connect(&config).await
         }),
+        (peer::PEER, peer::connect(&support::url()?)),
         rtt,
         FLEET_TIME,
         &counters,

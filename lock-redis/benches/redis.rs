@@ -6,17 +6,20 @@
 //! - 16 tasks on one lock: hand-off latency (release start to next holder) p50/p99 vs one raw
 //!   round trip (`SET NX PX`) (target p50 <= 3x), and acquisitions per second;
 //! - renewing 50 held locks: one batched call vs 50 single renewals;
-//! - separate clients (`conformance_tests::bench::fleet_report`), and beside them rslock, a
-//!   peer library, with 16 clients on the single server and on the five Redlock servers
-//!   (each rslock client makes one throwaway acquisition before the clock starts, so its
-//!   connections are up as ours are);
+//! - separate clients (`conformance_tests::bench::fleet_report`);
 //! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
+//! - rslock, a peer library, on the single server and on the five Redlock servers, through
+//!   the same workloads: its uncontended cycle against the same floor (right after ours),
+//!   its separate clients (each of its runs right before ours of the same shape,
+//!   `conformance_tests::bench::fleet_report_beside`) and its client sweep (before ours); each
+//!   rslock client makes one throwaway acquisition before the clock starts, so its
+//!   connections are up as ours are;
 //! - the renewal cost of 10,000 locks held by one client (`conformance_tests::bench::renewal_report`).
 //!
 //! Run with `cargo bench -p lock-redis` (servers from `cargo xtask services up`); `cargo xtask
 //! compare` runs it too.
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use conformance_tests::{
     bench::{self, Report, Stats},
@@ -107,18 +110,14 @@ impl<C: ConnectionLike + Clone + Send + Sync> Raw<C> {
 /// until it has the lock, after a random delay of up to 200 ms between tries), hold, `release`.
 struct Rslock {
     manager: rslock::LockManager,
-    resource: String,
 }
 
 impl bench::Contender for Rslock {
-    async fn turn(
-        &self,
-        end: std::time::Instant,
-        hold: Duration,
-    ) -> Result<Option<(std::time::Instant, std::time::Instant)>, String> {
+    async fn turn(&self, name: &LockName, end: std::time::Instant, hold: Duration) -> bench::Turn {
+        let resource = format!("bench:rslock:{name}");
         let acquire = async {
             self.manager
-                .acquire(self.resource.as_bytes(), Duration::from_secs(30))
+                .acquire(resource.as_bytes(), Duration::from_secs(30))
                 .await
                 .map_err(|e| e.to_string())
         };
@@ -174,34 +173,51 @@ impl bench::ServerCounters for Counters {
     }
 }
 
-/// rslock's run on `urls` (one server, or Redlock's five) beside ours (see
-/// [`bench::peer_report`]).
-async fn rslock_fleet(
-    report: &mut Report,
+/// The peer's name in the reports.
+const RSLOCK: &str = "rslock 0.10";
+
+/// A client of rslock on `urls` (one server, or Redlock's five), connected: rslock connects
+/// at its first call, so each client makes one throwaway acquisition before the clock starts,
+/// as our clients connect before it.
+fn rslock_client(
     urls: &[String],
-    rtt: Duration,
-    counters: &Counters,
-) -> Result<(), String> {
+) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<Rslock, String>>>>
++ Clone
++ Send
++ Sync
++ 'static {
     let urls = urls.to_vec();
-    let connect = move |name| {
+    move || {
         let urls = urls.clone();
-        async move {
+        Box::pin(async move {
             let manager = rslock::LockManager::new(urls);
-            // rslock connects at its first call: one throwaway lock before the clock starts,
-            // as our clients connect before it.
             let warm = format!("bench:rslock:warm:{:016x}", rand::random::<u64>());
             let guard = manager
                 .lock(warm.as_bytes(), Duration::from_secs(1))
                 .await
                 .map_err(|e| e.to_string())?;
             guard.release().await;
-            Ok(Rslock {
-                manager,
-                resource: format!("bench:rslock:{name}"),
-            })
-        }
-    };
-    bench::peer_report(report, "rslock 0.10", connect, rtt, FLEET_TIME, counters).await
+            Ok(Rslock { manager })
+        })
+    }
+}
+
+/// rslock's uncontended cycle on `urls` against `floor` (the floor ours was measured
+/// against), reported as `metric` after the peer's name; a line with the error when it fails.
+async fn rslock_uncontended<F, FF>(report: &mut Report, urls: &[String], (floor, metric): (F, &str))
+where
+    F: Fn() -> FF,
+    FF: Future<Output = Result<(), String>>,
+{
+    let metric = format!("{RSLOCK}: {metric}");
+    match rslock_client(urls)().await {
+        Ok(client) => match bench::peer_uncontended_rounds(&client, ROUNDS, PER_ROUND, floor).await
+        {
+            Ok(cycle) => report.round_ratio(&metric, &cycle, None),
+            Err(error) => report.failed(&metric, &error),
+        },
+        Err(error) => report.failed(&metric, &error),
+    }
 }
 
 /// Rounds of each ratio (the harness takes a tenth in a quick run).
@@ -228,7 +244,7 @@ async fn lock_numbers<C: ConnectionLike + Clone + Send + Sync>(
     let cycle =
         bench::uncontended_rounds(client, &options, ROUNDS, PER_ROUND, || raw.cycle()).await?;
     report.round_ratio(
-        "uncontended acquire+release / raw floor (means)",
+        ONE_SERVER,
         &cycle,
         // At least 0.95x of the raw rate.
         targets.then_some(1.0 / 0.95),
@@ -351,25 +367,33 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
     let backend = RedisBackend::connect(RedisConfig::single(url).key_prefix("bench"))
         .await
         .map_err(|e| e.to_string())?;
+    let urls = [url.to_owned()];
     if selection::workload(selection::UNCONTENDED) {
         lock_numbers(&mut report, &LockClient::new(backend.clone()), raw, true).await?;
+        rslock_uncontended(&mut report, &urls, (|| raw.cycle(), ONE_SERVER)).await;
         batching(&mut report, &backend).await?;
     }
     let rtt = raw.round_trip().await?.p50;
-    bench::fleet_report(
+    bench::fleet_report_beside(
         &mut report,
         bench::each_own(
             RedisConfig::single(url).key_prefix("bench"),
             RedisBackend::connect,
         ),
+        (RSLOCK, rslock_client(&urls)),
         rtt,
         FLEET_TIME,
         &counters,
     )
     .await?;
-    if selection::workload(selection::CLIENTS) {
-        rslock_fleet(&mut report, &[url.to_owned()], rtt, &counters).await?;
-    }
+    bench::peer_sweep_report(
+        &mut report,
+        RSLOCK,
+        rslock_client(&urls),
+        SWEEP_TIME,
+        &["redis"],
+    )
+    .await;
     many_names(
         &mut report,
         bench::each_own(
@@ -437,34 +461,38 @@ async fn cluster() -> Result<(), String> {
 }
 
 /// Redlock's uncontended cycle against its own floor: the raw cycle on the five servers in
-/// parallel (each server's `SET NX PX` then compare-and-delete, all five at once), the two
-/// alternating op by op (target: at least 0.9x of that rate).
+/// parallel ([`five_raw_cycles`]), the two alternating op by op (target: at least 0.9x of that
+/// rate).
 async fn five_servers(
     report: &mut Report,
     client: &LockClient,
-    urls: &[String],
+    raws: &[Raw<ConnectionManager>],
 ) -> Result<(), String> {
-    let mut raws = Vec::with_capacity(urls.len());
-    for url in urls {
-        raws.push(Raw::new(raw_connection(url).await?));
-    }
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(30));
-    let raws = &raws;
-    let cycle = bench::uncontended_rounds(client, &options, ROUNDS, PER_ROUND, || async move {
-        futures::future::try_join_all(raws.iter().map(|raw| raw.cycle()))
-            .await
-            .map(|_| ())
+    let cycle = bench::uncontended_rounds(client, &options, ROUNDS, PER_ROUND, || {
+        five_raw_cycles(raws)
     })
     .await?;
     report.round_ratio(FIVE_SERVERS, &cycle, Some(1.0 / 0.9));
     Ok(())
 }
 
+/// The raw floor of Redlock's cycle: each server's `SET NX PX` then compare-and-delete, all
+/// five at once.
+async fn five_raw_cycles(raws: &[Raw<ConnectionManager>]) -> Result<(), String> {
+    futures::future::try_join_all(raws.iter().map(|raw| raw.cycle()))
+        .await
+        .map(|_| ())
+}
+
 /// The metric of Redlock's cycle against the five servers' raw floor.
 const FIVE_SERVERS: &str =
     "uncontended acquire+release / raw floor of the five servers in parallel (means)";
+
+/// The metric of a cycle against one server's raw floor.
+const ONE_SERVER: &str = "uncontended acquire+release / raw floor (means)";
 
 /// The server instances of Redlock's five servers.
 const REDLOCK_INSTANCES: [&str; 5] = [
@@ -488,26 +516,43 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
         RedlockBackend::connect(RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"))
             .await
             .map_err(|e| e.to_string())?;
+    let mut raws = Vec::with_capacity(redlock_urls.len());
+    for url in &redlock_urls {
+        raws.push(Raw::new(raw_connection(url).await?));
+    }
     if selection::workload(selection::UNCONTENDED) {
         let client = LockClient::new(backend.clone());
-        five_servers(&mut report, &client, &redlock_urls).await?;
+        five_servers(&mut report, &client, &raws).await?;
+        let raws = &raws;
+        rslock_uncontended(
+            &mut report,
+            &redlock_urls,
+            (|| five_raw_cycles(raws), FIVE_SERVERS),
+        )
+        .await;
         lock_numbers(&mut report, &client, raw, false).await?;
     }
     let rtt = raw.round_trip().await?.p50;
-    bench::fleet_report(
+    bench::fleet_report_beside(
         &mut report,
         bench::each_own(
             RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"),
             RedlockBackend::connect,
         ),
+        (RSLOCK, rslock_client(&redlock_urls)),
         rtt,
         FLEET_TIME,
         &counters,
     )
     .await?;
-    if selection::workload(selection::CLIENTS) {
-        rslock_fleet(&mut report, &redlock_urls, rtt, &counters).await?;
-    }
+    bench::peer_sweep_report(
+        &mut report,
+        RSLOCK,
+        rslock_client(&redlock_urls),
+        SWEEP_TIME,
+        &REDLOCK_INSTANCES,
+    )
+    .await;
     many_names(
         &mut report,
         bench::each_own(

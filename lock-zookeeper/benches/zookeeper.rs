@@ -8,8 +8,11 @@
 //! - 16 tasks (16 sessions) on one lock: hand-off latency (release start to the next holder's
 //!   `acquire` returning) p50/p99 vs one raw `create` (target p50 <= 3x), and acquisitions per
 //!   second;
-//! - separate clients on one lock (`conformance_tests::bench::fleet_report`), and beside
-//!   them the peer: zookeeper-client's own lock recipe, 16 clients;
+//! - separate clients on one lock (`conformance_tests::bench::fleet_report`);
+//! - the peer, zookeeper-client's own lock recipe, through the same workloads: its
+//!   uncontended cycle against the same floor (right after ours), its separate clients (each
+//!   of its runs right before ours of the same shape,
+//!   `conformance_tests::bench::fleet_report_beside`) and its client sweep (before ours);
 //! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
 //! - the renewal cost of 10,000 locks held by one client (`conformance_tests::bench::renewal_report`).
 //!
@@ -70,7 +73,7 @@ const SWEEP_TIME: Duration = Duration::from_secs(1);
 /// guard, which deletes the node in the background, as its docs show.
 const PEER: &str = "zookeeper-client 0.11 lock recipe";
 
-/// One client of the peer.
+/// One client of the peer: its session, and the node under which each lock's directory is.
 struct Recipe {
     client: Client,
     dir: String,
@@ -79,12 +82,22 @@ struct Recipe {
 impl bench::Contender for Recipe {
     async fn turn(
         &self,
+        name: &lock_core::LockName,
         end: std::time::Instant,
         hold: Duration,
-    ) -> Result<Option<(std::time::Instant, std::time::Instant)>, String> {
+    ) -> bench::Turn {
+        let dir = format!("{}/{name}", self.dir);
         let acquire = async {
-            let prefix = LockPrefix::new_curator(&self.dir, "lock-").map_err(text)?;
-            let options = zookeeper_client::LockOptions::new(Acls::anyone_all());
+            let prefix = LockPrefix::new_curator(&dir, "lock-").map_err(text)?;
+            // The lock's directory and its parents are containers made when missing, as
+            // Curator's `creatingParentContainersIfNeeded` does: the server deletes a container
+            // once its last child is gone (the peer's guards delete their nodes in the
+            // background, and a client's runtime may end first: then its session's end
+            // takes the node).
+            let container = CreateMode::Container.with_acls(Acls::anyone_all());
+            let options = zookeeper_client::LockOptions::new(Acls::anyone_all())
+                .with_ancestor_options(container)
+                .map_err(text)?;
             self.client.lock(prefix, b"", options).await.map_err(text)
         };
         // Dropping the guard deletes the node in the background, as the recipe's docs show.
@@ -96,33 +109,53 @@ impl bench::Contender for Recipe {
     }
 }
 
-/// The peer's run beside ours (see [`bench::peer_report`]), in a container node of its own.
-async fn peer_fleet(
-    report: &mut Report,
+/// How each client of the peer connects to the servers of `var`: a session of its own, its
+/// locks under a node of this run (`config`'s root, a name of its own).
+fn peer_connect(
     config: &ZkConfig,
-    hosts: &str,
-    round_trip: Duration,
-) -> Result<(), String> {
-    let raw = Client::connect(hosts).await.map_err(text)?;
-    // A container node: the server deletes it once its last child is gone (the peer's
-    // guards delete their nodes in the background, and a client's runtime may end first:
-    // then its session's end takes the node).
+    var: &str,
+) -> Result<impl Fn() -> Connecting + Clone + Send + Sync + 'static, String> {
+    let hosts = support::hosts(var)?;
     let dir = format!("{}/bench-peer-{:016x}", config.root, rand::random::<u64>());
-    let container = CreateMode::Container.with_acls(Acls::anyone_all());
-    raw.create(&dir, &[], &container).await.map_err(text)?;
-    let hosts = hosts.to_owned();
-    let counters = Counters(hosts.clone());
-    let connect = move |_name| {
+    Ok(move || {
         let (hosts, dir) = (hosts.clone(), dir.clone());
-        async move {
+        Box::pin(async move {
             Ok(Recipe {
                 client: Client::connect(&hosts).await.map_err(text)?,
                 dir,
             })
-        }
-    };
-    bench::peer_report(report, PEER, connect, round_trip, FLEET_TIME, &counters).await
+        }) as Connecting
+    })
 }
+
+/// A peer's client connecting.
+type Connecting = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Recipe, String>>>>;
+
+/// The peer's uncontended cycle, `n` cycles timed as ours are (right after ours), against the
+/// same raw `floor`; a line with the error when it fails. Its release drops the guard, which
+/// deletes the node in the background (as the recipe's docs show): a cycle does not wait for
+/// that delete, which ours does.
+async fn peer_uncontended(
+    report: &mut Report,
+    connect: impl Fn() -> Connecting,
+    floor: &Stats,
+    n: usize,
+) {
+    let metric = format!("{PEER}: {CYCLE_FLOOR}");
+    match connect().await {
+        Ok(client) => match bench::peer_uncontended(&client, n).await {
+            Ok(cycle) => {
+                report.stats(&format!("{PEER}: acquire + release"), &cycle);
+                report.ratio(&metric, cycle.mean, floor.mean, None);
+            }
+            Err(error) => report.failed(&metric, &error),
+        },
+        Err(error) => report.failed(&metric, &error),
+    }
+}
+
+/// The metric of the uncontended cycle against the raw floor, by their means.
+const CYCLE_FLOOR: &str = "cycle / floor, mean";
 
 async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     let config = ZkConfig::new(support::hosts(var)?).session_timeout(Duration::from_secs(10));
@@ -157,20 +190,21 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
     raw.delete(&keeper, None).await.map_err(text)?;
 
     let mut report = Report::new(label);
+    let peer = peer_connect(&config, var)?;
     if conformance_tests::selection::workload(conformance_tests::selection::UNCONTENDED) {
         one_client(&mut report, &client, &config, &floor, &create, n).await?;
+        peer_uncontended(&mut report, peer.clone(), &floor, n).await;
     }
-    bench::fleet_report(
+    bench::fleet_report_beside(
         &mut report,
         bench::each_own(config.clone(), ZkBackend::connect),
+        (PEER, peer.clone()),
         create.p50,
         FLEET_TIME,
         &Counters(support::hosts(var)?),
     )
     .await?;
-    if conformance_tests::selection::workload(conformance_tests::selection::CLIENTS) {
-        peer_fleet(&mut report, &config, &support::hosts(var)?, create.p50).await?;
-    }
+    bench::peer_sweep_report(&mut report, PEER, peer, SWEEP_TIME, support::instances(var)).await;
     bench::sweep_report(
         &mut report,
         bench::each_own(config, ZkBackend::connect),
@@ -215,7 +249,7 @@ async fn one_client(
     report.stats("acquire + release", &cycle);
     // At least 0.8x of the raw rate.
     report.ratio("cycle / floor, p50", cycle.p50, floor.p50, Some(1.25));
-    report.ratio("cycle / floor, mean", cycle.mean, floor.mean, Some(1.25));
+    report.ratio(CYCLE_FLOOR, cycle.mean, floor.mean, Some(1.25));
     report.stats(&format!("hand-off, {TASKS} tasks"), &contended.handoff);
     report.ratio(
         "hand-off p50 / raw create p50",

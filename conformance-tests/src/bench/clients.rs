@@ -11,10 +11,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lock_core::{Holder, LockClient, LockName, LockOptions};
+use lock_core::{LockClient, LockName, LockOptions};
 use serde::{Deserialize, Serialize};
 
-use super::{Stats, histogram, record, stats};
+use super::{
+    Stats,
+    contender::{Contender, Ours},
+    histogram, record, stats,
+};
 
 /// What one run of [`separate_clients`] measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,93 +89,6 @@ pub fn jain(counts: &[usize]) -> f64 {
     sum * sum / (counts.len() as f64 * squares)
 }
 
-/// One client of a fleet: takes the lock once (waiting at most until `end`), holds it for
-/// `hold`, and releases it. Implemented for this library's clients by [`separate_clients`];
-/// a benchmark implements it for a peer library to compare with.
-pub trait Contender {
-    /// One turn: when `acquire` returned and when the release began, or `None` when `end`
-    /// passed before the lock was had.
-    fn turn(
-        &self,
-        end: Instant,
-        hold: Duration,
-    ) -> impl Future<Output = Result<Option<(Instant, Instant)>, String>>;
-}
-
-/// One turn of a peer library's client, for its [`Contender`]: `acquire`, bounded by the time
-/// left until `end` (`None` when that runs out first), hold `hold`, then `release` the
-/// guard; when `acquire` returned and when the release began.
-///
-/// # Errors
-/// `acquire`'s error, or `release`'s (a failed turn, as a failed release is for this library's
-/// clients).
-pub async fn peer_turn<G, A, R, RF>(
-    end: Instant,
-    hold: Duration,
-    acquire: A,
-    release: R,
-) -> Result<Option<(Instant, Instant)>, String>
-where
-    A: Future<Output = Result<G, String>>,
-    R: FnOnce(G) -> RF,
-    RF: Future<Output = Result<(), String>>,
-{
-    let left = end.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Ok(None);
-    }
-    let guard = match tokio::time::timeout(left, acquire).await {
-        Ok(guard) => guard?,
-        Err(_) => return Ok(None),
-    };
-    let acquired = Instant::now();
-    if !hold.is_zero() {
-        tokio::time::sleep(hold).await;
-    }
-    let released = Instant::now();
-    release(guard).await?;
-    Ok(Some((acquired, released)))
-}
-
-/// A [`LockClient`] taking its turns as a user of this library would: `acquire` with the
-/// budget that is left, hold, `release`.
-struct Client {
-    client: LockClient,
-    holder: Holder,
-    name: LockName,
-    options: LockOptions,
-}
-
-impl Contender for Client {
-    async fn turn(
-        &self,
-        end: Instant,
-        hold: Duration,
-    ) -> Result<Option<(Instant, Instant)>, String> {
-        let left = end.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(None);
-        }
-        let options = self.options.clone().wait(left);
-        let guard = match self
-            .client
-            .acquire(&self.holder, &self.name, &options)
-            .await
-        {
-            Ok(guard) => guard,
-            Err(lock_core::LockError::Timeout { .. }) => return Ok(None),
-            Err(error) => return Err(error.to_string()),
-        };
-        let acquired = Instant::now();
-        if !hold.is_zero() {
-            tokio::time::sleep(hold).await;
-        }
-        let released = Instant::now();
-        guard.release().await.map_err(|e| e.to_string())?;
-        Ok(Some((acquired, released)))
-    }
-}
-
 /// `clients` separate clients (each an OS thread with its own current-thread runtime and its
 /// own client from `connect`) take one lock in turn for `run_for`, holding it `hold` each
 /// time; every client waits with the budget that is left. Blocks the calling thread: call it
@@ -193,16 +110,9 @@ where
     let options = options.clone();
     let connect = Arc::new(connect);
     fleet(
-        move |name| {
+        move || {
             let (connect, options) = (connect.clone(), options.clone());
-            async move {
-                Ok(Client {
-                    client: connect().await?,
-                    holder: Holder::new(),
-                    name,
-                    options,
-                })
-            }
+            async move { Ok(Ours::new(connect().await?, options)) }
         },
         clients,
         hold,
@@ -210,8 +120,8 @@ where
     )
 }
 
-/// Like [`separate_clients`], for any [`Contender`]: `connect` makes each client's contender
-/// for the lock it is given. A quick run lasts a third of `run_for` (see
+/// Like [`separate_clients`], for any [`Contender`]: `connect` makes each client's contender,
+/// which all take one lock. A quick run lasts a third of `run_for` (see
 /// [`crate::selection::run_for`]).
 ///
 /// # Errors
@@ -223,26 +133,25 @@ pub fn fleet<C, CF, T>(
     run_for: Duration,
 ) -> Result<Fleet, String>
 where
-    C: Fn(LockName) -> CF + Send + Sync + 'static,
+    C: Fn() -> CF + Send + Sync + 'static,
     CF: Future<Output = Result<T, String>>,
     T: Contender,
 {
     let run_for = crate::selection::run_for(run_for);
     let name = LockName::new(format!("bench/fleet/{:016x}", rand::random::<u64>()))
         .map_err(|e| e.to_string())?;
-    let connect = Arc::new(connect);
     let turns = Arc::new(Mutex::new(Vec::new()));
     let failures = Arc::new(Mutex::new((0usize, None::<String>)));
     let (turns_of, failures_of) = (turns.clone(), failures.clone());
     let began = super::threads::run_clients(
         clients,
-        move |_| {
-            let (connect, name) = (connect.clone(), name.clone());
-            async move { connect(name).await }
-        },
+        move |_| connect(),
         move |id, contender, began| {
-            let (turns, failures) = (turns_of.clone(), failures_of.clone());
-            async move { take_turns(id, &contender, hold, began + run_for, &turns, &failures).await }
+            let (turns, failures, name) = (turns_of.clone(), failures_of.clone(), name.clone());
+            async move {
+                let end = began + run_for;
+                take_turns(id, &contender, &name, hold, end, &turns, &failures).await
+            }
         },
         |_| {},
     )?;
@@ -262,10 +171,12 @@ where
 /// How many failed turns one client tolerates before the run fails.
 const MAX_FAILURES: usize = 100;
 
-/// One client's loop: turns until `end`; a failed turn is counted and the client goes on.
+/// One client's loop: turns on `name` until `end`; a failed turn is counted and the client
+/// goes on.
 async fn take_turns<T: Contender>(
     id: usize,
     contender: &T,
+    name: &LockName,
     hold: Duration,
     end: Instant,
     turns: &Mutex<Vec<Turn>>,
@@ -275,7 +186,7 @@ async fn take_turns<T: Contender>(
     let mut failed = 0;
     let mut first = None;
     loop {
-        match contender.turn(end, hold).await {
+        match contender.turn(name, end, hold).await {
             Ok(Some((acquired, released))) => mine.push(Turn {
                 client: id,
                 acquired,
@@ -284,6 +195,7 @@ async fn take_turns<T: Contender>(
             Ok(None) => break,
             Err(error) => {
                 failed += 1;
+                let error = error.to_string();
                 first.get_or_insert_with(|| error.clone());
                 if failed > MAX_FAILURES {
                     return Err(format!(
@@ -404,6 +316,19 @@ pub const FLEET_RUNS: [(usize, Duration); 5] = [
     (1_000, Duration::from_millis(1)),
 ];
 
+/// The runs of [`FLEET_RUNS`] this benchmark makes: none when the `clients` workload is left
+/// out (see [`crate::selection::WORKLOAD_VAR`]), the first only in a quick run (see
+/// [`crate::selection::QUICK_VAR`]; [`fleet`] makes it a third as long), else all.
+fn chosen_runs() -> &'static [(usize, Duration)] {
+    if !crate::selection::workload(crate::selection::CLIENTS) {
+        &FLEET_RUNS[..0]
+    } else if crate::selection::quick() {
+        &FLEET_RUNS[..1]
+    } else {
+        &FLEET_RUNS[..]
+    }
+}
+
 /// Runs [`FLEET_RUNS`] against the store `connect` reaches, `run_for` each, counting what the
 /// store's servers did with `counters` (see [`counted`](super::counted)), and adds each run to
 /// `report` (see [`Report::fleet`](super::Report::fleet)). Runs on a multi-thread runtime
@@ -427,69 +352,122 @@ where
     CF: Future<Output = Result<LockClient, String>>,
     S: super::ServerCounters,
 {
-    let options = LockOptions::new().ttl(Duration::from_secs(30));
-    // Not asked for (see `selection::WORKLOAD_VAR`): none. A quick run (see
-    // `selection::QUICK_VAR`): the first run only ([`fleet`] makes it a third as long).
-    let fleets = if !crate::selection::workload(crate::selection::CLIENTS) {
-        &FLEET_RUNS[..0]
-    } else if crate::selection::quick() {
-        &FLEET_RUNS[..1]
-    } else {
-        &FLEET_RUNS[..]
-    };
-    let mut runs = Vec::with_capacity(fleets.len());
-    for &(clients, hold) in fleets {
-        let (connect, options) = (connect.clone(), options.clone());
-        let fleet = super::counted(counters, clients, move || {
-            separate_clients(connect, clients, hold, run_for, &options)
-        })
-        .await?;
-        let label = format!("{clients} clients, hold {hold:?}");
-        report.fleet(&label, &fleet, round_trip);
-        if fleet.overlaps > 0 {
-            return Err(format!(
-                "{label}: {} acquisitions returned while another client's hold had not begun \
-                 its release: mutual exclusion broken",
-                fleet.overlaps
-            ));
-        }
-        operations_line(report, &label, &fleet, counters);
-        runs.push(fleet);
+    let mut runs = Vec::new();
+    for &shape in chosen_runs() {
+        runs.push(
+            our_run(
+                report,
+                connect.clone(),
+                shape,
+                (round_trip, run_for),
+                counters,
+            )
+            .await?,
+        );
     }
     Ok(runs)
 }
 
-/// The run of `peer`, a library a user would otherwise pick, beside ours: the first of
-/// [`FLEET_RUNS`] (16 clients holding 1 ms), each client made by `connect` for the lock it is
-/// given, `run_for` long, counted with `counters` and added to `report` as ours are (see
-/// [`Report::peer_fleet`](super::Report::peer_fleet)). Overlapping holds are reported, not
-/// an error: they are the peer's finding, not a failure of this run.
+/// Like [`fleet_report`], with the runs of `peer`, a library a user would otherwise pick,
+/// beside ours: before each of our runs, the peer's run of the same shape (clients and hold),
+/// each of its clients made by `peer_connect`, counted and added to `report` as ours are (see
+/// [`Report::peer_fleet`](super::Report::peer_fleet)). Run in pairs, each of our runs follows
+/// the peer's of the same shape, and the largest runs (1,000 clients), whose servers take a
+/// while to recover, come last for both. Neither overlapping holds nor a run that fails stop
+/// the benchmark when they are the peer's: they are its findings, reported (a failed run as a
+/// line with its error, as is a run whose servers' counters could not be read).
 ///
 /// # Errors
-/// The first error of the run, as text.
-pub async fn peer_report<C, CF, T, S>(
+/// The first error of one of our runs, as text.
+pub async fn fleet_report_beside<C, CF, P, PF, T, S>(
     report: &mut super::Report,
-    peer: &str,
     connect: C,
+    (peer, peer_connect): (&str, P),
     round_trip: Duration,
     run_for: Duration,
     counters: &S,
-) -> Result<(), String>
+) -> Result<Vec<Fleet>, String>
 where
-    C: Fn(LockName) -> CF + Send + Sync + 'static,
+    C: Fn() -> CF + Clone + Send + Sync + 'static,
+    CF: Future<Output = Result<LockClient, String>>,
+    P: Fn() -> PF + Clone + Send + Sync + 'static,
+    PF: Future<Output = Result<T, String>>,
+    T: Contender,
+    S: super::ServerCounters,
+{
+    let mut runs = Vec::new();
+    for &shape in chosen_runs() {
+        let timing = (round_trip, run_for);
+        peer_run(
+            report,
+            (peer, peer_connect.clone()),
+            shape,
+            timing,
+            counters,
+        )
+        .await;
+        runs.push(our_run(report, connect.clone(), shape, timing, counters).await?);
+    }
+    Ok(runs)
+}
+
+/// One run of this library's clients of `shape` (clients, hold), added to `report`.
+async fn our_run<C, CF, S>(
+    report: &mut super::Report,
+    connect: C,
+    (clients, hold): (usize, Duration),
+    (round_trip, run_for): (Duration, Duration),
+    counters: &S,
+) -> Result<Fleet, String>
+where
+    C: Fn() -> CF + Send + Sync + 'static,
+    CF: Future<Output = Result<LockClient, String>>,
+    S: super::ServerCounters,
+{
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let fleet = super::counted(counters, clients, move || {
+        separate_clients(connect, clients, hold, run_for, &options)
+    })
+    .await?;
+    let label = format!("{clients} clients, hold {hold:?}");
+    report.fleet(&label, &fleet, round_trip);
+    if fleet.overlaps > 0 {
+        return Err(format!(
+            "{label}: {} acquisitions returned while another client's hold had not begun \
+             its release: mutual exclusion broken",
+            fleet.overlaps
+        ));
+    }
+    operations_line(report, &label, &fleet, counters);
+    Ok(fleet)
+}
+
+/// One run of `peer`'s clients of `shape` (clients, hold), added to `report`, or a line with
+/// its error when it fails.
+async fn peer_run<C, CF, T, S>(
+    report: &mut super::Report,
+    (peer, connect): (&str, C),
+    (clients, hold): (usize, Duration),
+    (round_trip, run_for): (Duration, Duration),
+    counters: &S,
+) where
+    C: Fn() -> CF + Send + Sync + 'static,
     CF: Future<Output = Result<T, String>>,
     T: Contender,
     S: super::ServerCounters,
 {
-    let (clients, hold) = FLEET_RUNS[0];
-    let fleet = super::counted(counters, clients, move || {
+    let label = format!("{peer}, {clients} clients, hold {hold:?}");
+    match super::counted(counters, clients, move || {
         fleet(connect, clients, hold, run_for)
     })
-    .await?;
-    let label = format!("{peer}, {clients} clients, hold {hold:?}");
-    report.peer_fleet(peer, &label, &fleet, round_trip);
-    operations_line(report, &label, &fleet, counters);
-    Ok(())
+    .await
+    {
+        Ok(fleet) => {
+            report.peer_fleet(peer, &label, &fleet, round_trip);
+            operations_line(report, &label, &fleet, counters);
+        }
+        Err(error) => report.failed(&label, &error),
+    }
 }
 
 /// The line of the servers' operations per acquisition of the run `label`, when counted.
@@ -549,6 +527,74 @@ mod tests {
         assert_eq!(overlaps(&two), 2);
         let fleet = summarize(3, Duration::ZERO, &two, Duration::from_secs(1), 0).unwrap();
         assert_eq!(fleet.overlaps, 2);
+    }
+
+    /// Servers that count nothing.
+    struct NoCounts;
+
+    impl crate::bench::ServerCounters for NoCounts {
+        fn operations_are(&self) -> &'static str {
+            "operations"
+        }
+
+        async fn operations(&self) -> Result<u64, String> {
+            Ok(0)
+        }
+
+        async fn sessions(&self) -> Result<u64, String> {
+            Ok(0)
+        }
+    }
+
+    /// A peer that cannot connect.
+    struct Unreachable;
+
+    impl Contender for Unreachable {
+        async fn turn(&self, _: &LockName, _: Instant, _: Duration) -> super::super::Turn {
+            Ok(None)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_peer_runs_before_ours_shape_by_shape_and_its_failures_are_lines() {
+        let mut report = crate::bench::Report::new("s");
+        let ours = each_own(MemoryBackend::new(), |shared| async move {
+            Ok::<_, lock_core::LockError>(shared)
+        });
+        let peer = || async { Err::<Unreachable, _>("connection refused".to_string()) };
+        let runs = fleet_report_beside(
+            &mut report,
+            ours,
+            ("p 1.0", peer),
+            Duration::from_millis(1),
+            Duration::from_millis(30),
+            &NoCounts,
+        )
+        .await
+        .unwrap();
+        let shapes = chosen_runs();
+        assert_eq!(runs.len(), shapes.len());
+        assert!(report.fleets.iter().all(|run| run.peer.is_none()));
+        // Per shape: the peer's failed run, then our run's lines, in the order of the shapes.
+        let mut expected = Vec::new();
+        for (clients, hold) in shapes {
+            expected.push(format!("p 1.0, {clients} clients, hold {hold:?}: failed"));
+            expected.push(format!("{clients} clients, hold {hold:?}: acquisitions"));
+        }
+        let shown: Vec<&str> = report
+            .lines
+            .iter()
+            .map(|l| l.metric.as_str())
+            .filter(|metric| metric.ends_with(": failed") || metric.ends_with(": acquisitions"))
+            .collect();
+        assert_eq!(shown, expected);
+        assert!(
+            report
+                .lines
+                .iter()
+                .filter(|l| l.metric.ends_with(": failed"))
+                .all(|l| l.value == "connection refused")
+        );
     }
 
     #[test]

@@ -54,7 +54,7 @@ where
     let fleet = loop {
         tokio::select! {
             joined = &mut running => {
-                break joined.map_err(|e| format!("a fleet run panicked: {e}"))?;
+                break joined.map_err(|e| format!("a fleet run panicked: {e}")).and_then(|r| r);
             }
             () = tokio::time::sleep(SAMPLE_EVERY) => {
                 if let Ok(now) = counters.sessions().await {
@@ -66,7 +66,14 @@ where
             }
         }
     };
-    let mut fleet = fleet?;
+    let mut fleet = match fleet {
+        Ok(fleet) => fleet,
+        Err(error) => {
+            // A failed run's sessions close too before the next run starts.
+            drained(counters, sessions_before).await;
+            return Err(error);
+        }
+    };
     let operations_after = counters.operations().await?;
     let (from, acquisitions) = match fleet.second_half {
         Some((middle, late)) => (

@@ -14,6 +14,7 @@ use std::{
 };
 
 mod clients;
+mod contender;
 mod counters;
 mod renewal;
 mod report;
@@ -22,13 +23,16 @@ mod sweep;
 mod threads;
 
 pub use clients::{
-    Contender, FLEET_RUNS, Fleet, each_own, fleet, fleet_report, jain, peer_report, peer_turn,
-    separate_clients,
+    FLEET_RUNS, Fleet, each_own, fleet, fleet_report, fleet_report_beside, jain, separate_clients,
 };
+pub use contender::{Contender, Turn, TurnError, peer_turn};
 pub use counters::{ServerCounters, counted, stat_line};
 pub use renewal::{RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, renewal, renewal_report};
 pub use report::{FleetRun, Line, Report, factor, render_line};
-pub use sweep::{SWEEP_CLIENTS, SWEEP_NAMES, SweepStep, ZIPF_EXPONENT, sweep_report, sweep_step};
+pub use sweep::{
+    SWEEP_CLIENTS, SWEEP_NAMES, SweepStep, ZIPF_EXPONENT, peer_sweep_report, sweep_report,
+    sweep_step,
+};
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};
@@ -191,6 +195,42 @@ where
     let name = bench_name("uncontended")?;
     let holder = Holder::new();
     time_pairs(n, || cycle(client, &holder, &name, options), floor).await
+}
+
+/// Like [`uncontended`], for a peer library's [`Contender`]: `n` cycles (turns holding
+/// nothing) on one lock.
+///
+/// # Errors
+/// The first failed cycle, as text.
+pub async fn peer_uncontended<T: Contender>(contender: &T, n: usize) -> Result<Stats, String> {
+    let name = bench_name("uncontended")?;
+    time_op(n, || contender::cycle(contender, &name)).await
+}
+
+/// Like [`uncontended_rounds`], for a peer library's [`Contender`]: per round, its mean
+/// cycle against the mean of `floor`, the two timed alternately.
+///
+/// # Errors
+/// The first failed cycle or error of the floor, as text.
+pub async fn peer_uncontended_rounds<T, F, FF>(
+    contender: &T,
+    rounds: usize,
+    per_round: usize,
+    floor: F,
+) -> Result<RoundRatios, String>
+where
+    T: Contender,
+    F: Fn() -> FF,
+    FF: Future<Output = Result<(), String>>,
+{
+    let name = bench_name("uncontended")?;
+    let (name, floor) = (&name, &floor);
+    round_ratios(rounds, || async move {
+        let (cycle, floor) =
+            time_pairs(per_round, || contender::cycle(contender, name), floor).await?;
+        Ok((cycle.mean, floor.mean))
+    })
+    .await
 }
 
 /// One acquire + release.

@@ -110,6 +110,12 @@ impl Report {
         self.push(metric, format!("{per_second:.0}/s"), None, None);
     }
 
+    /// Adds the line `metric` of something that failed with `error` (a peer library's run,
+    /// which is its finding and does not stop the benchmark).
+    pub fn failed(&mut self, metric: &str, error: &str) {
+        self.push(&format!("{metric}: failed"), error.to_owned(), None, None);
+    }
+
     pub(crate) fn push(
         &mut self,
         metric: &str,
@@ -184,7 +190,10 @@ impl Report {
     /// Adds one step of the client sweep.
     pub fn sweep_step(&mut self, step: &SweepStep) {
         self.sweep.push(step.clone());
-        let label = format!("sweep, {} clients on many names", step.clients);
+        let label = match &step.peer {
+            Some(peer) => format!("{peer}, sweep, {} clients on many names", step.clients),
+            None => format!("sweep, {} clients on many names", step.clients),
+        };
         self.rate(&format!("{label}: turns"), step.per_second);
         self.push(
             &format!("{label}: turn (acquire + release)"),

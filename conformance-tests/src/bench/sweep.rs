@@ -8,12 +8,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lock_core::{Holder, LockClient, LockName, LockOptions};
+use lock_core::{LockClient, LockName, LockOptions};
 use rand_distr::{Distribution, Zipf};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Stats, histogram, record,
+    Stats,
+    contender::{Contender, Ours, TurnError},
+    histogram, record,
     server_process::{rss_kib, server_pids, total_cpu},
     stats,
 };
@@ -30,6 +32,9 @@ pub const ZIPF_EXPONENT: f64 = 0.99;
 /// One step of the sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepStep {
+    /// The peer library (name and version) whose step this is, or `None` for this library.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
     /// Separate clients.
     pub clients: usize,
     /// Turns done (acquire, write, release).
@@ -56,7 +61,7 @@ pub struct SweepStep {
 }
 
 /// One step: `clients` separate clients (each an OS thread with its own current-thread
-/// runtime and its own client from `connect`) take turns on names chosen by Zipf for
+/// runtime and its own [`Contender`] from `connect`) take turns on names chosen by Zipf for
 /// `run_for` (a third of it in a quick run); only turns done by then count, and the
 /// servers' CPU time is read at the start and at that end (not while the clients shut
 /// down). `instances` name the store's server
@@ -64,8 +69,9 @@ pub struct SweepStep {
 /// from `spawn_blocking`.
 ///
 /// # Errors
-/// A client that cannot connect, or a turn's error other than a time-out, as text.
-pub fn sweep_step<C, CF>(
+/// A client that cannot connect, or a turn's error other than an `Unavailable` answer, as
+/// text.
+pub fn sweep_step<C, CF, T>(
     connect: C,
     clients: usize,
     run_for: Duration,
@@ -73,7 +79,8 @@ pub fn sweep_step<C, CF>(
 ) -> Result<SweepStep, String>
 where
     C: Fn() -> CF + Send + Sync + 'static,
-    CF: Future<Output = Result<LockClient, String>>,
+    CF: Future<Output = Result<T, String>>,
+    T: Contender,
 {
     let prefix = format!("bench/sweep/{:016x}", rand::random::<u64>());
     let names: Arc<Vec<LockName>> = Arc::new(
@@ -83,7 +90,6 @@ where
     );
     let zipf = Zipf::new(SWEEP_NAMES as f64, ZIPF_EXPONENT).map_err(|e| e.to_string())?;
     let run_for = crate::selection::run_for(run_for);
-    let connect = Arc::new(connect);
     let tally = Arc::new(Mutex::new(Tally::new()?));
     let pids = server_pids(instances);
     let cpu_before = total_cpu(&pids);
@@ -91,10 +97,7 @@ where
     let of_clients = tally.clone();
     super::threads::run_clients(
         clients,
-        move |_| {
-            let connect = connect.clone();
-            async move { connect().await }
-        },
+        move |_| connect(),
         move |_, client, began| {
             let (names, tally) = (names.clone(), of_clients.clone());
             async move { turns(&client, &names, zipf, began + run_for, &tally).await }
@@ -119,6 +122,7 @@ where
         .filter(|_| !pids.is_empty())
         .map(|(before, after)| after.saturating_sub(before).as_secs_f64() / run_for.as_secs_f64());
     Ok(SweepStep {
+        peer: None,
         clients,
         turns: tally.done,
         per_second: tally.done as f64 / run_for.as_secs_f64().max(f64::MIN_POSITIVE),
@@ -173,42 +177,33 @@ impl Tally {
 /// One client's turns until `end`: a Zipf-chosen name, acquire (waiting at most until
 /// `end`), write (the caller's work: nothing here, the lock's cost is what is measured),
 /// release.
-async fn turns(
-    client: &LockClient,
+async fn turns<T: Contender>(
+    client: &T,
     names: &[LockName],
     zipf: Zipf<f64>,
     end: Instant,
     all: &Mutex<Tally>,
 ) -> Result<(), String> {
-    let holder = Holder::new();
     let mut rng = rand::rng();
     let mut mine = Tally::new()?;
-    loop {
-        let left = end.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
+    while Instant::now() < end {
         // Zipf draws 1..=n, 1 the most frequent.
         let rank = (zipf.sample(&mut rng) as usize).clamp(1, names.len());
         let name = &names[rank - 1];
-        let options = LockOptions::new().ttl(Duration::from_secs(30)).wait(left);
         let started = Instant::now();
-        match client.acquire(&holder, name, &options).await {
-            Ok(guard) => {
-                guard.release().await.map_err(|e| e.to_string())?;
-                // A turn done after the step's end is not the step's.
-                if Instant::now() <= end {
-                    record(&mut mine.latencies, started.elapsed());
-                    mine.done += 1;
-                }
+        match client.turn(name, end, Duration::ZERO).await {
+            // A turn done after the step's end is not the step's.
+            Ok(Some(_)) if Instant::now() <= end => {
+                record(&mut mine.latencies, started.elapsed());
+                mine.done += 1;
             }
-            Err(lock_core::LockError::Timeout { .. }) => mine.cut_short += 1,
-            Err(error @ lock_core::LockError::Unavailable { .. }) => {
+            Ok(Some(_)) => {}
+            Ok(None) => mine.cut_short += 1,
+            Err(TurnError::Unavailable(error)) => {
                 mine.unavailable += 1;
-                mine.first_unavailable
-                    .get_or_insert_with(|| error.to_string());
+                mine.first_unavailable.get_or_insert(error);
             }
-            Err(error) => return Err(error.to_string()),
+            Err(TurnError::Failed(error)) => return Err(error),
         }
     }
     all.lock().unwrap_or_else(PoisonError::into_inner).add(mine)
@@ -231,21 +226,170 @@ where
     C: Fn() -> CF + Clone + Send + Sync + 'static,
     CF: Future<Output = Result<LockClient, String>>,
 {
-    if !crate::selection::workload(crate::selection::SWEEP) {
-        return Ok(());
-    }
-    let steps: &[usize] = if crate::selection::quick() {
-        &[1, 4, 16]
-    } else {
-        &SWEEP_CLIENTS
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let connect = Arc::new(connect);
+    let ours = move || {
+        let (connect, options) = (connect.clone(), options.clone());
+        async move { Ok(Ours::new(connect().await?, options)) }
     };
-    for &clients in steps {
-        let connect = connect.clone();
-        let step =
-            tokio::task::spawn_blocking(move || sweep_step(connect, clients, run_for, instances))
-                .await
-                .map_err(|e| format!("a sweep step panicked: {e}"))??;
+    for &clients in chosen_steps() {
+        let step = run_step(ours.clone(), clients, run_for, instances).await?;
         report.sweep_step(&step);
     }
     Ok(())
+}
+
+/// The sweep of `peer`, a library a user would otherwise pick, beside ours: the same steps
+/// (see [`sweep_report`]), each client's [`Contender`] made by `connect`. A step that fails
+/// does not stop the benchmark: it is the peer's finding, added to `report` as a line with
+/// its error (and no later step runs, as more clients would fail the same way).
+pub async fn peer_sweep_report<C, CF, T>(
+    report: &mut super::Report,
+    peer: &str,
+    connect: C,
+    run_for: Duration,
+    instances: &'static [&'static str],
+) where
+    C: Fn() -> CF + Clone + Send + Sync + 'static,
+    CF: Future<Output = Result<T, String>>,
+    T: Contender,
+{
+    for &clients in chosen_steps() {
+        match run_step(connect.clone(), clients, run_for, instances).await {
+            Ok(step) => report.sweep_step(&SweepStep {
+                peer: Some(peer.to_owned()),
+                ..step
+            }),
+            Err(error) => {
+                let label = format!("{peer}, sweep, {clients} clients on many names");
+                report.failed(&label, &error);
+                return;
+            }
+        }
+    }
+}
+
+/// The clients of the sweep's steps: none when the `sweep` workload is left out (see
+/// [`crate::selection::WORKLOAD_VAR`]), 1, 4 and 16 in a quick run, else [`SWEEP_CLIENTS`].
+fn chosen_steps() -> &'static [usize] {
+    if !crate::selection::workload(crate::selection::SWEEP) {
+        &[]
+    } else if crate::selection::quick() {
+        &[1, 4, 16]
+    } else {
+        &SWEEP_CLIENTS
+    }
+}
+
+/// [`sweep_step`] on a blocking thread of the runtime.
+async fn run_step<C, CF, T>(
+    connect: C,
+    clients: usize,
+    run_for: Duration,
+    instances: &'static [&'static str],
+) -> Result<SweepStep, String>
+where
+    C: Fn() -> CF + Send + Sync + 'static,
+    CF: Future<Output = Result<T, String>>,
+    T: Contender,
+{
+    tokio::task::spawn_blocking(move || sweep_step(connect, clients, run_for, instances))
+        .await
+        .map_err(|e| format!("a sweep step panicked: {e}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{TurnError, each_own};
+    use lock_core::MemoryBackend;
+
+    /// A peer whose every turn fails with `error`, counting its turns.
+    struct Failing {
+        error: TurnError,
+        turns: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Contender for Failing {
+        async fn turn(&self, _: &LockName, _: Instant, _: Duration) -> super::super::Turn {
+            let turns = self.turns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            // A few answers of `error`, then turns run out as the step's end would make them.
+            if turns < 3 {
+                Err(self.error.clone())
+            } else {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// A peer's client connecting at once.
+    type Connected = std::future::Ready<Result<Failing, String>>;
+
+    /// A `connect` of [`Failing`] peers answering `error`, and their count of turns.
+    fn failing(
+        error: TurnError,
+    ) -> (
+        impl Fn() -> Connected + Clone + Send + Sync + 'static,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = turns.clone();
+        let connect = move || {
+            std::future::ready(Ok(Failing {
+                error: error.clone(),
+                turns: counted.clone(),
+            }))
+        };
+        (connect, turns)
+    }
+
+    #[test]
+    fn a_step_of_ours_counts_turns_and_their_latency() {
+        let connect = each_own(MemoryBackend::new(), |shared| async move {
+            Ok::<_, lock_core::LockError>(shared)
+        });
+        let options = LockOptions::new().ttl(Duration::from_secs(30));
+        let ours = move || {
+            let (connect, options) = (connect.clone(), options.clone());
+            async move { Ok(Ours::new(connect().await?, options)) }
+        };
+        let step = sweep_step(ours, 4, Duration::from_millis(200), &[]).unwrap();
+        assert_eq!((step.peer.as_deref(), step.clients), (None, 4));
+        assert!(step.turns > 10, "{step:?}");
+        assert_eq!(step.turn.samples, step.turns, "{step:?}");
+        assert_eq!(step.unavailable, 0, "{step:?}");
+        assert_eq!(step.server_cores, None, "no server processes named");
+    }
+
+    #[test]
+    fn unavailable_answers_are_counted_and_other_errors_end_the_step() {
+        let (peer, _) = failing(TurnError::Unavailable("busy".into()));
+        let step = sweep_step(peer, 1, Duration::from_millis(50), &[]).unwrap();
+        assert_eq!((step.unavailable, step.turns), (3, 0), "{step:?}");
+        assert_eq!(step.first_unavailable.as_deref(), Some("busy"));
+
+        let (peer, turns) = failing(TurnError::Failed("broken".into()));
+        let error = sweep_step(peer, 1, Duration::from_millis(50), &[]).unwrap_err();
+        assert_eq!(error, "broken");
+        assert_eq!(turns.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_peer_step_that_fails_is_a_line_and_ends_the_peer_sweep() {
+        let (peer, turns) = failing(TurnError::Failed("no route".into()));
+        let mut report = super::super::Report::new("s");
+        peer_sweep_report(&mut report, "p 1.0", peer, Duration::from_millis(50), &[]).await;
+        assert!(report.sweep.is_empty());
+        let metrics: Vec<(&str, &str)> = report
+            .lines
+            .iter()
+            .map(|l| (l.metric.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(
+            metrics,
+            [("p 1.0, sweep, 1 clients on many names: failed", "no route")]
+        );
+        assert_eq!(turns.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 }

@@ -54,6 +54,7 @@ pub(crate) fn page(collected: &Collected, markdown: &str) -> Result<String> {
         let _ = writeln!(html, "<figure>{svg}</figure>");
     }
     html.push_str(&fleets(collected));
+    html.push_str(&sweep(collected));
     let _ = write!(
         html,
         "<h2>All tables</h2>\n<pre>{}</pre>\n</body></html>\n",
@@ -94,6 +95,41 @@ fn fleets(collected: &Collected) -> String {
                 f.jain,
                 f.failures,
                 f.overlaps
+            );
+        }
+    }
+    html.push_str("</table>\n");
+    html
+}
+
+/// The client sweep's steps, one row each (this library's and the peers'), with their
+/// sample counts.
+fn sweep(collected: &Collected) -> String {
+    let mut html = String::from(
+        "<h2>Client sweep on many names</h2>\n<table id=\"sweep\"><tr><th>store</th>\
+         <th>library</th><th>clients</th><th>turns/s</th><th>turns</th><th>p50 (ms)</th>\
+         <th>p99 (ms)</th><th>max (ms)</th><th>waits cut short</th><th>unavailable</th>\
+         <th>server cores</th></tr>\n",
+    );
+    let ms = |d: std::time::Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
+    for report in &collected.benches {
+        for step in &report.sweep {
+            let _ = writeln!(
+                html,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&report.store),
+                esc(step.peer.as_deref().unwrap_or("this library")),
+                step.clients,
+                step.per_second,
+                step.turn.samples,
+                ms(step.turn.p50),
+                ms(step.turn.p99),
+                ms(step.turn.max),
+                step.cut_short,
+                step.unavailable,
+                step.server_cores
+                    .map_or_else(|| "?".to_string(), |c| format!("{c:.2}")),
             );
         }
     }
@@ -173,26 +209,7 @@ mod tests {
         let (width, height, colours) = colours(&shot);
         std::fs::remove_dir_all(&out).unwrap();
 
-        // Every run of separate clients, with its figures as the JSON has them.
-        let shown = rows(&dom, "fleets");
-        let runs: Vec<_> = json
-            .benches
-            .iter()
-            .flat_map(|b| b.fleets.iter().map(move |r| (b.store.as_str(), r)))
-            .collect();
-        assert_eq!(shown.len(), runs.len(), "{shown:?}");
-        for (row, (store, run)) in shown.iter().zip(&runs) {
-            assert_eq!(row[0], *store);
-            assert_eq!(row[2], run.fleet.clients.to_string());
-            assert_eq!(row[4], format!("{:.0}", run.fleet.per_second));
-            assert_eq!(row[5], run.fleet.acquisitions.to_string());
-            assert_eq!(
-                row[6],
-                format!("{:.3}", run.fleet.handoff.p50.as_secs_f64() * 1e3)
-            );
-            assert_eq!(row[9], run.fleet.handoff.samples.to_string());
-            assert_eq!(row[13], run.fleet.overlaps.to_string());
-        }
+        tables_show_the_json(&dom, &json);
         // Chromium writes text with `&`, `<` and `>` escaped, quotes as they are.
         let text = |line: &str| {
             line.replace('&', "&amp;")
@@ -215,6 +232,49 @@ mod tests {
             width >= 1000 && colours > 50,
             "{width}x{height}, {colours} colours"
         );
+    }
+
+    /// The page's tables of fleets and of the sweep (in `dom`, as Chromium serialised it)
+    /// have every run and step of `json`, with its figures.
+    fn tables_show_the_json(dom: &str, json: &super::super::Collected) {
+        // Every run of separate clients, with its figures as the JSON has them.
+        let shown = rows(dom, "fleets");
+        let runs: Vec<_> = json
+            .benches
+            .iter()
+            .flat_map(|b| b.fleets.iter().map(move |r| (b.store.as_str(), r)))
+            .collect();
+        assert_eq!(shown.len(), runs.len(), "{shown:?}");
+        for (row, (store, run)) in shown.iter().zip(&runs) {
+            assert_eq!(row[0], *store);
+            assert_eq!(row[2], run.fleet.clients.to_string());
+            assert_eq!(row[4], format!("{:.0}", run.fleet.per_second));
+            assert_eq!(row[5], run.fleet.acquisitions.to_string());
+            assert_eq!(
+                row[6],
+                format!("{:.3}", run.fleet.handoff.p50.as_secs_f64() * 1e3)
+            );
+            assert_eq!(row[9], run.fleet.handoff.samples.to_string());
+            assert_eq!(row[13], run.fleet.overlaps.to_string());
+        }
+        // Every step of the client sweep, ours and the peers', as the JSON has it.
+        let shown = rows(dom, "sweep");
+        let steps: Vec<_> = json
+            .benches
+            .iter()
+            .flat_map(|b| b.sweep.iter().map(move |s| (b.store.as_str(), s)))
+            .collect();
+        assert!(!steps.is_empty(), "the recorded run has a sweep");
+        assert!(steps.iter().any(|(_, s)| s.peer.is_some()), "and a peer's");
+        assert_eq!(shown.len(), steps.len(), "{shown:?}");
+        for (row, (store, step)) in shown.iter().zip(&steps) {
+            assert_eq!(row[0], *store);
+            assert_eq!(row[1], step.peer.as_deref().unwrap_or("this library"));
+            assert_eq!(row[2], step.clients.to_string());
+            assert_eq!(row[3], format!("{:.0}", step.per_second));
+            assert_eq!(row[4], step.turn.samples.to_string());
+            assert_eq!(row[6], format!("{:.3}", step.turn.p99.as_secs_f64() * 1e3));
+        }
     }
 
     /// The width, height and number of distinct colours of the PNG image `path`.

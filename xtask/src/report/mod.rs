@@ -172,7 +172,7 @@ pub(crate) mod tests {
             .find(|r| r.peer.is_some())
             .unwrap()
             .clone();
-        // Two more peers on a store with a long name, after the recorded one (rslock, 433/s):
+        // Two more peers on a store with a long name, after the recorded one (rslock, 447/s):
         // a slower one and, last, the fastest, with a long name.
         let mut other = collected.benches[0].clone();
         other.store = "zookeeper-ensemble(3)".to_string();
@@ -188,11 +188,18 @@ pub(crate) mod tests {
             run
         })
         .collect();
+        // And a faster peer run of another shape (hold 0), which the line, about 16 clients
+        // holding 1 ms, does not compare with.
+        let mut other_shape = peer_run.clone();
+        other_shape.peer = Some("hold-zero-peer 0.1".to_string());
+        other_shape.fleet.hold = std::time::Duration::ZERO;
+        other_shape.fleet.per_second = 5_000.0;
+        other.fleets.push(other_shape);
         collected.benches.push(other);
         let line = &summary::lines(&collected)[1];
         assert!(line.contains("; fastest peer 999/s (a-peer"), "{line}");
         assert!(
-            !line.contains("slow-peer") && !line.contains("433/s"),
+            !line.contains("slow-peer") && !line.contains("447/s") && !line.contains("5000/s"),
             "{line}"
         );
         // Long enough to be cut to the width, and cut in the peer's name, after its rate.

@@ -28,10 +28,7 @@ fn fleet_series(
                 continue;
             }
             let Some(y) = value(run) else { continue };
-            let label = match &run.peer {
-                Some(peer) => format!("{peer} ({})", report.store),
-                None => report.store.clone(),
-            };
+            let label = series_label(run.peer.as_deref(), &report.store);
             let point = (run.fleet.clients as f64, y);
             match series.iter_mut().find(|(l, _)| *l == label) {
                 Some((_, points)) => points.push(point),
@@ -43,6 +40,14 @@ fn fleet_series(
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     series
+}
+
+/// The label of a series: the store, or the peer library and its store.
+fn series_label(peer: Option<&str>, store: &str) -> String {
+    match peer {
+        Some(peer) => format!("{peer} ({store})"),
+        None => store.to_owned(),
+    }
 }
 
 /// A log-log line plot of `series`.
@@ -125,23 +130,24 @@ pub(crate) fn rate_vs_clients(collected: &Collected) -> Result<String> {
     )
 }
 
-/// The client sweep per store: `value` of each step against its clients.
+/// The client sweep per store (and per peer): `value` of each step against its clients.
 fn sweep_series(
     benches: &[bench::Report],
     value: impl Fn(&bench::SweepStep) -> Option<f64>,
 ) -> Vec<Series> {
-    benches
-        .iter()
-        .filter(|b| !b.sweep.is_empty())
-        .map(|b| {
-            let points = b
-                .sweep
-                .iter()
-                .filter_map(|step| value(step).map(|y| (step.clients as f64, y)))
-                .collect();
-            (b.store.clone(), points)
-        })
-        .collect()
+    let mut series: Vec<Series> = Vec::new();
+    for report in benches {
+        for step in &report.sweep {
+            let Some(y) = value(step) else { continue };
+            let label = series_label(step.peer.as_deref(), &report.store);
+            let point = (step.clients as f64, y);
+            match series.iter_mut().find(|(l, _)| *l == label) {
+                Some((_, points)) => points.push(point),
+                None => series.push((label, vec![point])),
+            }
+        }
+    }
+    series
 }
 
 /// The client sweep's turns per second against its clients.

@@ -1,7 +1,7 @@
 //! `cargo xtask chaos`: the fault campaign (the `chaos` binary of `lock-chaos`), with the
 //! services up.
 
-use std::{path::Path, process::Command};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use comfy_table::Table;
@@ -25,7 +25,7 @@ pub(crate) const CHAOS_RUN: [&str; 8] = [
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let root = crate::workspace_root();
     services::up(false)?;
-    let status = Command::new(crate::test_cmd::cargo())
+    let status = crate::test_cmd::cargo_command()
         .args(CHAOS_RUN)
         .args(args)
         .current_dir(&root)

@@ -3,6 +3,9 @@
 //! measured as a report (see [`crate::report`]): `target/compare/report.html`, `report.md`
 //! and `report.json`, with a summary on the terminal.
 //!
+//! It builds every test binary it runs in one cargo build and every benchmark in another (see
+//! [`crate::built`]), then runs each executable as a step, as cargo would run it.
+//!
 //! Each backend's conformance test binary writes a JSON report per store when
 //! `LOCK_CONFORMANCE_REPORT_DIR` is set, each benchmark one per store when
 //! `LOCK_BENCH_REPORT_DIR` is; the migration's from x to matrix comes from
@@ -178,19 +181,9 @@ pub(crate) fn run(args: &CompareArgs) -> Result<()> {
     Ok(())
 }
 
-/// `cargo <args>` in `root` with the services' variables and `env` (the selection).
-fn cargo(root: &Path, env: &[(&'static str, String)], args: &[&str]) -> Command {
-    let mut command = Command::new(crate::test_cmd::cargo());
-    command
-        .args(args)
-        .current_dir(root)
-        .envs(services::env_vars())
-        .envs(env.iter().cloned());
-    command
-}
-
 /// Runs the chosen suites (writing into `runs`), the migration test (its verdicts into
-/// `verdicts`) and the benchmarks (into `benches`), each as a step (see [`Steps`]); the
+/// `verdicts`) and the benchmarks (into `benches`), each as a step (see [`Steps`]) after one
+/// build of all the test binaries and one of all the benchmarks (see [`crate::built`]); the
 /// steps that failed.
 fn run_steps(
     args: &CompareArgs,
@@ -198,7 +191,6 @@ fn run_steps(
     out: &Path,
     (runs, benches, verdicts): (&Path, &Path, &Path),
 ) -> Result<Vec<String>> {
-    let env = args.env();
     // A quick run leaves the migration out unless it is asked for by name.
     let migration = if args.quick {
         args.workload.iter().any(|w| w == "migration")
@@ -212,52 +204,107 @@ fn run_steps(
             || args.runs(selection::SWEEP)
             || args.runs(selection::RENEWAL),
     );
-    let total = usize::from(suites) * SUITES.len()
-        + usize::from(migration) * 2
-        + usize::from(benches_run) * (BENCHES.len() - 1);
-    let steps = Steps::new(total, &out.join("logs"))?;
+    let tests: Vec<(&str, &str)> = SUITES
+        .iter()
+        .filter(|_| suites)
+        .chain(migration.then_some(&crate::migration_matrix::TEST))
+        .copied()
+        .collect();
+    let bench_runs: Vec<(&str, &str)> = BENCHES
+        .iter()
+        .filter(|(package, _)| {
+            // `dual` mode per pair of stores belongs to the migration.
+            if *package == "distributed-lock" {
+                migration
+            } else {
+                benches_run
+            }
+        })
+        .copied()
+        .collect();
+    let logs = out.join("logs");
+    let total = [&tests, &bench_runs]
+        .iter()
+        .map(|runs| runs.len() + usize::from(!runs.is_empty()))
+        .sum();
+    let steps = Steps::new(total, &logs)?;
     let mut failed = Vec::new();
-    for (package, target) in SUITES.iter().filter(|_| suites) {
-        let mut command = cargo(
-            root,
-            &env,
-            &["test", "--quiet", "-p", package, "--test", target],
-        );
-        command.env(REPORT_DIR_VAR, runs);
-        if args.quick {
-            command.args(["--", QUICK_SCENARIO]);
-        }
-        let name = format!("conformance: {package} --test {target}");
-        if !steps.run(&name, &format!("conformance-{package}"), &mut command)? {
-            failed.push(name);
-        }
-    }
-    if migration {
-        let mut test = cargo(root, &env, &crate::migration_matrix::TEST_ARGS);
-        test.env(crate::migration_matrix::REPORT_VAR, verdicts);
-        let name = "migration: ordered pairs of the chosen stores";
-        if !steps.run(name, "migration", &mut test)? {
-            failed.push(name.to_string());
-        }
-    }
-    for (package, target) in BENCHES {
-        let pair_bench = *package == "distributed-lock";
-        if !(if pair_bench { migration } else { benches_run }) {
+    for (kind, chosen) in [("test", &tests), ("bench", &bench_runs)] {
+        if chosen.is_empty() {
             continue;
         }
-        let mut command = cargo(
-            root,
-            &env,
-            &["bench", "--quiet", "-p", package, "--bench", target],
-        );
-        command.env(BENCH_REPORT_DIR_VAR, benches);
-        let name = format!("benchmark: {package} --bench {target}");
-        if !steps.run(&name, &format!("bench-{package}-{target}"), &mut command)? {
+        let targets: Vec<&str> = chosen.iter().map(|(_, target)| *target).collect();
+        let name = format!("build: every {kind} binary in one cargo build");
+        let mut build = crate::test_cmd::cargo_command();
+        build
+            .args(crate::built::build_args(kind, &targets))
+            .current_dir(root);
+        if !steps.run(&name, &format!("build-{kind}"), &mut build)? {
+            // Nothing of this kind can run; its steps are not counted as run.
             failed.push(name);
+            continue;
+        }
+        let built = crate::built::from_log(&logs.join(format!("build-{kind}.log")), kind)?;
+        for &(package, target) in chosen.iter() {
+            let exe = crate::built::find(&built, root, package, target)?;
+            let (name, file, mut command) = step_of(
+                args,
+                exe,
+                kind,
+                (package, target),
+                (runs, benches, verdicts),
+            );
+            if !steps.run(&name, &file, &mut command)? {
+                failed.push(name);
+            }
         }
     }
     steps.finish();
     Ok(failed)
+}
+
+/// The step that runs `exe`, the executable of `package`'s target `target` of `kind` (`test`
+/// or `bench`), as cargo would (in its package's directory), with the services' variables,
+/// the selection, and where it writes its report: its name, its log's file name, its command.
+fn step_of(
+    args: &CompareArgs,
+    exe: &crate::built::Built,
+    kind: &str,
+    (package, target): (&str, &str),
+    (runs, benches, verdicts): (&Path, &Path, &Path),
+) -> (String, String, Command) {
+    let mut command = Command::new(&exe.executable);
+    command
+        .current_dir(&exe.package_dir)
+        .envs(services::env_vars())
+        .envs(args.env());
+    let (name, file) = match (kind, (package, target) == crate::migration_matrix::TEST) {
+        ("test", true) => {
+            command.env(crate::migration_matrix::REPORT_VAR, verdicts);
+            (
+                "migration: ordered pairs of the chosen stores".to_string(),
+                "migration".to_string(),
+            )
+        }
+        ("test", false) => {
+            command.env(REPORT_DIR_VAR, runs);
+            if args.quick {
+                command.arg(QUICK_SCENARIO);
+            }
+            (
+                format!("conformance: {package} --test {target}"),
+                format!("conformance-{package}"),
+            )
+        }
+        _ => {
+            command.env(BENCH_REPORT_DIR_VAR, benches);
+            (
+                format!("benchmark: {package} --bench {target}"),
+                format!("bench-{package}-{target}"),
+            )
+        }
+    };
+    (name, file, command)
 }
 
 /// Reads every JSON file in `dir` as a `T` (none when the directory is missing).

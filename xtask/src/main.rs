@@ -11,6 +11,7 @@
 //! * `cargo xtask report [FILE]` writes the report again from a compare run's `report.json`.
 //! * `cargo xtask chaos [STORE...] [--duration S] [--seed N]` runs the fault campaign.
 
+mod built;
 mod chaos;
 mod compare;
 mod migration_matrix;

@@ -22,16 +22,9 @@ struct Verdict {
     passed: bool,
 }
 
-/// `cargo` arguments that run the migration test (it writes its verdicts to the file
-/// [`REPORT_VAR`] names).
-pub(crate) const TEST_ARGS: [&str; 6] = [
-    "test",
-    "--quiet",
-    "-p",
-    "distributed-lock",
-    "--test",
-    "migration",
-];
+/// The migration test, as (package, test target): it writes its verdicts to the file
+/// [`REPORT_VAR`] names.
+pub(crate) const TEST: (&str, &str) = ("distributed-lock", "migration");
 
 /// Whether a benchmark report is one pair's (`FROM -> TO`).
 pub(crate) fn is_pair(report: &bench::Report) -> bool {

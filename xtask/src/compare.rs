@@ -4,7 +4,8 @@
 //! and `report.json`, with a summary on the terminal.
 //!
 //! It builds every test binary it runs in one cargo build and every benchmark in another (see
-//! [`crate::built`]), then runs each executable as a step, as cargo would run it.
+//! [`crate::built`]), then runs each executable as a step, as cargo would run it (in its
+//! package's directory, `CARGO_MANIFEST_DIR` naming it).
 //!
 //! Each backend's conformance test binary writes a JSON report per store when
 //! `LOCK_CONFORMANCE_REPORT_DIR` is set, each benchmark one per store when
@@ -174,8 +175,9 @@ pub(crate) fn run(args: &CompareArgs) -> Result<()> {
     );
     if !failed_steps.is_empty() {
         bail!(
-            "{} failed step(s) (their FAIL lines above name their logs)",
-            failed_steps.len()
+            "{} step(s) failed or did not run (the FAIL lines above name their logs): {}",
+            failed_steps.len(),
+            failed_steps.join("; ")
         );
     }
     Ok(())
@@ -240,13 +242,24 @@ fn run_steps(
             .args(crate::built::build_args(kind, &targets))
             .current_dir(root);
         if !steps.run(&name, &format!("build-{kind}"), &mut build)? {
-            // Nothing of this kind can run; its steps are not counted as run.
+            // Nothing of this kind can run: each of its steps is reported as not run.
             failed.push(name);
+            for (package, target) in chosen.iter() {
+                failed.push(format!(
+                    "not run (the build failed): {package} --{kind} {target}"
+                ));
+            }
             continue;
         }
         let built = crate::built::from_log(&logs.join(format!("build-{kind}.log")), kind)?;
         for &(package, target) in chosen.iter() {
-            let exe = crate::built::find(&built, root, package, target)?;
+            let exe = match crate::built::find(&built, root, package, target) {
+                Ok(exe) => exe,
+                Err(error) => {
+                    failed.push(format!("not run: {error}"));
+                    continue;
+                }
+            };
             let (name, file, mut command) = step_of(
                 args,
                 exe,
@@ -274,8 +287,12 @@ fn step_of(
     (runs, benches, verdicts): (&Path, &Path, &Path),
 ) -> (String, String, Command) {
     let mut command = Command::new(&exe.executable);
+    // xtask's own package variables (from `cargo run`) are not the target's: cargo sets
+    // `CARGO_MANIFEST_DIR` to the target's package when it runs one.
+    crate::test_cmd::without_cargo_run_variables(&mut command);
     command
         .current_dir(&exe.package_dir)
+        .env("CARGO_MANIFEST_DIR", &exe.package_dir)
         .envs(services::env_vars())
         .envs(args.env());
     let (name, file) = match (kind, (package, target) == crate::migration_matrix::TEST) {

@@ -104,12 +104,18 @@ pub(crate) fn cargo() -> OsString {
 /// and everything above it (rustls, redis, the lock crates: 60 to 110 s each time here).
 pub(crate) fn cargo_command() -> Command {
     let mut command = Command::new(cargo());
+    without_cargo_run_variables(&mut command);
+    command
+}
+
+/// Removes from `command`'s environment the variables `cargo run` set for xtask itself (see
+/// [`cargo_command`]).
+pub(crate) fn without_cargo_run_variables(command: &mut Command) {
     for (name, _) in std::env::vars_os() {
         if name.to_str().is_some_and(set_by_cargo_run) {
             command.env_remove(name);
         }
     }
-    command
 }
 
 /// Whether `name` is one of the variables `cargo run` sets for the program it runs (about

@@ -498,22 +498,38 @@ impl LockBackend for RedlockBackend {
                 async move { ops::inspect(&mut conn, name, keys).await }
             })
             .await;
+        let servers = votes.len();
         let mut infos: Vec<LockInfo> = Vec::new();
+        let mut unanswered = 0;
         for vote in votes {
             match vote {
                 Ok(Some(info)) => infos.push(info),
+                Ok(None) => {}
                 Err(error @ LockError::Foreign { .. }) => return Err(error),
-                _ => {}
+                Err(_) => unanswered += 1,
             }
         }
-        let majority = infos.iter().find(|candidate| {
-            infos.iter().filter(|i| i.token == candidate.token).count() >= self.quorum()
-        });
-        Ok(majority.map(|m| {
+        let count = |token: &LeaseToken| infos.iter().filter(|i| &i.token == token).count();
+        if let Some(m) = infos.iter().find(|c| count(&c.token) >= self.quorum()) {
             let same: Vec<_> = infos.iter().filter(|i| i.token == m.token).collect();
             let fence = same.iter().map(|i| i.fence).max().unwrap_or(m.fence);
             let left = same.iter().filter_map(|i| i.expires_in).min();
-            LockInfo::new(name.clone(), m.token.clone(), fence, left)
-        }))
+            return Ok(Some(LockInfo::new(
+                name.clone(),
+                m.token.clone(),
+                fence,
+                left,
+            )));
+        }
+        // Free only when no token could hold a majority with the servers that did not
+        // answer: a holder on a bare majority, one of its servers silent, is still held.
+        let most = infos.iter().map(|i| count(&i.token)).max().unwrap_or(0);
+        if most + unanswered >= self.quorum() {
+            return Err(LockError::unavailable_msg(format!(
+                "redlock: inspect of `{name}`: {unanswered} of {servers} servers did not answer \
+                 and the others cannot tell whether it is held; retry"
+            )));
+        }
+        Ok(None)
     }
 }

@@ -122,6 +122,9 @@ fn main() -> ExitCode {
         .case("redlock_survives_two_of_five_down", || {
             Box::pin(outages::redlock_survives_two_of_five_down())
         })
+        .case("redlock_inspect_does_not_free_what_it_cannot_see", || {
+            Box::pin(outages::redlock_inspect_does_not_free_what_it_cannot_see())
+        })
         .case("redlock_fails_cleanly_with_three_of_five_down", || {
             Box::pin(outages::redlock_fails_cleanly_with_three_of_five_down())
         })

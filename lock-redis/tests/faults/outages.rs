@@ -5,12 +5,59 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{
     Failure, Outcome, ensure,
-    faults::{Stopped, env_var, fail, unique_name},
+    faults::{Instance, Stopped, env_var, fail, unique_name},
 };
-use lock_core::{LockError, LockOptions, LossReason};
-use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
+use lock_core::{LockBackend, LockClient, LockError, LockOptions, LossReason};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
+use redis::AsyncCommands;
 
-use super::{exists_on, fences::cycle, redlock_client, redlock_urls, single_client};
+use super::{exists_on, fences::cycle, raw_conn, redlock_client, redlock_urls, single_client};
+
+/// `inspect` on Redlock does not call a lock free that it cannot see: held on a bare majority
+/// (servers 0, 1 and 2; its keys gone from 3 and 4, as after their restart without
+/// persistence) while server 2 answers nothing, two servers show the holder, two show
+/// nothing and one is silent. The holder still holds it; "not held" would be a lie (an admin
+/// list showing nothing, a force-release finding nothing), so the answer must be the holder
+/// or `Unavailable`.
+pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcome {
+    let urls = redlock_urls()?;
+    let backend = RedlockBackend::connect(RedlockConfig::new(urls.clone()).key_prefix("faults"))
+        .await
+        .map_err(fail("redlock connect"))?;
+    let client = LockClient::new(backend.clone());
+    let lock = unique_name("redlock-inspect-unseen")?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5));
+    let guard = client
+        .lock_with(&lock, &options)
+        .await
+        .map_err(fail("acquire"))?;
+    let keys = RedisKeys::new("faults", &lock);
+    for url in &urls[3..] {
+        let _: i64 = raw_conn(url)
+            .await?
+            .del(&keys.lock)
+            .await
+            .map_err(fail("DEL"))?;
+    }
+    let silent = Instance::named("redlock-2")?.pause()?;
+    let seen = backend.inspect(&lock).await;
+    drop(silent);
+    ensure!(
+        !matches!(seen, Ok(None)),
+        "inspect called the lock free with 2 of its 3 holders seen and the third silent"
+    );
+    if let Ok(Some(info)) = &seen {
+        ensure!(
+            info.fence == guard.fence(),
+            "inspect shows fence {}, the holder has {}",
+            info.fence,
+            guard.fence()
+        );
+    }
+    guard.release().await.map_err(fail("release"))
+}
 
 /// Redlock keeps working with 2 of 5 servers down.
 pub(super) async fn redlock_survives_two_of_five_down() -> Outcome {

@@ -304,6 +304,12 @@ mod tests {
     use crate::bench::{TurnError, each_own};
     use lock_core::MemoryBackend;
 
+    /// How long a step of these tests lasts: long enough that its client's thread starts
+    /// before the step's end even on a loaded machine (with 50 ms, a run of `cargo xtask
+    /// test` saw a step end before its first turn), short for a test. A step whose turns
+    /// fail ends at the first failure.
+    const STEP: Duration = Duration::from_millis(1_000);
+
     /// A peer whose every turn fails with `error`, counting its turns.
     struct Failing {
         error: TurnError,
@@ -354,7 +360,7 @@ mod tests {
             let (connect, options) = (connect.clone(), options.clone());
             async move { Ok(Ours::new(connect().await?, options)) }
         };
-        let step = sweep_step(ours, 4, Duration::from_millis(200), &[]).unwrap();
+        let step = sweep_step(ours, 4, STEP, &[]).unwrap();
         assert_eq!((step.peer.as_deref(), step.clients), (None, 4));
         assert!(step.turns > 10, "{step:?}");
         assert_eq!(step.turn.samples, step.turns, "{step:?}");
@@ -365,12 +371,12 @@ mod tests {
     #[test]
     fn unavailable_answers_are_counted_and_other_errors_end_the_step() {
         let (peer, _) = failing(TurnError::Unavailable("busy".into()));
-        let step = sweep_step(peer, 1, Duration::from_millis(50), &[]).unwrap();
+        let step = sweep_step(peer, 1, STEP, &[]).unwrap();
         assert_eq!((step.unavailable, step.turns), (3, 0), "{step:?}");
         assert_eq!(step.first_unavailable.as_deref(), Some("busy"));
 
         let (peer, turns) = failing(TurnError::Failed("broken".into()));
-        let error = sweep_step(peer, 1, Duration::from_millis(50), &[]).unwrap_err();
+        let error = sweep_step(peer, 1, STEP, &[]).unwrap_err();
         assert_eq!(error, "broken");
         assert_eq!(turns.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
@@ -379,7 +385,7 @@ mod tests {
     async fn a_peer_step_that_fails_is_a_line_and_ends_the_peer_sweep() {
         let (peer, turns) = failing(TurnError::Failed("no route".into()));
         let mut report = super::super::Report::new("s");
-        peer_sweep_report(&mut report, "p 1.0", peer, Duration::from_millis(50), &[]).await;
+        peer_sweep_report(&mut report, "p 1.0", peer, STEP, &[]).await;
         assert!(report.sweep.is_empty());
         let metrics: Vec<(&str, &str)> = report
             .lines

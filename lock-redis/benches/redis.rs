@@ -210,12 +210,8 @@ where
     FF: Future<Output = Result<(), String>>,
 {
     let metric = format!("{RSLOCK}: {metric}");
-    match rslock_client(urls)().await {
-        Ok(client) => match bench::peer_uncontended_rounds(&client, ROUNDS, PER_ROUND, floor).await
-        {
-            Ok(cycle) => report.round_ratio(&metric, &cycle, None),
-            Err(error) => report.failed(&metric, &error),
-        },
+    match bench::peer_uncontended_rounds(rslock_client(urls)(), ROUNDS, PER_ROUND, floor).await {
+        Ok(cycle) => report.round_ratio(&metric, &cycle, None),
         Err(error) => report.failed(&metric, &error),
     }
 }

@@ -142,14 +142,11 @@ async fn peer_uncontended(
     n: usize,
 ) {
     let metric = format!("{PEER}: {CYCLE_FLOOR}");
-    match connect().await {
-        Ok(client) => match bench::peer_uncontended(&client, n).await {
-            Ok(cycle) => {
-                report.stats(&format!("{PEER}: acquire + release"), &cycle);
-                report.ratio(&metric, cycle.mean, floor.mean, None);
-            }
-            Err(error) => report.failed(&metric, &error),
-        },
+    match bench::peer_uncontended(connect(), n).await {
+        Ok(cycle) => {
+            report.stats(&format!("{PEER}: acquire + release"), &cycle);
+            report.ratio(&metric, cycle.mean, floor.mean, None);
+        }
         Err(error) => report.failed(&metric, &error),
     }
 }

@@ -197,23 +197,27 @@ where
     time_pairs(n, || cycle(client, &holder, &name, options), floor).await
 }
 
-/// Like [`uncontended`], for a peer library's [`Contender`]: `n` cycles (turns holding
-/// nothing) on one lock.
+/// Like [`uncontended`], for a peer library's [`Contender`] (the client `connecting` makes):
+/// `n` cycles (turns holding nothing) on one lock.
 ///
 /// # Errors
-/// The first failed cycle, as text.
-pub async fn peer_uncontended<T: Contender>(contender: &T, n: usize) -> Result<Stats, String> {
+/// The client's connection error or the first failed cycle, as text.
+pub async fn peer_uncontended<T: Contender>(
+    connecting: impl Future<Output = Result<T, String>>,
+    n: usize,
+) -> Result<Stats, String> {
+    let contender = connecting.await?;
     let name = bench_name("uncontended")?;
-    time_op(n, || contender::cycle(contender, &name)).await
+    time_op(n, || contender::cycle(&contender, &name)).await
 }
 
-/// Like [`uncontended_rounds`], for a peer library's [`Contender`]: per round, its mean
-/// cycle against the mean of `floor`, the two timed alternately.
+/// Like [`uncontended_rounds`], for a peer library's [`Contender`] (the client `connecting`
+/// makes): per round, its mean cycle against the mean of `floor`, the two timed alternately.
 ///
 /// # Errors
-/// The first failed cycle or error of the floor, as text.
+/// The client's connection error, the first failed cycle or error of the floor, as text.
 pub async fn peer_uncontended_rounds<T, F, FF>(
-    contender: &T,
+    connecting: impl Future<Output = Result<T, String>>,
     rounds: usize,
     per_round: usize,
     floor: F,
@@ -223,6 +227,7 @@ where
     F: Fn() -> FF,
     FF: Future<Output = Result<(), String>>,
 {
+    let contender = &connecting.await?;
     let name = bench_name("uncontended")?;
     let (name, floor) = (&name, &floor);
     round_ratios(rounds, || async move {

@@ -71,15 +71,9 @@ where
     FF: Future<Output = Result<(), String>>,
 {
     let metric = format!("{PEER}: {metric}");
-    match connect(url)().await {
-        Ok(client) => {
-            match bench::peer_uncontended_rounds(&client, super::ROUNDS, super::PER_ROUND, floor)
-                .await
-            {
-                Ok(cycle) => report.round_ratio(&metric, &cycle, None),
-                Err(error) => report.failed(&metric, &error),
-            }
-        }
+    let rounds = (super::ROUNDS, super::PER_ROUND);
+    match bench::peer_uncontended_rounds(connect(url)(), rounds.0, rounds.1, floor).await {
+        Ok(cycle) => report.round_ratio(&metric, &cycle, None),
         Err(error) => report.failed(&metric, &error),
     }
 }

@@ -112,9 +112,12 @@ impl std::fmt::Display for Error {
                 f,
                 "mysql: {what}: the statement ran past its time limit and was stopped"
             ),
+            // Unreachable, gone, no answer in time, or no pooled connection free: the
+            // driver's words tell which.
             Class::Connection => write!(
                 f,
-                "mysql: {what}: the server is unreachable or went away; retry"
+                "mysql: {what}: the server is unreachable or went away ({}); retry",
+                self.source
             ),
             Class::Other => write!(f, "mysql: {what}: the server refused the statement"),
         }
@@ -150,6 +153,18 @@ mod tests {
         assert!(error.to_string().contains("acquire `a`"), "{error}");
         assert_eq!(classify(&sqlx::Error::PoolTimedOut), Class::Connection);
         assert!(LockError::from(Error::new("x", sqlx::Error::PoolTimedOut)).is_retryable());
+    }
+
+    #[test]
+    fn a_connection_failure_says_which() {
+        let pool = LockError::from(Error::new("queueing", sqlx::Error::PoolTimedOut));
+        assert!(pool.to_string().contains("pool timed out"), "{pool}");
+        let late = LockError::from(Error::new("queueing", crate::sql::timed_out()));
+        assert!(
+            late.to_string()
+                .contains("no answer from the server in time"),
+            "{late}"
+        );
     }
 
     #[test]

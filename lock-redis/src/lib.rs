@@ -5,6 +5,7 @@ mod backend;
 mod config;
 mod connection;
 mod error;
+mod eval;
 mod keys;
 mod migration_record;
 mod ops;

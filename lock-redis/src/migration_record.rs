@@ -3,25 +3,24 @@
 
 use std::sync::LazyLock;
 
+use crate::{RedisBackend, connection::Conn, error::Error, eval::LockScript};
 use lock_core::{
     LockError,
     backend::async_trait,
     migrate::{Authority, MigrationRecord, Record},
 };
-use redis::Script;
-
-use crate::{RedisBackend, connection::Conn, error::Error};
 
 /// Compare-and-set: `KEYS[1]` becomes `ARGV[2]` if it is `ARGV[1]` (an absent key moves
 /// nowhere). 1 when it moved.
-static ADVANCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+static ADVANCE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
         r"
 local cur = redis.call('GET', KEYS[1])
 if cur ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 return 1
-",
+"
+        .to_owned(),
     )
 });
 

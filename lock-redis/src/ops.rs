@@ -8,6 +8,7 @@ use redis::{Value, aio::ConnectionLike};
 
 use crate::{
     error::{Error, timed_out},
+    eval::Call,
     keys::RedisKeys as Keys,
     scripts::{self, Mark},
 };
@@ -310,9 +311,8 @@ pub(crate) async fn renew<C: ConnectionLike + Send>(
 /// that the connection's response time-out bounds (a pipeline of all of them would be one
 /// request, whose time grows with the batch): 20 round trips for 10,000 leases.
 pub(crate) struct Renewals {
-    /// Each call (a pipeline of one script call, so that `NOSCRIPT` can be told apart),
-    /// with its number of leases.
-    calls: Vec<(redis::Pipeline, usize)>,
+    /// Each call, with its number of leases.
+    calls: Vec<(Call<'static>, usize)>,
 }
 
 impl Renewals {
@@ -321,22 +321,21 @@ impl Renewals {
         let calls = batch
             .chunks(scripts::RENEW_MANY_CHUNK)
             .map(|chunk| {
-                let mut call = scripts::RENEW_MANY.prepare_invoke();
-                for (keys, token, ttl) in chunk {
-                    call.key(&keys.lock).arg(token.as_str()).arg(millis(*ttl));
-                }
-                let mut pipe = redis::pipe();
-                pipe.invoke_script(&call);
-                (pipe, chunk.len())
+                let call =
+                    chunk
+                        .iter()
+                        .fold(scripts::RENEW_MANY.call(), |call, (keys, token, ttl)| {
+                            call.key(&keys.lock).arg(token.as_str()).arg(millis(*ttl))
+                        });
+                (call, chunk.len())
             })
             .collect();
         Self { calls }
     }
 
     /// Sends them on `conn`, each call within `timeout` when one is given: one reply per
-    /// lease, in order. Script calls go by `EVALSHA`, so a server that does not know the
-    /// script yet (a fresh or restarted server) answers `NOSCRIPT`: then the script is loaded
-    /// and the call sent once more.
+    /// lease, in order. A server that does not know the script yet (a fresh or restarted
+    /// server) gets its source (see [`crate::eval`]).
     ///
     /// # Errors
     /// The first call that failed or timed out: the server's answers to the others are not
@@ -347,14 +346,16 @@ impl Renewals {
         timeout: Option<Duration>,
     ) -> Result<Vec<Value>, LockError> {
         let mut replies = Vec::with_capacity(self.calls.iter().map(|(_, n)| n).sum());
-        for (pipe, leases) in &self.calls {
-            let call = Self::call(conn, pipe);
-            let (reply,): (Vec<Value>,) = match timeout {
-                Some(timeout) => tokio::time::timeout(timeout, call)
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out("batched renew")))?,
-                None => call.await?,
-            };
+        for (call, leases) in &self.calls {
+            let sent = call.invoke_async::<Vec<Value>>(conn);
+            let reply = match timeout {
+                Some(timeout) => match tokio::time::timeout(timeout, sent).await {
+                    Ok(reply) => reply,
+                    Err(_) => return Err(timed_out("batched renew")),
+                },
+                None => sent.await,
+            }
+            .map_err(|e| Error::new("batched renew", e))?;
             if reply.len() != *leases {
                 return Err(LockError::backend_msg(format!(
                     "redis answered {leases} batched renewals with {} replies",
@@ -364,26 +365,6 @@ impl Renewals {
             replies.extend(reply);
         }
         Ok(replies)
-    }
-
-    /// One call, loading the script when the server does not know it.
-    async fn call<C: ConnectionLike + Send>(
-        conn: &mut C,
-        pipe: &redis::Pipeline,
-    ) -> Result<(Vec<Value>,), LockError> {
-        match pipe.query_async(conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                scripts::RENEW_MANY
-                    .load_async(conn)
-                    .await
-                    .map_err(|e| Error::new("loading the renew script", e))?;
-                Ok(pipe
-                    .query_async(conn)
-                    .await
-                    .map_err(|e| Error::new("batched renew", e))?)
-            }
-            other => Ok(other.map_err(|e| Error::new("batched renew", e))?),
-        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use crate::eval::LockScript;
 
 /// The largest fence a counter may reach: 2^53, so that every fence is exact in a double
 /// (Lua's numbers, JSON readers) and the script's arithmetic never rounds. The server clock in
@@ -47,9 +47,9 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// 100,000 tries on new names (`redis-benchmark -P 16`), it cut the server's time per call
 /// from 33.5 µs to 19.3 µs on this project's 2-core machines; a script that only does
 /// `SET NX PX` costs 7.6 µs there, a script call's base cost.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     let counter = read_counter("KEYS[2]");
-    Script::new(&format!(
+    LockScript::new(format!(
         r"
 redis.replicate_commands()
 local function mark(ms)
@@ -123,13 +123,14 @@ return grant(t, now, first)
 
 /// Leave: a waiter that gives up takes its place out of the queue (`KEYS[1]` the queue,
 /// `KEYS[2]` the places, `KEYS[3]` the waiters' clients, `ARGV[1]` its token). Returns how many places it removed.
-pub(crate) static LEAVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static LEAVE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
         r"
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 return redis.call('ZREM', KEYS[1], ARGV[1])
-",
+"
+        .to_owned(),
     )
 });
 
@@ -159,9 +160,9 @@ end
 /// Raise (Redlock): sets the fence counter `KEYS[1]` to `ARGV[1]` unless it is already at
 /// least that. Returns `{1}`, or `{2, 'fence', what}` for a counter this library did not
 /// write (as [`ACQUIRE`]), with nothing written. A counter only ever grows.
-pub(crate) static RAISE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static RAISE: LazyLock<LockScript> = LazyLock::new(|| {
     let counter = read_counter("KEYS[1]");
-    Script::new(&format!(
+    LockScript::new(format!(
         r"
 {counter}
 if last < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
@@ -175,8 +176,8 @@ return {{1}}
 /// ms (read once, before the first renewal, so never later than the renewal), or 0 when not
 /// ours. The keys of one call must share a slot on a cluster, so a cluster renews one lease
 /// per call.
-pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RENEW_MANY: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
         r"
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -190,7 +191,8 @@ for i, key in ipairs(KEYS) do
   end
 end
 return out
-",
+"
+        .to_owned(),
     )
 });
 
@@ -230,8 +232,8 @@ pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 /// cluster bus to every node, and two of them per release stalled hand-offs there (measured
 /// with 16 separate clients holding 1 ms: 95 acquisitions/s and a hand-off p99 of 44 ms,
 /// against 333/s with one message).
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
         r"
 redis.replicate_commands()
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -259,13 +261,13 @@ if redis.call('DEL', KEYS[2]) == 1 then
   end
 end
 return 1
-",
+".to_owned(),
     )
 });
 
 /// Inspect: `{type, value, pttl, fence}` of the lock, read atomically.
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static INSPECT: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
         r"
 local lt = redis.call('TYPE', KEYS[1]).ok
 if lt ~= 'string' then return {lt, false, -2, false} end
@@ -273,6 +275,7 @@ local ft = redis.call('TYPE', KEYS[2]).ok
 local f = false
 if ft == 'string' then f = redis.call('GET', KEYS[2]) end
 return {lt, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), f}
-",
+"
+        .to_owned(),
     )
 });

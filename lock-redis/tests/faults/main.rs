@@ -116,6 +116,9 @@ fn main() -> ExitCode {
         .case("batched_renewal_survives_a_flushed_script_cache", || {
             Box::pin(scripts::batched_renewal_survives_a_flushed_script_cache())
         })
+        .case("cluster_release_needs_only_the_locks_node", || {
+            Box::pin(scripts::cluster_release_needs_only_the_locks_node())
+        })
         .case("redlock_renews_thousands_of_leases_in_one_batch", || {
             Box::pin(renewals::redlock_renews_thousands_of_leases_in_one_batch())
         })

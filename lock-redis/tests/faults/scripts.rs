@@ -1,15 +1,79 @@
 //! The server's script cache: a server that forgot the library's scripts still runs them.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use conformance_tests::{
-    Failure, Outcome,
-    faults::{env_var, fail, unique_name},
+    Failure, Outcome, ensure,
+    faults::{Instance, env_var, fail, unique_name},
 };
 use lock_core::{LockClient, LockOptions};
-use lock_redis::{RedisBackend, RedisConfig};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
+use redis::AsyncCommands;
 
 use super::raw_conn;
+
+/// On a cluster, a release on a node that forgot the scripts (every node restarted, as in an
+/// outage) does not need the other nodes: the script is sent to the lock's node alone. A
+/// `SCRIPT LOAD` goes to every node and waits for all of them, so one silent node made the
+/// release time out.
+pub(super) async fn cluster_release_needs_only_the_locks_node() -> Outcome {
+    let urls: Vec<String> = env_var("LOCK_TEST_REDIS_CLUSTER_URLS")?
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let mut config = RedisConfig::cluster(urls.clone()).key_prefix("faults");
+    // Below the cluster's node time-out (2 s): a node silent that long is failed over.
+    config.response_timeout = Duration::from_millis(500);
+    let client = LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("cluster connect"))?,
+    );
+    let name = unique_name("cluster-flushed")?;
+    let guard = client
+        .lock_with(&name, &LockOptions::new().ttl(Duration::from_secs(10)))
+        .await
+        .map_err(fail("acquire"))?;
+    let key = RedisKeys::new("faults", &name).lock;
+    let mut owner = None;
+    for url in &urls {
+        let mut conn = raw_conn(url).await?;
+        // Another node answers `MOVED`.
+        if matches!(conn.exists::<_, bool>(&key).await, Ok(true)) {
+            owner = Some(url.clone());
+        }
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .map_err(fail("SCRIPT FLUSH"))?;
+    }
+    let owner = owner.ok_or_else(|| Failure(format!("no node holds `{key}`")))?;
+    let other = urls
+        .iter()
+        .find(|url| **url != owner)
+        .ok_or_else(|| Failure("a cluster of one node".into()))?;
+    let port = other.rsplit(':').next().unwrap_or_default();
+    let paused = Instance::named(&format!("redis-cluster/{port}"))?.pause()?;
+    let started = Instant::now();
+    let released = guard.release().await;
+    let took = started.elapsed();
+    paused.resume()?;
+    released.map_err(|e| {
+        Failure(format!(
+            "release after SCRIPT FLUSH with another node silent failed after {took:?}: {e}"
+        ))
+    })?;
+    ensure!(
+        client
+            .inspect(&name)
+            .await
+            .map_err(fail("inspect"))?
+            .is_none(),
+        "the lock is still held after its release"
+    );
+    Ok(())
+}
 
 /// Batched renewals work on a server that forgot the scripts (restart, `SCRIPT FLUSH`).
 pub(super) async fn batched_renewal_survives_a_flushed_script_cache() -> Outcome {

@@ -24,7 +24,7 @@
 //!   then it wakes the waiter (below). The waiter's next try finds the lease held by its own
 //!   token and takes it for its TTL with a fence one higher again (the acquire statement's
 //!   "taken" rule covers its own token). A waiter that died or is paused lets the handed
-//!   lease expire after its turn (600 ms with the default back-off), and its place lapses
+//!   lease expire after its turn (1.1 s with the default back-off), and its place lapses
 //!   with it.
 //! - **Waking the waiter**: between tries a waiter parks a `SLEEP` on a pooled connection,
 //!   after writing that connection's id into its place, in one batch that sleeps only if the

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::{Fencing, LockClient, LockError};
+use lock_core::{Backoff, Fencing, LockClient, LockError};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
 use lock_redis::{RedisBackend, RedisConfig, RedlockBackend, RedlockConfig};
 use lock_zookeeper::{ZkBackend, ZkConfig};
@@ -112,9 +112,6 @@ pub async fn connect(store: &str) -> Result<LockClient, String> {
     })
 }
 
-/// A MySQL lease waiter's turn with the default back-off (see [`place_kept`]).
-const MYSQL_LEASE_TURN: Duration = Duration::from_millis(1_100);
-
 /// How long `store` can keep the lock from everyone because of clients that died or froze
 /// (`pause`: the longest a campaign freezes a worker), where that is longer than the lease's
 /// TTL: on ZooKeeper a dead or frozen waiter keeps its place until its session expires (the
@@ -124,12 +121,14 @@ const MYSQL_LEASE_TURN: Duration = Duration::from_millis(1_100);
 /// a release hands the lease to the first waiter for its turn (the back-off maximum, at least
 /// 1 s, plus 100 ms: 1.1 s with the campaign's default back-off), and a dead, frozen or
 /// departed waiter keeps it that long (lock-mysql's README, "Bounded stalls"; measured: a gap
-/// of 1.115 s after the release that handed it to a frozen worker), again two in a row.
+/// of 1.115 s after the release that handed it to a frozen worker), again two in a row. The
+/// stalls of waiters in a row add up; a dead holder's own TTL comes before them but is not
+/// counted as free time (its section lasts until its lease expires).
 pub fn place_kept(store: &str, pause: Duration) -> Duration {
     match store {
         "zookeeper" | "zk-ensemble" => (ZK_SESSION + Duration::from_secs(1)) * 2,
         "mysql-rowlock" => pause,
-        "mysql-lease" => MYSQL_LEASE_TURN * 2,
+        "mysql-lease" => lock_mysql::lease_waiter_turn(&Backoff::default()) * 2,
         _ => Duration::ZERO,
     }
 }

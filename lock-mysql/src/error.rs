@@ -24,7 +24,9 @@ pub(crate) enum Class {
     Other,
 }
 
-/// Server error numbers that mean the connection or server is going away or overloaded.
+/// Server error numbers that mean the connection or server is going away, overloaded (1040)
+/// or read-only (1290, 1836): retrying (on another server, after a failover) may help. Their
+/// message carries the server's own words, which tell which.
 const CONNECTION_ERRORS: &[u16] = &[
     1040, // ER_CON_COUNT_ERROR: too many connections
     1053, // ER_SERVER_SHUTDOWN
@@ -119,7 +121,7 @@ impl std::fmt::Display for Error {
                 "mysql: {what}: the server is unreachable or went away ({}); retry",
                 self.source
             ),
-            Class::Other => write!(f, "mysql: {what}: the server refused the statement"),
+            Class::Other => write!(f, "mysql: {what}: {}", self.source),
         }
     }
 }
@@ -189,6 +191,8 @@ mod tests {
     fn other_errors_are_not() {
         let error = LockError::from(Error::new("inspect", sqlx::Error::RowNotFound));
         assert!(matches!(error, LockError::Backend { .. }), "{error}");
+        // The driver's words, not a guess that the server refused it.
+        assert!(error.to_string().contains("no rows returned"), "{error}");
         assert!(!error.is_retryable());
     }
 }

@@ -31,7 +31,8 @@ use crate::{
 /// - Acquire is one Lua script: `SET key token PX ttl` if the key is free, with the fence
 ///   counter raised in the same atomic step; release is a compare-and-delete that also
 ///   publishes the release when a waiter marked the lock; renew is a compare-and-`PEXPIRE`.
-///   Scripts run by `EVALSHA` and are reloaded on `NOSCRIPT`.
+///   Scripts run by `EVALSHA`; a server that answers `NOSCRIPT` gets the script's source by
+///   `EVAL`, on the key's node (so a user's ACL must allow both).
 /// - The fence is `max(counter + 1, server time in µs)`, written back to the counter (a hybrid
 ///   clock), so it stays above every earlier fence of the name even when the server lost the
 ///   counter: a restart without persistence, an eviction. Capabilities say
@@ -42,8 +43,9 @@ use crate::{
 /// - Waiters mark the lock, are woken by the release message on one pub/sub connection shared
 ///   by all waiting locks of this backend, and retry when the holder's TTL runs out in case a
 ///   message is lost.
-/// - The watchdog's renewals of many locks go out as one pipeline (on a cluster, which refuses
-///   pipelines across slots, as concurrent requests on the multiplexed connection).
+/// - The watchdog's renewals of many locks go out as calls of one script of up to 500 leases
+///   each (on a cluster, which refuses a script's keys across slots, as concurrent requests
+///   on the multiplexed connection).
 /// - Keys are `<prefix>:{<name>}:lock`, `...:fence`, `...:waiters` and the channel
 ///   `...:released`: one hash tag, one cluster slot.
 ///
@@ -442,7 +444,7 @@ impl LockBackend for RedisBackend {
         let replies = ops::Renewals::new(&batch).send(&mut conn, None).await?;
         if replies.len() != leases.len() {
             return Err(LockError::backend_msg(format!(
-                "redis answered a pipeline of {} renewals with {} replies",
+                "redis answered {} batched renewals with {} replies",
                 leases.len(),
                 replies.len()
             )));

@@ -447,7 +447,7 @@ pub(crate) async fn inspect<C: ConnectionLike + Send>(
     )))
 }
 
-/// The parse of one pipelined renewal reply.
+/// The parse of one lease's reply to a batched renewal.
 pub(crate) fn renewed_at(reply: &Value) -> Option<u64> {
     int(reply)
         .and_then(|ms| u64::try_from(ms).ok())

@@ -6,7 +6,12 @@
 //! [`AT_ONCE`] of them at a time: a suite mostly waits for its leases' and budgets' timers, so
 //! several overlap well (one after another they took 189 s of `cargo xtask test`; four at a
 //! time 59 s here, as long as the suite against `LosesWakeups` alone). Each child's output is
-//! printed whole when it ends, in the order of [`Fault::ALL`].
+//! printed whole when they have all ended, in the order of [`Fault::ALL`]; a child cannot hang
+//! for ever, as the suite stops each scenario at its time limit.
+//!
+//! A failing scenario counts as catching a broken backend, and load could make a scenario
+//! fail on its own: so a control child runs the suite against the unbroken `MemoryBackend`
+//! among them, under the same load, and every one of its scenarios must pass.
 
 mod broken;
 
@@ -19,11 +24,14 @@ use std::{
 };
 
 use broken::{BrokenStore, Fault};
-use conformance_tests::run_suite;
+use conformance_tests::{MemoryStore, run_suite};
 
 /// The argument that makes this binary run the suite against the one broken backend named
 /// after it (its `Debug` name) and exit with success when that backend was caught.
 const ONE_ARG: &str = "--one-broken-backend";
+
+/// The name [`ONE_ARG`] takes for the control: the unbroken `MemoryBackend`.
+const CONTROL: &str = "Unbroken";
 
 /// How many suites run at once.
 const AT_ONCE: usize = 4;
@@ -31,6 +39,9 @@ const AT_ONCE: usize = 4;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
+        [flag, name] if flag == ONE_ARG && name == CONTROL => {
+            conformance_tests::main_with(pass_unbroken())
+        }
         [flag, name] if flag == ONE_ARG => conformance_tests::main_with(catch_one(name)),
         _ => catch_every_broken_backend(),
     }
@@ -46,20 +57,22 @@ fn catch_every_broken_backend() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The control among the first, so it runs beside the others.
+    let names: Vec<String> = std::iter::once(CONTROL.to_owned())
+        .chain(Fault::ALL.iter().map(|fault| format!("{fault:?}")))
+        .collect();
     let next = AtomicUsize::new(0);
     let outputs: Vec<Mutex<Option<std::io::Result<Output>>>> =
-        Fault::ALL.iter().map(|_| Mutex::new(None)).collect();
+        names.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|scope| {
         for _ in 0..AT_ONCE {
             scope.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(fault) = Fault::ALL.get(i) else {
+                    let Some(name) = names.get(i) else {
                         return;
                     };
-                    let output = Command::new(&exe)
-                        .args([ONE_ARG, &format!("{fault:?}")])
-                        .output();
+                    let output = Command::new(&exe).args([ONE_ARG, name]).output();
                     if let Some(slot) = outputs.get(i) {
                         *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(output);
                     }
@@ -68,7 +81,7 @@ fn catch_every_broken_backend() -> ExitCode {
         }
     });
     let (mut caught, mut missed) = (0, 0);
-    for (fault, output) in Fault::ALL.iter().zip(outputs) {
+    for (name, output) in names.iter().zip(outputs) {
         match output.into_inner().unwrap_or_else(PoisonError::into_inner) {
             Some(Ok(output)) => {
                 print!("{}", String::from_utf8_lossy(&output.stdout));
@@ -81,20 +94,35 @@ fn catch_every_broken_backend() -> ExitCode {
             }
             Some(Err(error)) => {
                 missed += 1;
-                println!("MISSED {fault:?}: its suite could not run: {error}");
+                println!("MISSED {name}: its suite could not run: {error}");
             }
             None => {
                 missed += 1;
-                println!("MISSED {fault:?}: its suite did not run");
+                println!("MISSED {name}: its suite did not run");
             }
         }
     }
-    println!("broken backends: {caught} passed, {missed} failed");
+    println!("broken backends and the control: {caught} passed, {missed} failed");
     if missed == 0 {
         ExitCode::SUCCESS
     } else {
-        eprintln!("{missed} broken backends were not caught");
+        eprintln!("{missed} broken backends were not caught, or the control failed");
         ExitCode::FAILURE
+    }
+}
+
+/// Runs the suite against the unbroken `MemoryBackend`: every scenario must pass, or the
+/// load of the suites running beside it could be what made the broken backends' scenarios fail.
+async fn pass_unbroken() -> Result<(), String> {
+    println!("suite against the unbroken memory backend (the control)");
+    let report = run_suite("memory", Arc::new(MemoryStore::new()), None, &[]).await;
+    let failures = report.failures();
+    if failures.is_empty() {
+        println!("control passed");
+        Ok(())
+    } else {
+        println!("MISSED the control: the unbroken backend failed {failures:?}");
+        Err("the control failed".to_owned())
     }
 }
 

@@ -72,6 +72,22 @@ pub(super) async fn cluster_release_needs_only_the_locks_node() -> Outcome {
             .is_none(),
         "the lock is still held after its release"
     );
+    // Nothing went to every node: the third node still knows no script.
+    if let Some(third) = urls.iter().find(|url| **url != owner && *url != other) {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut raw_conn(third).await?)
+            .await
+            .map_err(fail("INFO memory"))?;
+        ensure!(
+            info.lines()
+                .any(|line| line.trim() == "number_of_cached_scripts:0"),
+            "a node that holds nothing of the lock was sent a script: {}",
+            info.lines()
+                .find(|line| line.starts_with("number_of_cached_scripts"))
+                .unwrap_or("no number_of_cached_scripts in INFO memory")
+        );
+    }
     Ok(())
 }
 

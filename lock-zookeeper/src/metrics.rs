@@ -8,9 +8,10 @@ use serde::{Deserialize, Serialize};
 /// How many ZooKeeper requests a backend sent, by kind, since it was created.
 ///
 /// The recipe's cost is visible here: an uncontended acquisition is one `create` and one
-/// `list` (sent together), a release one `delete`, a renewal one `exists` (a batch of renewals one `sync` and a `multiRead` per 500 leases); a waiter adds one
-/// `watch` of its predecessor and one `list` each time that predecessor goes. Pings and
-/// session management are not counted.
+/// `list` (sent together), a release one `delete`, a renewal one `exists` (a batch of renewals
+/// one `sync` and a `multiRead` per 500 leases); a waiter adds one `watch` of its predecessor
+/// and one `list` each time that predecessor goes (none when the predecessor was the first
+/// contender and was deleted). Pings and session management are not counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct OpCounts {

@@ -6,6 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::FutureExt as _;
 use lock_core::{
     LockError,
     backend::{AcquireRequest, LeaseToken},
@@ -155,6 +156,14 @@ async fn attempt(
         }
     };
     let mut listed = created.listed;
+    let granted = |valid_from: Instant| Granted {
+        path: created.path.clone(),
+        token: LeaseToken::from_store(format!("{}/{}", created.name, secret.as_str())),
+        fence,
+        session: conn.id(),
+        ttl: conn.lease_ttl(),
+        valid_from,
+    };
     loop {
         let (children, sent) = match listed.take() {
             Some(listed) => listed,
@@ -174,19 +183,26 @@ async fn attempt(
         };
         let Some(predecessor) = at.checked_sub(1).and_then(|i| queue.get(i)) else {
             cleanup.disarm();
-            return Ok(Granted {
-                path: created.path,
-                token: LeaseToken::from_store(format!("{}/{}", created.name, secret.as_str())),
-                fence,
-                session: conn.id(),
-                ttl: conn.lease_ttl(),
-                // The listing proved the session alive when the server answered it, so the
-                // session lasts at least its timeout from when the request was sent.
-                valid_from: sent,
-            });
+            // The listing proved the session alive when the server answered it, so the
+            // session lasts at least its timeout from when the request was sent.
+            return Ok(granted(sent));
         };
         let predecessor = format!("{lock_path}/{}", predecessor.name);
-        await_predecessor(conn, &predecessor, request, &mut cleanup).await?;
+        // Right behind the first contender: ours is watched too (see below).
+        let own = (at == 1).then_some(created.path.as_str());
+        let gone = await_predecessor(conn, &predecessor, own, request, &mut cleanup).await?;
+        // The predecessor was the first contender: once it is gone ours is the lowest, as no
+        // node can come below it (sequence numbers only grow), so the listing is skipped, if
+        // ours is known to be still there: its watch was set and has not fired (ZooKeeper
+        // sends a session's events in order, so a deletion of ours before the predecessor's
+        // was delivered first). The watch's answer proved the session alive as a listing's
+        // would; a watch set long ago would leave a short lease, so then the caller lists.
+        if let Some(watch_sent) = gone
+            && watch_sent.elapsed() < conn.lease_ttl() / 2
+        {
+            cleanup.disarm();
+            return Ok(granted(watch_sent));
+        }
     }
 }
 
@@ -216,21 +232,38 @@ async fn list(
 
 /// Waits until the contender before ours goes (or changes): then the caller lists again,
 /// whoever is first now. Ends the attempt when the wait budget runs out or the session ends.
+/// With `own` (the caller's node), that node is watched as well; when the predecessor is
+/// known to be deleted (its deletion seen, or no node when the watch was set) while `own` is
+/// known to be still there (its watch set and not fired), the instant the watches were sent:
+/// the server answered them, so the session lasts at least its timeout from then.
 async fn await_predecessor(
     conn: &Conn,
     predecessor: &str,
+    own: Option<&str>,
     request: &AcquireRequest,
     cleanup: &mut Cleanup,
-) -> Result<(), Stop> {
+) -> Result<Option<Instant>, Stop> {
     let deadline = request.deadline();
     if Instant::now() >= deadline {
         cleanup.discard().await;
         return Err(Stop::Fail(request.timeout_error()));
     }
-    let watcher = match retry(|| conn.watch(predecessor)).await {
+    let sent = Instant::now();
+    // Any failure to watch ours only means the caller lists as before.
+    let own_watch = async {
+        match own {
+            Some(path) => conn.watch(path).await.ok().map(|(_, _, watcher)| watcher),
+            None => None,
+        }
+    };
+    let (own_watcher, watched) = tokio::join!(own_watch, retry(|| conn.watch(predecessor)));
+    // Whether ours is still there: watched, and its watch not fired.
+    let still_ours =
+        move || own_watcher.is_some_and(|watcher| watcher.changed().now_or_never().is_none());
+    let watcher = match watched {
         Ok((_, _, watcher)) => watcher,
-        // Gone already: look again.
-        Err(zk::Error::NoNode) => return Ok(()),
+        // Gone already.
+        Err(zk::Error::NoNode) => return Ok(still_ours().then_some(sent)),
         Err(e) => {
             let error = ZkError::new("watch", predecessor, e);
             if !is_session_end(&error.source) {
@@ -244,7 +277,7 @@ async fn await_predecessor(
             if event.event_type == EventType::Session && event.session_state.is_terminated() {
                 return Err(Stop::SessionEnded);
             }
-            Ok(())
+            Ok((event.event_type == EventType::NodeDeleted && still_ours()).then_some(sent))
         }
         () = tokio::time::sleep_until(deadline.into()) => {
             cleanup.discard().await;

@@ -6,7 +6,9 @@
 //! 2. `server_paused`: the standalone server is paused (SIGSTOP) past the session timeout; the
 //!    holder's `lost()` fires, and after SIGCONT a waiter gets the lock on a new session.
 //! 3. `no_herd`: 100 waiters on one lock; each hand-off costs O(1) requests and wakes exactly
-//!    one waiter, in FIFO order.
+//!    one waiter, in FIFO order; `second_in_line_needs_no_listing`: the waiter right behind the
+//!    holder takes the lock when the holder's node goes, without listing again, unless
+//!    someone deleted its own node meanwhile (`second_in_line_whose_node_went_queues_again`).
 //! 4. `curator_interop`: contender nodes written in Curator's layout by a raw client are
 //!    respected by this crate, and this crate's nodes are what Curator's algorithm expects.
 //! 5. `lost_create_reply`: a relay drops the connection after the server applied the
@@ -53,6 +55,12 @@ fn main() -> ExitCode {
         .case("leader_killed", || Box::pin(ensemble::leader_killed()))
         .case("server_paused", || Box::pin(paused::server_paused()))
         .case("no_herd", || Box::pin(herd::no_herd()))
+        .case("second_in_line_needs_no_listing", || {
+            Box::pin(herd::second_in_line_needs_no_listing())
+        })
+        .case("second_in_line_whose_node_went_queues_again", || {
+            Box::pin(herd::second_in_line_whose_node_went_queues_again())
+        })
         .case("curator_interop", || Box::pin(curator::curator_interop()))
         .case("lost_create_reply", || {
             Box::pin(lost_reply::lost_create_reply())

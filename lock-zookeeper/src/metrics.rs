@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 /// `list` (sent together), a release one `delete`, a renewal one `exists` (a batch of renewals
 /// one `sync` and a `multiRead` per 500 leases); a waiter adds one `watch` of its predecessor
 /// and one `list` each time that predecessor goes (none when the predecessor was the first
-/// contender and was deleted). Pings and session management are not counted.
+/// contender and was deleted: such a waiter sets a second `watch`, of its own node, instead).
+/// Pings, session management and the client library's `removeWatches` of a watch dropped
+/// unfired are not counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct OpCounts {

@@ -195,7 +195,7 @@ async fn attempt(
         // node can come below it (sequence numbers only grow), so the listing is skipped, if
         // ours is known to be still there: its watch was set and has not fired (ZooKeeper
         // sends a session's events in order, so a deletion of ours before the predecessor's
-        // was delivered first). The watch's answer proved the session alive as a listing's
+        // was delivered first), and the session did not reconnect meanwhile. The watch's answer proved the session alive as a listing's
         // would; a watch set long ago would leave a short lease, so then the caller lists.
         if let Some(watch_sent) = gone
             && watch_sent.elapsed() < conn.lease_ttl() / 2
@@ -248,6 +248,10 @@ async fn await_predecessor(
         cleanup.discard().await;
         return Err(Stop::Fail(request.timeout_error()));
     }
+    // A reconnection re-registers the session's watches and may deliver their events out of
+    // order (a deletion of ours after the predecessor's): the short path needs none since the
+    // watches were sent. The client publishes `Disconnected` before it reconnects.
+    let mut states = conn.client().state_watcher();
     let sent = Instant::now();
     // Any failure to watch ours only means the caller lists as before.
     let own_watch = async {
@@ -257,9 +261,12 @@ async fn await_predecessor(
         }
     };
     let (own_watcher, watched) = tokio::join!(own_watch, retry(|| conn.watch(predecessor)));
-    // Whether ours is still there: watched, and its watch not fired.
-    let still_ours =
-        move || own_watcher.is_some_and(|watcher| watcher.changed().now_or_never().is_none());
+    // Whether ours is still there: watched, its watch not fired, and the session not
+    // reconnected meanwhile.
+    let still_ours = move || {
+        states.changed().now_or_never().is_none()
+            && own_watcher.is_some_and(|watcher| watcher.changed().now_or_never().is_none())
+    };
     let watcher = match watched {
         Ok((_, _, watcher)) => watcher,
         // Gone already.

@@ -122,7 +122,8 @@ fn handoffs_cost_one_each(
 
 /// One holder, one waiter right behind it: when the holder's node goes, the waiter holds the
 /// lock without listing the contenders again (nodes below the holder's cannot appear: their
-/// sequence numbers would be lower), one request fewer per hand-off.
+/// sequence numbers would be lower): a round trip fewer per hand-off (it watches its own node
+/// beside the holder's instead).
 pub(crate) async fn second_in_line_needs_no_listing() -> Outcome {
     let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
     let config = ZkConfig::new(hosts).session_timeout(Duration::from_secs(10));

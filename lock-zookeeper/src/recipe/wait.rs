@@ -195,8 +195,9 @@ async fn attempt(
         // node can come below it (sequence numbers only grow), so the listing is skipped, if
         // ours is known to be still there: its watch was set and has not fired (ZooKeeper
         // sends a session's events in order, so a deletion of ours before the predecessor's
-        // was delivered first), and the session did not reconnect meanwhile. The watch's answer proved the session alive as a listing's
-        // would; a watch set long ago would leave a short lease, so then the caller lists.
+        // was delivered first), and the session did not reconnect meanwhile. The watch's
+        // answer proved the session alive as a listing's would; a watch set long ago would
+        // leave a short lease, so then the caller lists.
         if let Some(watch_sent) = gone
             && watch_sent.elapsed() < conn.lease_ttl() / 2
         {

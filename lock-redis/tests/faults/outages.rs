@@ -7,8 +7,8 @@ use conformance_tests::{
     Failure, Outcome, ensure,
     faults::{Instance, Stopped, env_var, fail, unique_name},
 };
-use lock_core::{LockBackend, LockClient, LockError, LockOptions, LossReason};
-use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
+use lock_core::{LockError, LockOptions, LossReason};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
 use redis::AsyncCommands;
 
 use super::{exists_on, fences::cycle, raw_conn, redlock_client, redlock_urls, single_client};
@@ -21,10 +21,7 @@ use super::{exists_on, fences::cycle, raw_conn, redlock_client, redlock_urls, si
 /// or `Unavailable`.
 pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcome {
     let urls = redlock_urls()?;
-    let backend = RedlockBackend::connect(RedlockConfig::new(urls.clone()).key_prefix("faults"))
-        .await
-        .map_err(fail("redlock connect"))?;
-    let client = LockClient::new(backend.clone());
+    let client = redlock_client().await?;
     let lock = unique_name("redlock-inspect-unseen")?;
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
@@ -42,7 +39,7 @@ pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcom
             .map_err(fail("DEL"))?;
     }
     let silent = Instance::named("redlock-2")?.pause()?;
-    let seen = backend.inspect(&lock).await;
+    let seen = client.inspect(&lock).await;
     drop(silent);
     ensure!(
         !matches!(seen, Ok(None)),

@@ -1,8 +1,8 @@
 //! The long steps of `cargo xtask compare`: each a child process (a cargo build, or a test or
-//! benchmark binary) whose output goes to a log file of its own, shown on the terminal as one progress
-//! bar over all steps (the step under way and the time it has taken) and one line per step
-//! done, so nothing the children print reaches the terminal (their lines are wider than the
-//! report's 100 columns).
+//! benchmark binary) whose output goes to a log file of its own, shown on the terminal as one
+//! progress bar over all steps (the step under way and the time it has taken) and one line per
+//! step done, so nothing the children print reaches the terminal (their lines are wider than
+//! the report's 100 columns).
 
 use std::{
     fs::File,

@@ -5,10 +5,10 @@
 //! applied in order, so the listing includes the new node): an uncontended lock costs one round
 //! trip. A contender that is not first watches the node just before it and lists again when
 //! that node goes, so a release wakes exactly one waiter; one right behind the first node holds
-//! the lock as soon as that node is deleted, without listing (no node can come below it). A `create` whose reply was lost is
-//! resolved by finding the node again by its UUID, never by creating a second one. Until a
-//! node is known to be granted or deleted, a [`Cleanup`] guard owns it: dropping the acquire
-//! future deletes the node in the background.
+//! the lock as soon as that node is deleted, without listing (no node can come below it). A
+//! `create` whose reply was lost is resolved by finding the node again by its UUID, never by
+//! creating a second one. Until a node is known to be granted or deleted, a [`Cleanup`] guard
+//! owns it: dropping the acquire future deletes the node in the background.
 //!
 //! The wait loop is in `wait.rs`, the contender node's life cycle in `contender.rs`, the reads
 //! (who holds it, its fence) in `read.rs`; the retry policy of single requests is here.

@@ -16,6 +16,10 @@ pub const QUICK_VAR: &str = "LOCK_COMPARE_QUICK";
 /// [`UNCONTENDED`], [`CLIENTS`], [`SWEEP`] and [`RENEWAL`].
 pub const WORKLOAD_VAR: &str = "LOCK_COMPARE_WORKLOAD";
 
+/// Comma-separated numbers of clients; when set, of the runs of separate clients on one lock
+/// ([`CLIENTS`]) only those with that many clients run (see [`fleet_size`]).
+pub const FLEET_SIZES_VAR: &str = "LOCK_COMPARE_CLIENTS";
+
 /// The workload of one client (the uncontended cycle against the raw floor, tasks of one
 /// client on one lock, batched renewals).
 pub const UNCONTENDED: &str = "uncontended";
@@ -34,6 +38,16 @@ pub const RENEWAL: &str = "renewal";
 /// Whether the benchmarks' workload `name` runs (see [`WORKLOAD_VAR`]).
 pub fn workload(name: &str) -> bool {
     std::env::var(WORKLOAD_VAR).map_or(true, |names| names.split(',').any(|n| n.trim() == name))
+}
+
+/// Whether the runs of `clients` separate clients on one lock run: every size unless
+/// [`FLEET_SIZES_VAR`] names others (a part that is not a number matches no size).
+pub fn fleet_size(clients: usize) -> bool {
+    std::env::var(FLEET_SIZES_VAR).map_or(true, |sizes| {
+        sizes
+            .split(',')
+            .any(|size| size.trim().parse::<usize>().is_ok_and(|n| n == clients))
+    })
 }
 
 /// Whether `label` is one of `names` (see [`ONLY_VAR`]).

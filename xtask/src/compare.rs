@@ -82,6 +82,10 @@ pub(crate) struct CompareArgs {
     /// after period), migration.
     #[arg(long, value_delimiter = ',')]
     pub(crate) workload: Vec<String>,
+    /// Of the runs of separate clients on one lock (workload `clients`), only those with
+    /// these numbers of clients (comma-separated: 2, 16, 100, 1000).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) clients: Vec<usize>,
 }
 
 impl CompareArgs {
@@ -96,6 +100,11 @@ impl CompareArgs {
             .find(|w| !WORKLOADS.contains(&w.as_str()))
         {
             bail!("no workload `{name}`; workloads: {}", WORKLOADS.join(", "));
+        }
+        let sizes = conformance_tests::bench::FLEET_RUNS.map(|(clients, _)| clients);
+        if let Some(size) = self.clients.iter().find(|n| !sizes.contains(n)) {
+            let known: Vec<String> = sizes.iter().map(ToString::to_string).collect();
+            bail!("no run of {size} clients; runs: {}", known.join(", "));
         }
         Ok(())
     }
@@ -114,6 +123,10 @@ impl CompareArgs {
         }
         if !self.workload.is_empty() {
             env.push((selection::WORKLOAD_VAR, self.workload.join(",")));
+        }
+        if !self.clients.is_empty() {
+            let sizes: Vec<String> = self.clients.iter().map(ToString::to_string).collect();
+            env.push((selection::FLEET_SIZES_VAR, sizes.join(",")));
         }
         if self.quick {
             env.push((selection::QUICK_VAR, "1".to_string()));

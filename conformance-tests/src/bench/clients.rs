@@ -318,15 +318,20 @@ pub const FLEET_RUNS: [(usize, Duration); 5] = [
 
 /// The runs of [`FLEET_RUNS`] this benchmark makes: none when the `clients` workload is left
 /// out (see [`crate::selection::WORKLOAD_VAR`]), the first only in a quick run (see
-/// [`crate::selection::QUICK_VAR`]; [`fleet`] makes it a third as long), else all.
-fn chosen_runs() -> &'static [(usize, Duration)] {
-    if !crate::selection::workload(crate::selection::CLIENTS) {
+/// [`crate::selection::QUICK_VAR`]; [`fleet`] makes it a third as long), else all; of those,
+/// the sizes [`crate::selection::FLEET_SIZES_VAR`] names when it is set.
+fn chosen_runs() -> Vec<(usize, Duration)> {
+    let runs = if !crate::selection::workload(crate::selection::CLIENTS) {
         &FLEET_RUNS[..0]
     } else if crate::selection::quick() {
         &FLEET_RUNS[..1]
     } else {
         &FLEET_RUNS[..]
-    }
+    };
+    runs.iter()
+        .copied()
+        .filter(|&(clients, _)| crate::selection::fleet_size(clients))
+        .collect()
 }
 
 /// Runs [`FLEET_RUNS`] against the store `connect` reaches, `run_for` each, counting what the
@@ -353,7 +358,7 @@ where
     S: super::ServerCounters,
 {
     let mut runs = Vec::new();
-    for &shape in chosen_runs() {
+    for shape in chosen_runs() {
         runs.push(
             our_run(
                 report,
@@ -396,7 +401,7 @@ where
     S: super::ServerCounters,
 {
     let mut runs = Vec::new();
-    for &shape in chosen_runs() {
+    for shape in chosen_runs() {
         let timing = (round_trip, run_for);
         peer_run(
             report,

@@ -302,7 +302,8 @@ impl LeaseStrategy {
             None => Try::Busy(Some(Duration::ZERO)),
             Some(LeaseState::Held { remaining_us, .. }) => {
                 let left = Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0));
-                if self.park(name, token, left.min(budget)).await {
+                // The park ends when this lease runs out (see `queue::park_batch`).
+                if self.park(name, token, budget, turns.0).await {
                     Try::Parked
                 } else {
                     busy(Some(left))
@@ -312,7 +313,7 @@ impl LeaseStrategy {
             Some(_) if ahead == 0 => Try::Busy(Some(Duration::ZERO)),
             // Free, but someone else is next: wait for its turn.
             Some(_) => {
-                if self.park(name, token, budget).await {
+                if self.park(name, token, budget, turns.0).await {
                     Try::Parked
                 } else {
                     busy(None)
@@ -321,34 +322,58 @@ impl LeaseStrategy {
         }))
     }
 
-    /// Parks the caller for at most `at_most` (and [`queue::PARK_MAX`]) on a pooled
-    /// connection, until a release hands it the lease and wakes it (see [`queue`]).
-    /// False, without waiting, when no park permit is free or there is no time to park.
-    async fn park(&self, name: &LockName, token: &LeaseToken, at_most: Duration) -> bool {
-        let park = at_most.min(queue::PARK_MAX);
-        if park < Duration::from_millis(1) {
+    /// Parks the caller for at most `at_most` on a pooled connection, until a release hands
+    /// it the lease and wakes it (see [`queue`]), one park of at most [`queue::PARK_MAX`]
+    /// after another on the same connection while each runs its whole length (each keeps the
+    /// caller's place for `place`): a waiter far back in a long queue costs the server one
+    /// short batch per park, not a try and a queue batch. False, without waiting, when no
+    /// park permit is free or there is no time to park.
+    async fn park(
+        &self,
+        name: &LockName,
+        token: &LeaseToken,
+        at_most: Duration,
+        place: Duration,
+    ) -> bool {
+        let end = Instant::now() + at_most;
+        let next = || {
+            end.saturating_duration_since(Instant::now())
+                .min(queue::PARK_MAX)
+        };
+        if next() < Duration::from_millis(1) {
             return false;
         }
         let Ok(_permit) = self.parking.clone().try_acquire_owned() else {
             return false;
         };
-        let until = Instant::now() + park + ANSWER_GRACE;
-        let sql = queue::park_batch(
-            &self.table,
-            name.as_str().as_bytes(),
-            token.as_str().as_bytes(),
-            park,
-        );
-        let Ok(mut conn) = within(until, self.pool.acquire()).await else {
+        let Ok(mut conn) =
+            within(Instant::now() + next() + ANSWER_GRACE, self.pool.acquire()).await
+        else {
             return false;
         };
-        match within(until, run(&mut conn, AssertSqlSafe(sql))).await {
-            Ok(_) => {}
-            // Woken by the release's `KILL QUERY`.
-            Err(error) if classify(&error) == Class::Interrupted => {}
-            Err(error) => {
-                tracing::debug!(lock = %name, %error, "parking failed; trying again");
-                conn.close_on_drop();
+        loop {
+            let park = next();
+            if park < Duration::from_millis(1) {
+                break;
+            }
+            let until = Instant::now() + park + ANSWER_GRACE;
+            let sql = queue::park_batch(
+                &self.table,
+                name.as_str().as_bytes(),
+                token.as_str().as_bytes(),
+                park,
+                place,
+            );
+            match within(until, run(&mut conn, AssertSqlSafe(sql))).await {
+                Ok(rows) if queue::parked_whole(&rows) => {}
+                Ok(_) => break,
+                // Woken by the release's `KILL QUERY`.
+                Err(error) if classify(&error) == Class::Interrupted => break,
+                Err(error) => {
+                    tracing::debug!(lock = %name, %error, "parking failed; trying again");
+                    conn.close_on_drop();
+                    break;
+                }
             }
         }
         true

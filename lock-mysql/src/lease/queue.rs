@@ -33,7 +33,11 @@
 //!   runs this waiter's park (its statement carries the waiter's token, checked in
 //!   `information_schema.PROCESSLIST`), which ends the sleep. A kill that lands before the
 //!   batch starts is lost, but then the batch sees the hand-off and does not sleep. A park
-//!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]. At most half the
+//!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]; one that ran its
+//!   whole length is followed at once by another on the same connection, which keeps the
+//!   place alive (so a waiter far back costs one short batch a second, not a try and a queue
+//!   batch). Reads a park makes of the lease and of others' places are plain `SELECT`s (into
+//!   variables): a waiter never waits for, nor holds up, the lease row's lock. At most half the
 //!   pool's connections park at once (the others stay free for renewals); a waiter that finds
 //!   none polls instead (the first two every 1 to [`FIRST_POLL_MAX`] ms, the others with their
 //!   back-off). Killing another session's query needs the same database user (or the
@@ -104,11 +108,21 @@ pub(crate) fn allowed(q: &TableName) -> String {
 /// must not wait for the places of other waiters (a thousand of them refresh theirs all the
 /// time), and no statement locks a place and then the lease while an acquire locks them the
 /// other way round. The places it needs are read first without locks (plain `SELECT`s into
-/// variables, reading the queue from its head along `by_arrival`):
+/// variables, reading the queue from its head along `by_arrival`), and so is whether the
+/// lease is free: `SELECT .. INTO @v`, never `SET @v = (SELECT ..)`, which MariaDB runs as a
+/// locking read (it waits for, and then blocks, the row an acquisition or a release is
+/// writing; seen as hundreds of sessions in state `Statistics` on that read with a thousand
+/// waiters):
 ///
 /// - delete the place at the head of the queue if it lapsed (a waiter that died; one per
 ///   try: lapsed places further back are ignored by every rule, which reads live places only,
-///   and are deleted once they reach the head);
+///   and are deleted once they reach the head). Whether it lapsed is read first, without a
+///   lock, into a variable the `DELETE`'s condition tests: while the head is live the
+///   condition is false before any row is read (the optimizer's "impossible WHERE"), so the
+///   head's row is not locked. (A `DELETE` that tested only `until_at` locked the head's row
+///   whether it lapsed or not; with a thousand waiters, every try of every waiter queued on
+///   that one row lock, and the server spent its cores on the lock's queue: fault case
+///   `lease/a_locked_head_stalls_no_newcomer`);
 /// - take or keep the caller's place for `place` with its `turn`;
 /// - cut the first waiter's place to its own turn when the lease is free and the first is
 ///   someone else;
@@ -129,16 +143,16 @@ pub(crate) fn busy_batch(
     let place = place.as_micros();
     let turn = turn.as_micros();
     format!(
-        "SET @lm_head = NULL, @lm_first = NULL; \
-         SELECT token INTO @lm_head FROM {q} FORCE INDEX (by_arrival) WHERE name = {n} \
-         ORDER BY arrived_at, token LIMIT 1; \
-         DELETE FROM {q} WHERE name = {n} AND token = @lm_head AND until_at <= NOW(6); \
+        "SET @lm_head = NULL, @lm_lapsed = 0, @lm_first = NULL; \
+         SELECT token, until_at <= NOW(6) INTO @lm_head, @lm_lapsed FROM {q} FORCE INDEX (by_arrival) \
+         WHERE name = {n} ORDER BY arrived_at, token LIMIT 1; \
+         DELETE FROM {q} WHERE name = {n} AND token = @lm_head AND @lm_lapsed AND until_at <= NOW(6); \
          INSERT INTO {q} (name, token, arrived_at, until_at, turn_us) \
          VALUES ({n}, {k}, NOW(6), NOW(6) + INTERVAL {place} MICROSECOND, {turn}) \
          ON DUPLICATE KEY UPDATE until_at = NOW(6) + INTERVAL {place} MICROSECOND; \
          SELECT token INTO @lm_first FROM {q} FORCE INDEX (by_arrival) \
          WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1; \
-         SET @lm_free = EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}); \
+         SELECT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}) INTO @lm_free; \
          UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL turn_us MICROSECOND) \
          WHERE name = {n} AND token = @lm_first AND @lm_first <> {k} AND @lm_free; \
          SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
@@ -182,30 +196,67 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> Strin
     )
 }
 
-/// A waiter's park: record this connection in its place, then sleep up to `park` unless the
-/// lease has been handed to it meanwhile, or is free with this waiter first (a release that
-/// freed it without seeing the place, which came just after: nobody would wake it). The
-/// sleep also ends when the first live place of someone else lapses (a waiter that died, or
-/// a place left behind by an `acquire` dropped while it was being written): nobody wakes a
-/// waiter then, and a whole park past it could outlast the waiter's budget (fault case
-/// `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). Answers
-/// `'parked'` with 1 when the sleep was cut short or skipped, else 0 (a `KILL QUERY` may also
-/// end the batch with error 1317).
-pub(crate) fn park_batch(table: &TableName, name: &[u8], token: &[u8], park: Duration) -> String {
+/// A waiter's park: record this connection in its place and keep the place for `place`
+/// (the park's own refresh: a waiter parks again after a whole park without a try or a queue
+/// batch, see [`parked_whole`]; not when the lease was handed to it, whose place stays cut to
+/// its turn), then sleep up to `park` unless the place is gone, or the lease has been handed
+/// to the waiter meanwhile, or is free with this waiter first (a release that freed it
+/// without seeing the place, which came just after: nobody would wake it). The sleep also
+/// ends when the lease of another holder runs out (a holder that died), and when the first
+/// live place of someone else lapses (a waiter that died, or a place left behind by an
+/// `acquire` dropped while it was being written): nobody wakes a waiter then, and a whole park
+/// past it could outlast the waiter's budget (fault case
+/// `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). Answers `'parked'` with 1 when
+/// the sleep was cut short or skipped, else 0, and whether the sleep was to last the whole
+/// `park` (a `KILL QUERY` may also end the batch with error 1317).
+pub(crate) fn park_batch(
+    table: &TableName,
+    name: &[u8],
+    token: &[u8],
+    park: Duration,
+    place: Duration,
+) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
+    let place = place.as_micros();
+    let left = |until: &str| {
+        format!("GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), {until}), 0) / 1000000 + 0.001")
+    };
     format!(
-        "UPDATE {q} SET connection_id = CONNECTION_ID() WHERE name = {n} AND token = {k}; \
-         SELECT 'parked', IF(EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
+        "SELECT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}), LEAST({park}, \
+         COALESCE((SELECT {place_left} FROM {q} o FORCE INDEX (by_arrival) \
+         WHERE o.name = {n} AND o.until_at > NOW(6) AND o.token <> {k} \
+         ORDER BY o.arrived_at, o.token LIMIT 1), {park}), \
+         COALESCE((SELECT {lease_left} FROM {t} WHERE name = {n} AND token IS NOT NULL \
+         AND token <> {k} AND expires_at > NOW(6)), {park})) INTO @lm_mine, @lm_sleep; \
+         UPDATE {q} SET connection_id = CONNECTION_ID(), \
+         until_at = IF(@lm_mine, until_at, NOW(6) + INTERVAL {place} MICROSECOND) \
+         WHERE name = {n} AND token = {k}; \
+         SET @lm_placed = ROW_COUNT(); \
+         SELECT 'parked', CAST(IF(@lm_placed = 0 \
+         OR EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
          OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
          AND NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
          AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}))), \
-         1, SLEEP(LEAST({park}, COALESCE((SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), o.until_at), 0) / 1000000 + 0.001 \
-         FROM {q} o FORCE INDEX (by_arrival) WHERE o.name = {n} AND o.until_at > NOW(6) AND o.token <> {k} \
-         ORDER BY o.arrived_at, o.token LIMIT 1), {park})))) AS woke, '{PARK_MARK}{}' AS mark",
+         1, SLEEP(@lm_sleep)) AS SIGNED) AS woke, CAST(@lm_sleep >= {park} AS SIGNED) AS whole, \
+         '{PARK_MARK}{}' AS mark",
         token_text(token),
+        place_left = left("o.until_at"),
+        lease_left = left("expires_at"),
         park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
     )
+}
+
+/// Whether the answer of a [`park_batch`] says its sleep ran its whole length: not skipped,
+/// not cut short (a `KILL QUERY` ends the batch with an error instead), and not made shorter
+/// by a lease or a place that runs out. The waiter then parks again at once: nothing it waits
+/// for has happened, and the park refreshed its place.
+pub(crate) fn parked_whole(rows: &[sqlx::mysql::MySqlRow]) -> bool {
+    use sqlx::Row;
+    crate::sql::tagged(rows, "parked").any(|row| {
+        row.try_get::<i64, _>(1).is_ok_and(|woke| woke == 0)
+            && row.try_get::<i64, _>(2).is_ok_and(|whole| whole == 1)
+    })
 }
 
 /// The release when nobody queues: one prepared statement that frees the lease only if it is

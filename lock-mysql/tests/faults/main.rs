@@ -34,6 +34,7 @@ mod support;
 mod clock;
 mod connections;
 mod foreign_transactions;
+mod lease_parks;
 mod lease_queue;
 mod restart;
 mod row_lock_fences;
@@ -71,6 +72,9 @@ fn main() -> ExitCode {
         .case("lease/own_place_blocks_nobody_after_release", || {
             Box::pin(lease_queue::lease_own_place_after_release())
         })
+        .case("lease/a_locked_head_stalls_no_newcomer", || {
+            Box::pin(lease_queue::lease_locked_head_stalls_no_newcomer())
+        })
         .case("lease/a_locked_place_behind_stalls_no_waiter", || {
             Box::pin(lease_queue::lease_locked_place_behind())
         })
@@ -78,6 +82,15 @@ fn main() -> ExitCode {
             "lease/a_lapsing_place_ahead_stalls_only_until_it_lapses",
             || Box::pin(lease_queue::lease_lapsing_place_ahead()),
         )
+        .case("lease/a_whole_park_is_followed_by_a_park", || {
+            Box::pin(lease_parks::lease_parked_waiter_parks_again())
+        })
+        .case("lease/a_parked_waiter_wakes_at_the_expiry", || {
+            Box::pin(lease_parks::lease_parked_waiter_wakes_at_expiry())
+        })
+        .case("lease/a_parked_waiter_leaves_the_lease_row_alone", || {
+            Box::pin(lease_parks::lease_parked_waiter_leaves_the_lease_row_alone())
+        })
         .case("lease/renewal_batch_deadlock_is_retried", || {
             Box::pin(foreign_transactions::lease_deadlock_retried())
         })

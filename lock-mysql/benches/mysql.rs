@@ -55,6 +55,17 @@ fn main() -> ExitCode {
     })
 }
 
+/// The pool of each separate client: for the lease, two connections, the least with which a
+/// waiter parks (half the pool parks, so renewals always find a connection; the peer's
+/// clients hold two sessions each too); for the row lock one, beside the connection of its
+/// hold or wait (its target: at most one connection per waiting client).
+fn fleet_pool(strategy: Strategy) -> u32 {
+    match strategy {
+        Strategy::RowLock => 1,
+        _ => 2,
+    }
+}
+
 /// How long each run of separate clients lasts.
 const FLEET_TIME: Duration = Duration::from_secs(3);
 
@@ -92,8 +103,7 @@ async fn run() -> Result<(), String> {
             handoff(&mut report, strategy, &clients, &options, &raw).await?;
         }
         fleets(&mut report, strategy, &config, &backend, &raw).await?;
-        // The peer's sweep, then ours, whose clients are as the fleets': a pool of one
-        // connection each.
+        // The peer's sweep, then ours, whose clients are as the fleets' (see `fleet_pool`).
         bench::peer_sweep_report(
             &mut report,
             peer::PEER,
@@ -104,9 +114,10 @@ async fn run() -> Result<(), String> {
         .await;
         bench::sweep_report(
             &mut report,
-            bench::each_own(config.clone().pool_size(1), |config| async move {
-                MySqlBackend::connect(&config).await
-            }),
+            bench::each_own(
+                config.clone().pool_size(fleet_pool(strategy)),
+                |config| async move { MySqlBackend::connect(&config).await },
+            ),
             SWEEP_TIME,
             &["mariadb"],
         )
@@ -213,7 +224,7 @@ async fn handoff(
     Ok(())
 }
 
-/// Fleets of separate clients (each with a pool of one connection); for the row lock, its
+/// Fleets of separate clients (each with a pool of its own, see [`fleet_pool`]); for the row lock, its
 /// 100 clients beside InnoDB's own queue of 100 raw connections.
 async fn fleets(
     report: &mut Report,
@@ -223,9 +234,9 @@ async fn fleets(
     raw: &Raw,
 ) -> Result<(), String> {
     let rtt = bench::time_op(PER_ROUND, || raw.commit()).await?.p50;
-    // Each fleet client has its own backend with a pool of one connection (plus, on the
+    // Each fleet client has its own backend with a pool of its own (plus, on the
     // row lock, the dedicated connection of its hold or wait).
-    let fleet_config = config.clone().pool_size(1);
+    let fleet_config = config.clone().pool_size(fleet_pool(strategy));
     let counters = Counters(backend.pool().clone());
     // Beside ours, the peer on the same server (named locks of `distributed-lock-mysql`), each
     // of its runs right before ours of the same shape, the 1,000-client runs last: a run

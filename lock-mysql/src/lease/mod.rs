@@ -147,7 +147,9 @@ impl Statements {
 
 impl LeaseStrategy {
     pub(crate) fn new(pool: MySqlPool, table: TableName, limits: Limits) -> Self {
-        let parking = (pool.options().get_max_connections() / 2).max(1);
+        // At most half the pool parks, so renewals and releases of the client's other locks
+        // always find a connection: a pool of one connection never parks (its waiters poll).
+        let parking = pool.options().get_max_connections() / 2;
         Self {
             parking: Arc::new(tokio::sync::Semaphore::new(parking as usize)),
             pool,

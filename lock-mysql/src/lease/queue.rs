@@ -4,8 +4,8 @@
 //!
 //! - **A place**: a waiter's busy try inserts `(name, token, arrived_at, until_at, turn_us)`
 //!   (the token is the one its `acquire` call uses for every try; `arrived_at` is the
-//!   server's `NOW(6)` at its first busy try) and every later try pushes `until_at` on by
-//!   [`place_for`]: the longest a waiter sleeps between tries plus a second. `turn_us` is how
+//!   server's `NOW(6)` at its first busy try) and every later try or park pushes `until_at`
+//!   on by [`place_for`]: the longest a waiter sleeps between tries plus a second. `turn_us` is how
 //!   long the waiter may take to come for a lease handed to it ([`turn_for`]). A place that
 //!   lapsed counts for nothing; busy tries delete lapsed places once they are at the head of
 //!   the queue, so a waiter that was paused past its place and comes back before then keeps
@@ -33,10 +33,10 @@
 //!   runs this waiter's park (its statement carries the waiter's token, checked in
 //!   `information_schema.PROCESSLIST`), which ends the sleep. A kill that lands before the
 //!   batch starts is lost, but then the batch sees the hand-off and does not sleep. A park
-//!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]; one that ran its
-//!   whole length is followed at once by another on the same connection, which keeps the
-//!   place alive (so a waiter far back costs one short batch a second, not a try and a queue
-//!   batch). Reads a park makes of the lease and of others' places are plain `SELECT`s (into
+//!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]; one that slept
+//!   its time out is followed at once by another, which keeps the place alive and tries
+//!   nothing unless the lease was handed over or is free (so a waiter far back costs one
+//!   short batch a second, not a try and a queue batch). Reads a park makes of the lease and of others' places are plain `SELECT`s (into
 //!   variables): a waiter never waits for, nor holds up, the lease row's lock. At most half the
 //!   pool's connections park at once (the others stay free for renewals); a waiter that finds
 //!   none polls instead (the first two every 1 to [`FIRST_POLL_MAX`] ms, the others with their
@@ -75,10 +75,10 @@ pub(crate) fn turn_for(max_delay: Duration) -> Duration {
     max_delay.max(PARK_MAX) + HANDOFF
 }
 
-/// How long a place lasts after a try: the waiter's longest sleep between tries (`max_delay`,
-/// its back-off maximum) plus a second.
+/// How long a place lasts after a try or a park: the waiter's longest sleep between tries
+/// (`max_delay`, its back-off maximum, or a park) plus a second.
 pub(crate) fn place_for(max_delay: Duration) -> Duration {
-    max_delay + Duration::from_secs(1)
+    max_delay.max(PARK_MAX) + Duration::from_secs(1)
 }
 
 /// How long the first waiter sleeps after its `streak`-th try in a row as first: 1, 2, 4 ms
@@ -196,19 +196,23 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> Strin
     )
 }
 
-/// A waiter's park: record this connection in its place and keep the place for `place`
-/// (the park's own refresh: a waiter parks again after a whole park without a try or a queue
-/// batch, see [`parked_whole`]; not when the lease was handed to it, whose place stays cut to
-/// its turn), then sleep up to `park` unless the place is gone, or the lease has been handed
-/// to the waiter meanwhile, or is free with this waiter first (a release that freed it
-/// without seeing the place, which came just after: nobody would wake it). The sleep also
+/// A waiter's park: record this connection in its place and keep the place for `place` (the
+/// park's own refresh: a waiter parks again after a park that slept, without a try or a
+/// queue batch, see [`slept`]), then sleep up to `park` unless the place is gone, or the
+/// lease has been handed to the waiter meanwhile, or is free (nobody came for a lease handed
+/// over, or a holder's lease ran out: a try sorts out who takes it, cutting a first waiter's
+/// place that nobody refreshes to its turn; and a release that freed the lease without seeing
+/// this place, which came just after, wakes nobody). A place cut to the turn of a lease handed
+/// to it stays cut: after the refresh the park reads the waiter's own lease and cuts the place
+/// to that lease's expiry (a release commits its hand-off before it cuts the place, so either
+/// the park sees the hand-off or the release's cut comes after the refresh). The sleep also
 /// ends when the lease of another holder runs out (a holder that died), and when the first
 /// live place of someone else lapses (a waiter that died, or a place left behind by an
-/// `acquire` dropped while it was being written): nobody wakes a waiter then, and a whole park
-/// past it could outlast the waiter's budget (fault case
-/// `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). Answers `'parked'` with 1 when
-/// the sleep was cut short or skipped, else 0, and whether the sleep was to last the whole
-/// `park` (a `KILL QUERY` may also end the batch with error 1317).
+/// `acquire` dropped while it was being written; fault case
+/// `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). Every read is a plain `SELECT`
+/// (into variables): MariaDB runs `SET @v = (SELECT ..)` as a locking read, and a park must
+/// not wait for, nor hold up, the lease row's lock. Answers `'parked'` with 1 when the sleep
+/// was skipped, else what `SLEEP` answers (a `KILL QUERY` ends the batch with error 1317).
 pub(crate) fn park_batch(
     table: &TableName,
     name: &[u8],
@@ -223,23 +227,21 @@ pub(crate) fn park_batch(
         format!("GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), {until}), 0) / 1000000 + 0.001")
     };
     format!(
-        "SELECT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}), LEAST({park}, \
+        "UPDATE {q} SET connection_id = CONNECTION_ID(), \
+         until_at = NOW(6) + INTERVAL {place} MICROSECOND WHERE name = {n} AND token = {k}; \
+         SET @lm_placed = ROW_COUNT(); \
+         SELECT (SELECT expires_at FROM {t} WHERE name = {n} AND token = {k}), LEAST({park}, \
          COALESCE((SELECT {place_left} FROM {q} o FORCE INDEX (by_arrival) \
          WHERE o.name = {n} AND o.until_at > NOW(6) AND o.token <> {k} \
          ORDER BY o.arrived_at, o.token LIMIT 1), {park}), \
          COALESCE((SELECT {lease_left} FROM {t} WHERE name = {n} AND token IS NOT NULL \
          AND token <> {k} AND expires_at > NOW(6)), {park})) INTO @lm_mine, @lm_sleep; \
-         UPDATE {q} SET connection_id = CONNECTION_ID(), \
-         until_at = IF(@lm_mine, until_at, NOW(6) + INTERVAL {place} MICROSECOND) \
-         WHERE name = {n} AND token = {k}; \
-         SET @lm_placed = ROW_COUNT(); \
+         UPDATE {q} SET until_at = LEAST(until_at, @lm_mine) \
+         WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL; \
          SELECT 'parked', CAST(IF(@lm_placed = 0 \
          OR EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
-         OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
-         AND NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
-         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}))), \
-         1, SLEEP(@lm_sleep)) AS SIGNED) AS woke, CAST(@lm_sleep >= {park} AS SIGNED) AS whole, \
-         '{PARK_MARK}{}' AS mark",
+         OR NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)), \
+         1, SLEEP(@lm_sleep)) AS SIGNED) AS woke, '{PARK_MARK}{}' AS mark",
         token_text(token),
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
@@ -247,16 +249,13 @@ pub(crate) fn park_batch(
     )
 }
 
-/// Whether the answer of a [`park_batch`] says its sleep ran its whole length: not skipped,
-/// not cut short (a `KILL QUERY` ends the batch with an error instead), and not made shorter
-/// by a lease or a place that runs out. The waiter then parks again at once: nothing it waits
-/// for has happened, and the park refreshed its place.
-pub(crate) fn parked_whole(rows: &[sqlx::mysql::MySqlRow]) -> bool {
+/// Whether the answer of a [`park_batch`] says it slept its time out: not skipped, and not
+/// cut short (a `KILL QUERY` ends the batch with an error instead). The waiter then parks
+/// again at once: the next park checks again all that would make it try.
+pub(crate) fn slept(rows: &[sqlx::mysql::MySqlRow]) -> bool {
     use sqlx::Row;
-    crate::sql::tagged(rows, "parked").any(|row| {
-        row.try_get::<i64, _>(1).is_ok_and(|woke| woke == 0)
-            && row.try_get::<i64, _>(2).is_ok_and(|whole| whole == 1)
-    })
+    crate::sql::tagged(rows, "parked")
+        .any(|row| row.try_get::<i64, _>(1).is_ok_and(|woke| woke == 0))
 }
 
 /// The release when nobody queues: one prepared statement that frees the lease only if it is

@@ -1,11 +1,11 @@
-//! The lease's parked waiters: a waiter whose park ran its whole length parks again at once,
-//! without trying for the lease and queueing again, and still wakes when the holder's lease
-//! runs out.
+//! The lease's parked waiters: a waiter whose park slept its time out parks again at once,
+//! without trying for the lease and queueing again, still wakes when the holder's lease runs
+//! out, leaves the lease row's lock alone, and leaves its client's connection to renewals.
 
 use std::time::{Duration, Instant};
 
 use conformance_tests::{
-    Failure, Outcome, ensure,
+    Cases, Failure, Outcome, ensure,
     faults::{err, unique_name},
 };
 use lock_core::LockOptions;
@@ -21,12 +21,29 @@ use super::{
     until_waiting,
 };
 
+/// The cases of this file.
+pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
+    cases
+        .case("lease/a_park_that_slept_is_followed_by_a_park", || {
+            Box::pin(lease_parked_waiter_parks_again())
+        })
+        .case("lease/a_parked_waiter_wakes_at_the_expiry", || {
+            Box::pin(lease_parked_waiter_wakes_at_expiry())
+        })
+        .case("lease/a_parked_waiter_leaves_the_lease_row_alone", || {
+            Box::pin(lease_parked_waiter_leaves_the_lease_row_alone())
+        })
+        .case("lease/parks_leave_the_connection_to_renewals", || {
+            Box::pin(lease_parks_leave_the_connection_to_renewals())
+        })
+}
+
 /// What a waiter's statements are, told apart by their text.
 const PARK: &str = "lock-mysql park";
 const QUEUE_BATCH: &str = "'ahead'";
 
-/// A waiter behind a holder of 30 s whose parks run their whole second parks again on the
-/// same connection, its place kept alive by the park's own batch: between its first park and
+/// A waiter behind a holder of 30 s whose parks sleep their second out parks again, its
+/// place kept alive by the park's own batch: between its first park and
 /// the release it sends no try and no queue batch. (Before, every park was followed by a try
 /// and a queue batch: a dozen statements per waiter per second, and with a thousand waiters
 /// the server answered none in time: 0 acquisitions in 3 s.)
@@ -63,6 +80,7 @@ pub(super) async fn lease_parked_waiter_parks_again() -> Outcome {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Taken before the release: the release's own batch names the park's marker too.
     let (texts, _) = recording.commands();
     held.release().await.map_err(err)?;
     let next = waiting.await.map_err(err)?.map_err(err)?;
@@ -81,7 +99,7 @@ pub(super) async fn lease_parked_waiter_parks_again() -> Outcome {
 }
 
 /// A waiter parked behind a holder that died (a lease row planted for 2.5 s) parks again
-/// after its first whole park, and that park ends when the lease runs out: the waiter takes
+/// after its first park, and that park ends when the lease runs out: the waiter takes
 /// the lock soon after the expiry, not a park later.
 pub(super) async fn lease_parked_waiter_wakes_at_expiry() -> Outcome {
     const LEFT: Duration = Duration::from_millis(2500);
@@ -109,7 +127,7 @@ pub(super) async fn lease_parked_waiter_wakes_at_expiry() -> Outcome {
         .await
         .map_err(err)?;
     let waited = planted.elapsed();
-    let bound = LEFT + Duration::from_millis(300);
+    let bound = LEFT + Duration::from_millis(500);
     ensure!(
         waited >= LEFT && waited <= bound,
         "the waiter took a lease planted for {LEFT:?} (its holder dead) {waited:?} after (bound {bound:?})"
@@ -120,9 +138,9 @@ pub(super) async fn lease_parked_waiter_wakes_at_expiry() -> Outcome {
 
 /// A parked waiter leaves the lease row's lock alone while the holder holds: a foreign
 /// transaction keeps the lease row locked (as a renewal in flight would, for longer) across
-/// more than one whole park of the waiter, and no statement of the waiter waits for that
+/// more than one park of the waiter, and no statement of the waiter waits for that
 /// lock. A thousand parked waiters must not queue on the one row every acquisition and
-/// release writes. (Before, each whole park was followed by a try, whose statement waits for
+/// release writes. (Before, each park that slept was followed by a try, whose statement waits for
 /// the row; and a park reading the lease with `SET @v = (SELECT ...)`, which MariaDB runs as
 /// a locking read, waited too.)
 pub(super) async fn lease_parked_waiter_leaves_the_lease_row_alone() -> Outcome {
@@ -177,5 +195,48 @@ pub(super) async fn lease_parked_waiter_leaves_the_lease_row_alone() -> Outcome 
             "a parked waiter waited for the lease row's lock while the holder held: {query}"
         )));
     }
+    Ok(())
+}
+
+/// A client with a single pooled connection that waits for one lock keeps its lease on
+/// another renewed: its parks give the connection back between them, so the watchdog's
+/// renewals get it. Here the client holds a lease of 1.5 s (renewed every 0.5 s) while it
+/// waits 2.5 s for a lock another client holds; the lease must still be its own after.
+/// (The first version of parking again kept the connection for the whole wait: the renewals
+/// waited, and the lease ran out.)
+pub(super) async fn lease_parks_leave_the_connection_to_renewals() -> Outcome {
+    const TTL: Duration = Duration::from_millis(1500);
+    const WAIT: Duration = Duration::from_millis(2500);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let single = store.config().clone().pool_size(1);
+    let (one, other) = (client(&single).await?, client(store.config()).await?);
+    let (kept, waited) = (
+        unique_name("renewed-meanwhile")?,
+        unique_name("waited-for")?,
+    );
+    let renewed = one
+        .lock_with(&kept, &LockOptions::new().ttl(TTL))
+        .await
+        .map_err(err)?;
+    let held = other
+        .lock_with(&waited, &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .map_err(err)?;
+    let waiting = spawn_acquire(
+        &one,
+        &waited,
+        LockOptions::new().ttl(TTL).wait(Duration::from_secs(10)),
+    );
+    until_waiting(&store, &waited).await?;
+    // The time that passes is the point: longer than the lease the watchdog must renew.
+    tokio::time::sleep(WAIT).await;
+    held.release().await.map_err(err)?;
+    let next = waiting.await.map_err(err)?.map_err(err)?;
+    next.release().await.map_err(err)?;
+    renewed.release().await.map_err(|e| {
+        Failure(format!(
+            "a client with one connection lost its lease of {TTL:?} while it waited {WAIT:?} for another lock: {e}"
+        ))
+    })?;
     Ok(())
 }

@@ -55,8 +55,7 @@ fn main() -> ExitCode {
     if let Some(role) = holder_process::role() {
         return skewed::child(&role);
     }
-    Cases::<Failure>::new("faults")
-        .limit(Duration::from_secs(120))
+    lease_parks::cases(Cases::<Failure>::new("faults").limit(Duration::from_secs(120)))
         .case("row_lock/kill_holder_connection", || {
             Box::pin(connections::row_lock_kill_holder())
         })
@@ -82,15 +81,6 @@ fn main() -> ExitCode {
             "lease/a_lapsing_place_ahead_stalls_only_until_it_lapses",
             || Box::pin(lease_queue::lease_lapsing_place_ahead()),
         )
-        .case("lease/a_whole_park_is_followed_by_a_park", || {
-            Box::pin(lease_parks::lease_parked_waiter_parks_again())
-        })
-        .case("lease/a_parked_waiter_wakes_at_the_expiry", || {
-            Box::pin(lease_parks::lease_parked_waiter_wakes_at_expiry())
-        })
-        .case("lease/a_parked_waiter_leaves_the_lease_row_alone", || {
-            Box::pin(lease_parks::lease_parked_waiter_leaves_the_lease_row_alone())
-        })
         .case("lease/renewal_batch_deadlock_is_retried", || {
             Box::pin(foreign_transactions::lease_deadlock_retried())
         })

@@ -324,12 +324,12 @@ impl LeaseStrategy {
 
     /// Parks the caller for at most `at_most` on a pooled connection, until a release hands
     /// it the lease and wakes it (see [`queue`]): one park of at most [`queue::PARK_MAX`]
-    /// after another while each sleeps its time out (each keeps the caller's place for
-    /// `place`), so a waiter far back in a long queue costs the server one short batch per
-    /// park, not a try and a queue batch. Each park takes a connection from the pool and
-    /// gives it back, so the client's renewals and releases get one in between (a pool may
-    /// have a single connection). False, without waiting, when no park permit is free or
-    /// there is no time to park.
+    /// after another on the same connection while each sleeps its time out (each keeps the
+    /// caller's place for `place`), so a waiter far back in a long queue costs the server one
+    /// short batch per park, not a try and a queue batch. The connection is held across the
+    /// parks: at most half the pool parks (see [`LeaseStrategy::new`]), so the client's
+    /// renewals and releases find the other half. False, without waiting, when no park
+    /// permit is free or there is no time to park.
     async fn park(
         &self,
         name: &LockName,
@@ -348,26 +348,27 @@ impl LeaseStrategy {
         let Ok(_permit) = self.parking.clone().try_acquire_owned() else {
             return false;
         };
-        let mut parked = false;
+        let Ok(mut conn) =
+            within(Instant::now() + next() + ANSWER_GRACE, self.pool.acquire()).await
+        else {
+            return false;
+        };
+        let mut again = false;
         loop {
             let park = next();
             if park < Duration::from_millis(1) {
                 break;
             }
             let until = Instant::now() + park + ANSWER_GRACE;
-            let Ok(mut conn) = within(until, self.pool.acquire()).await else {
-                break;
-            };
-            parked = true;
             let sql = queue::park_batch(
                 &self.table,
                 name.as_str().as_bytes(),
                 token.as_str().as_bytes(),
-                park,
-                place,
+                (park, place),
+                again,
             );
             match within(until, run(&mut conn, AssertSqlSafe(sql))).await {
-                Ok(rows) if queue::slept(&rows) => {}
+                Ok(rows) if queue::slept(&rows) => again = true,
                 Ok(_) => break,
                 // Woken by the release's `KILL QUERY`.
                 Err(error) if classify(&error) == Class::Interrupted => break,
@@ -378,7 +379,7 @@ impl LeaseStrategy {
                 }
             }
         }
-        parked
+        true
     }
 
     /// A busy try's queue work in one round trip (see [`queue::busy_batch`]): the judged

@@ -58,7 +58,7 @@ pub(crate) struct LeaseStrategy {
     table: TableName,
     sql: Arc<Statements>,
     limits: Limits,
-    /// Permits to park a waiter on a pooled connection (half the pool, at least one).
+    /// Permits to park a waiter on a pooled connection (half the pool: none for a pool of one).
     parking: Arc<tokio::sync::Semaphore>,
 }
 
@@ -239,4 +239,32 @@ fn changed_current(done: &MySqlQueryResult, lease: &Lease) -> bool {
 /// A TTL in whole microseconds (TTLs are at most a day: no overflow).
 fn micros(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Half the pool parks, rounded down: a pool of one connection never parks, so a waiter
+    /// never takes the connection the client's renewals and releases need.
+    #[tokio::test]
+    async fn half_the_pool_parks() {
+        let limits = Limits {
+            statement: Duration::from_secs(1),
+            lock_wait: Duration::from_secs(1),
+            mariadb: true,
+        };
+        for (size, parks) in [(1, 0), (2, 1), (3, 1), (8, 4)] {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(size)
+                .connect_lazy("mysql://nobody@127.0.0.1:1/none")
+                .unwrap();
+            let strategy = LeaseStrategy::new(pool, TableName::new("t").unwrap(), limits);
+            assert_eq!(
+                strategy.parking.available_permits(),
+                parks,
+                "pool of {size}"
+            );
+        }
+    }
 }

@@ -35,10 +35,11 @@
 //!   batch starts is lost, but then the batch sees the hand-off and does not sleep. A park
 //!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]; one that slept
 //!   its time out is followed at once by another, which keeps the place alive and tries
-//!   nothing unless the lease was handed over or is free (so a waiter far back costs one
-//!   short batch a second, not a try and a queue batch). Reads a park makes of the lease and of others' places are plain `SELECT`s (into
-//!   variables): a waiter never waits for, nor holds up, the lease row's lock. At most half the
-//!   pool's connections park at once (the others stay free for renewals); a waiter that finds
+//!   nothing unless the lease was handed over or became free (so while the lease is held, a
+//!   waiter far back costs one short batch a second, not a try and a queue batch). Reads a park makes of the lease and
+//!   of others' places are plain `SELECT`s (into variables): a waiter never waits for, nor
+//!   holds up, the lease row's lock. At most half the pool's connections park at once (the
+//!   others stay free for renewals; a pool of one connection never parks); a waiter that finds
 //!   none polls instead (the first two every 1 to [`FIRST_POLL_MAX`] ms, the others with their
 //!   back-off). Killing another session's query needs the same database user (or the
 //!   privilege); without it the wake fails quietly and the waiter finds the lease at the end
@@ -121,8 +122,8 @@ pub(crate) fn allowed(q: &TableName) -> String {
 ///   condition is false before any row is read (the optimizer's "impossible WHERE"), so the
 ///   head's row is not locked. (A `DELETE` that tested only `until_at` locked the head's row
 ///   whether it lapsed or not; with a thousand waiters, every try of every waiter queued on
-///   that one row lock, and the server spent its cores on the lock's queue: fault case
-///   `lease/a_locked_head_stalls_no_newcomer`);
+///   that one row lock, and the server, at 193 % CPU, took minutes to get through them:
+///   fault case `lease/a_locked_head_stalls_no_newcomer`);
 /// - take or keep the caller's place for `place` with its `turn`;
 /// - cut the first waiter's place to its own turn when the lease is free and the first is
 ///   someone else;
@@ -197,18 +198,20 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> Strin
 }
 
 /// A waiter's park: record this connection in its place and keep the place for `place` (the
-/// park's own refresh: a waiter parks again after a park that slept, without a try or a
-/// queue batch, see [`slept`]), then sleep up to `park` unless the place is gone, or the
-/// lease has been handed to the waiter meanwhile, or is free (nobody came for a lease handed
-/// over, or a holder's lease ran out: a try sorts out who takes it, cutting a first waiter's
-/// place that nobody refreshes to its turn; and a release that freed the lease without seeing
-/// this place, which came just after, wakes nobody). A place cut to the turn of a lease handed
-/// to it stays cut: after the refresh the park reads the waiter's own lease and cuts the place
-/// to that lease's expiry (a release commits its hand-off before it cuts the place, so either
-/// the park sees the hand-off or the release's cut comes after the refresh). The sleep also
-/// ends when the lease of another holder runs out (a holder that died), and when the first
-/// live place of someone else lapses (a waiter that died, or a place left behind by an
-/// `acquire` dropped while it was being written; fault case
+/// park's own refresh: a waiter parks `again` after a park that slept, without a try or a
+/// queue batch, see [`slept`]), then sleep up to `park` unless the place is gone, or the lease
+/// has been handed to the waiter meanwhile, or the lease is free and either this waiter is
+/// first (a release that freed it without seeing the place, which came just after, wakes
+/// nobody) or the park comes `again` (the lease became free while it slept: nobody came for a
+/// lease handed over, or a holder's lease ran out; a try sorts out who takes it, cutting a
+/// first waiter's place that nobody refreshes to its turn, and the park after that try sleeps
+/// until that place lapses rather than trying again at once). A place cut to the turn of a
+/// lease handed to it stays cut: after the refresh the park reads the waiter's own lease and
+/// cuts the place to that lease's expiry (a release commits its hand-off before it cuts the
+/// place, so either the park sees the hand-off or the release's cut comes after the
+/// refresh). The sleep also ends when the lease of another holder runs out (a holder that
+/// died), and when the first live place of someone else lapses (a waiter that died, or a
+/// place left behind by an `acquire` dropped while it was being written; fault case
 /// `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). Every read is a plain `SELECT`
 /// (into variables): MariaDB runs `SET @v = (SELECT ..)` as a locking read, and a park must
 /// not wait for, nor hold up, the lease row's lock. Answers `'parked'` with 1 when the sleep
@@ -217,8 +220,8 @@ pub(crate) fn park_batch(
     table: &TableName,
     name: &[u8],
     token: &[u8],
-    park: Duration,
-    place: Duration,
+    (park, place): (Duration, Duration),
+    again: bool,
 ) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
@@ -240,12 +243,15 @@ pub(crate) fn park_batch(
          WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL; \
          SELECT 'parked', CAST(IF(@lm_placed = 0 \
          OR EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
-         OR NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)), \
+         OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
+         AND ({again} OR NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
+         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})))), \
          1, SLEEP(@lm_sleep)) AS SIGNED) AS woke, '{PARK_MARK}{}' AS mark",
         token_text(token),
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
         park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
+        again = u8::from(again),
     )
 }
 

@@ -13,7 +13,7 @@ use lock_mysql::{MySqlConfig, Strategy};
 use sqlx::AssertSqlSafe;
 
 use super::{
-    client, spawn_acquire,
+    client, lease_queue, spawn_acquire,
     support::{
         self, MySqlStore, admin, hex,
         proxy::{Proxy, Recording, upstream},
@@ -36,6 +36,10 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         .case("lease/parks_leave_the_connection_to_renewals", || {
             Box::pin(lease_parks_leave_the_connection_to_renewals())
         })
+        .case(
+            "lease/a_free_lease_behind_a_dead_first_makes_no_spin",
+            || Box::pin(lease_free_lease_behind_a_dead_first()),
+        )
 }
 
 /// What a waiter's statements are, told apart by their text.
@@ -199,11 +203,12 @@ pub(super) async fn lease_parked_waiter_leaves_the_lease_row_alone() -> Outcome 
 }
 
 /// A client with a single pooled connection that waits for one lock keeps its lease on
-/// another renewed: its parks give the connection back between them, so the watchdog's
-/// renewals get it. Here the client holds a lease of 1.5 s (renewed every 0.5 s) while it
-/// waits 2.5 s for a lock another client holds; the lease must still be its own after.
-/// (The first version of parking again kept the connection for the whole wait: the renewals
-/// waited, and the lease ran out.)
+/// another renewed: a pool of one never parks (its waiters poll with short statements), so
+/// the watchdog's renewals get the connection. Here the client holds a lease of 1.5 s
+/// (renewed every 0.5 s) while it waits 2.5 s for a lock another client holds; the lease must
+/// still be its own after. (The first version of parking again let a pool of one park and
+/// kept the connection for the whole wait: the renewals waited, and the lease ran out. The
+/// rule itself is the unit test `half_the_pool_parks`.)
 pub(super) async fn lease_parks_leave_the_connection_to_renewals() -> Outcome {
     const TTL: Duration = Duration::from_millis(1500);
     const WAIT: Duration = Duration::from_millis(2500);
@@ -238,5 +243,55 @@ pub(super) async fn lease_parks_leave_the_connection_to_renewals() -> Outcome {
             "a client with one connection lost its lease of {TTL:?} while it waited {WAIT:?} for another lock: {e}"
         ))
     })?;
+    Ok(())
+}
+
+/// A free lease with a dead waiter first in line (its place planted live, with a turn of
+/// 600 ms): the waiter behind it cuts that place to its turn and sleeps until it lapses, then
+/// takes the lease; it does not spin meanwhile. (A version of parking again skipped every
+/// park while the lease was free, and the waiter sent hundreds of queue batches in that
+/// turn, each locking the first waiter's place: a helper's review found it.)
+pub(super) async fn lease_free_lease_behind_a_dead_first() -> Outcome {
+    const TURN: Duration = Duration::from_millis(600);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let url = support::url().map_err(Failure)?;
+    let recording = Recording::default();
+    let proxy = Proxy::recording(upstream(&url).map_err(Failure)?, &recording)
+        .await
+        .map_err(Failure)?;
+    let mut proxied = MySqlConfig::new(&proxy.url(&url).map_err(Failure)?)
+        .strategy(Strategy::Lease)
+        .pool_size(2);
+    proxied.table = store.config().table.clone();
+    let (other, waiter) = (client(store.config()).await?, client(&proxied).await?);
+    let name = unique_name("free-behind-dead")?;
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    // A free lease row (without one, the waiter's insert would take the lock whatever the
+    // queue says), then a dead waiter's place ahead.
+    other
+        .lock_with(&name, &options)
+        .await
+        .map_err(err)?
+        .release()
+        .await
+        .map_err(err)?;
+    lease_queue::plant_place(&store, &name, "0123456789abcdef0123456789abcdef", TURN).await?;
+    let started = Instant::now();
+    let next = waiter
+        .lock_with(&name, &options.clone().wait(Duration::from_secs(5)))
+        .await
+        .map_err(err)?;
+    let took = started.elapsed();
+    let (texts, _) = recording.commands();
+    next.release().await.map_err(err)?;
+    let batches = texts.iter().filter(|t| t.contains(QUEUE_BATCH)).count();
+    ensure!(
+        took >= TURN.mul_f64(0.9),
+        "the waiter took the free lease {took:?} after it came, before the dead first waiter's turn of {TURN:?} ran out"
+    );
+    ensure!(
+        batches <= 5,
+        "the waiter sent {batches} queue batches in the {took:?} it waited behind a dead first waiter (a spin)"
+    );
     Ok(())
 }

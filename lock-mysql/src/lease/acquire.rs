@@ -324,12 +324,11 @@ impl LeaseStrategy {
 
     /// Parks the caller for at most `at_most` on a pooled connection, until a release hands
     /// it the lease and wakes it (see [`queue`]): one park of at most [`queue::PARK_MAX`]
-    /// after another on the same connection while each sleeps its time out (each keeps the
-    /// caller's place for `place`), so a waiter far back in a long queue costs the server one
-    /// short batch per park, not a try and a queue batch. The connection is held across the
-    /// parks: at most half the pool parks (see [`LeaseStrategy::new`]), so the client's
-    /// renewals and releases find the other half. False, without waiting, when no park
-    /// permit is free or there is no time to park.
+    /// after another while each sleeps its time out (each keeps the caller's place for
+    /// `place`), so a waiter far back in a long queue costs the server one short batch per
+    /// park, not a try and a queue batch. At most half the pool parks (see
+    /// [`LeaseStrategy::new`]), so the client's renewals and releases find the other half.
+    /// False, without waiting, when no park permit is free or there is no time to park.
     async fn park(
         &self,
         name: &LockName,
@@ -348,13 +347,16 @@ impl LeaseStrategy {
         let Ok(_permit) = self.parking.clone().try_acquire_owned() else {
             return false;
         };
-        let Ok(mut conn) =
-            within(Instant::now() + next() + ANSWER_GRACE, self.pool.acquire()).await
-        else {
-            return false;
-        };
         let mut again = false;
         loop {
+            // Each park takes its connection from the pool (and its length is set once it has
+            // one): a release's wake-up and the client's other statements share the pool as
+            // they did between a park and a try.
+            let Ok(mut conn) =
+                within(Instant::now() + next() + ANSWER_GRACE, self.pool.acquire()).await
+            else {
+                break;
+            };
             let park = next();
             if park < Duration::from_millis(1) {
                 break;

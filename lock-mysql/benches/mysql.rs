@@ -224,8 +224,8 @@ async fn handoff(
     Ok(())
 }
 
-/// Fleets of separate clients (each with a pool of its own, see [`fleet_pool`]); for the row lock, its
-/// 100 clients beside InnoDB's own queue of 100 raw connections.
+/// Fleets of separate clients (each with a pool of its own, see [`fleet_pool`]); for the row
+/// lock, its 100 clients beside InnoDB's own queue of 100 raw connections.
 async fn fleets(
     report: &mut Report,
     strategy: Strategy,

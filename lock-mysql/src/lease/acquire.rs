@@ -328,7 +328,8 @@ impl LeaseStrategy {
     /// `place`), so a waiter far back in a long queue costs the server one short batch per
     /// park, not a try and a queue batch. At most half the pool parks (see
     /// [`LeaseStrategy::new`]), so the client's renewals and releases find the other half.
-    /// False, without waiting, when no park permit is free or there is no time to park.
+    /// False when it did not park: no park permit free, no time to park, or no connection
+    /// from the pool in time.
     async fn park(
         &self,
         name: &LockName,
@@ -347,6 +348,8 @@ impl LeaseStrategy {
         let Ok(_permit) = self.parking.clone().try_acquire_owned() else {
             return false;
         };
+        // Whether a park ran (else the caller backs off as if it had found no permit).
+        let mut parked = false;
         let mut again = false;
         loop {
             // Each park takes its connection from the pool (and its length is set once it has
@@ -361,6 +364,7 @@ impl LeaseStrategy {
             if park < Duration::from_millis(1) {
                 break;
             }
+            parked = true;
             let until = Instant::now() + park + ANSWER_GRACE;
             let sql = queue::park_batch(
                 &self.table,
@@ -381,7 +385,7 @@ impl LeaseStrategy {
                 }
             }
         }
-        true
+        parked
     }
 
     /// A busy try's queue work in one round trip (see [`queue::busy_batch`]): the judged

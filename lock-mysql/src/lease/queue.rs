@@ -5,11 +5,11 @@
 //! - **A place**: a waiter's busy try inserts `(name, token, arrived_at, until_at, turn_us)`
 //!   (the token is the one its `acquire` call uses for every try; `arrived_at` is the
 //!   server's `NOW(6)` at its first busy try) and every later try or park pushes `until_at`
-//!   on by [`place_for`]: the longest a waiter sleeps between tries plus a second. `turn_us` is how
-//!   long the waiter may take to come for a lease handed to it ([`turn_for`]). A place that
-//!   lapsed counts for nothing; busy tries delete lapsed places once they are at the head of
-//!   the queue, so a waiter that was paused past its place and comes back before then keeps
-//!   its old rank.
+//!   on by [`place_for`]: the longest a waiter sleeps between tries plus a second. `turn_us`
+//!   is how long the waiter may take to come for a lease handed to it ([`turn_for`]). A
+//!   place that lapsed counts for nothing; busy tries delete lapsed places once they are at
+//!   the head of the queue, so a waiter that was paused past its place and comes back before
+//!   then keeps its old rank.
 //! - **Locks**: a busy try's statements lock only places found by their key (the head of the
 //!   queue, its own place, and the first waiter's when it cuts that to its turn), never the
 //!   lease and then a place, so tries of many waiters do not wait on each other's refreshes
@@ -36,14 +36,14 @@
 //!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]; one that slept
 //!   its time out is followed at once by another, which keeps the place alive and tries
 //!   nothing unless the lease was handed over or became free (so while the lease is held, a
-//!   waiter far back costs one short batch a second, not a try and a queue batch). Reads a park makes of the lease and
-//!   of others' places are plain `SELECT`s (into variables): a waiter never waits for, nor
-//!   holds up, the lease row's lock. At most half the pool's connections park at once (the
-//!   others stay free for renewals; a pool of one connection never parks); a waiter that finds
-//!   none polls instead (the first two every 1 to [`FIRST_POLL_MAX`] ms, the others with their
-//!   back-off). Killing another session's query needs the same database user (or the
-//!   privilege); without it the wake fails quietly and the waiter finds the lease at the end
-//!   of its park.
+//!   waiter far back costs one short batch a second, not a try and a queue batch). Reads a
+//!   park makes of the lease and of others' places are plain `SELECT`s (into variables): a
+//!   waiter never waits for, nor holds up, the lease row's lock. At most half the pool's
+//!   connections park at once (the others stay free for renewals; a pool of one connection
+//!   never parks); a waiter that finds none polls instead (the first two every 1 to
+//!   [`FIRST_POLL_MAX`] ms, the others with their back-off). Killing another session's query
+//!   needs the same database user (or the privilege); without it the wake fails quietly and
+//!   the waiter finds the lease at the end of its park.
 //! - **A free lease nobody came for** (expired, or released before anyone queued): a busy try
 //!   that finds it free while someone else is first cuts that place to the first waiter's
 //!   own turn from then.

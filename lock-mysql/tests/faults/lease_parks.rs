@@ -42,6 +42,23 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         )
 }
 
+/// A lease client of `store`'s table (a pool of 2: it parks) whose statements go through a
+/// proxy that records them; the proxy lives as long as the value returned.
+async fn recorded_client(
+    store: &MySqlStore,
+) -> Result<(lock_core::LockClient, Recording, Proxy), Failure> {
+    let url = support::url().map_err(Failure)?;
+    let recording = Recording::default();
+    let proxy = Proxy::recording(upstream(&url).map_err(Failure)?, &recording)
+        .await
+        .map_err(Failure)?;
+    let mut proxied = MySqlConfig::new(&proxy.url(&url).map_err(Failure)?)
+        .strategy(Strategy::Lease)
+        .pool_size(2);
+    proxied.table = store.config().table.clone();
+    Ok((client(&proxied).await?, recording, proxy))
+}
+
 /// What a waiter's statements are, told apart by their text.
 const PARK: &str = "lock-mysql park";
 const QUEUE_BATCH: &str = "'ahead'";
@@ -54,16 +71,8 @@ const QUEUE_BATCH: &str = "'ahead'";
 pub(super) async fn lease_parked_waiter_parks_again() -> Outcome {
     const PARKS: usize = 3;
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let url = support::url().map_err(Failure)?;
-    let recording = Recording::default();
-    let proxy = Proxy::recording(upstream(&url).map_err(Failure)?, &recording)
-        .await
-        .map_err(Failure)?;
-    let mut proxied = MySqlConfig::new(&proxy.url(&url).map_err(Failure)?)
-        .strategy(Strategy::Lease)
-        .pool_size(2);
-    proxied.table = store.config().table.clone();
-    let (holder, waiter) = (client(store.config()).await?, client(&proxied).await?);
+    let (waiter, recording, _proxy) = recorded_client(&store).await?;
+    let holder = client(store.config()).await?;
     let name = unique_name("parks-again")?;
     let long = LockOptions::new().ttl(Duration::from_secs(30));
     let held = holder.lock_with(&name, &long).await.map_err(err)?;
@@ -249,21 +258,13 @@ pub(super) async fn lease_parks_leave_the_connection_to_renewals() -> Outcome {
 /// A free lease with a dead waiter first in line (its place planted live, with a turn of
 /// 600 ms): the waiter behind it cuts that place to its turn and sleeps until it lapses, then
 /// takes the lease; it does not spin meanwhile. (A version of parking again skipped every
-/// park while the lease was free, and the waiter sent hundreds of queue batches in that
-/// turn, each locking the first waiter's place: a helper's review found it.)
+/// park while the lease was free, and the waiter sent 13 queue batches in that turn, each
+/// locking the first waiter's place: a helper's review found it.)
 pub(super) async fn lease_free_lease_behind_a_dead_first() -> Outcome {
     const TURN: Duration = Duration::from_millis(600);
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let url = support::url().map_err(Failure)?;
-    let recording = Recording::default();
-    let proxy = Proxy::recording(upstream(&url).map_err(Failure)?, &recording)
-        .await
-        .map_err(Failure)?;
-    let mut proxied = MySqlConfig::new(&proxy.url(&url).map_err(Failure)?)
-        .strategy(Strategy::Lease)
-        .pool_size(2);
-    proxied.table = store.config().table.clone();
-    let (other, waiter) = (client(store.config()).await?, client(&proxied).await?);
+    let (waiter, recording, _proxy) = recorded_client(&store).await?;
+    let other = client(store.config()).await?;
     let name = unique_name("free-behind-dead")?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     // A free lease row (without one, the waiter's insert would take the lock whatever the

@@ -101,7 +101,12 @@ impl CompareArgs {
         {
             bail!("no workload `{name}`; workloads: {}", WORKLOADS.join(", "));
         }
-        let sizes = conformance_tests::bench::FLEET_RUNS.map(|(clients, _)| clients);
+        let mut sizes: Vec<usize> = Vec::new();
+        for (clients, _) in conformance_tests::bench::FLEET_RUNS {
+            if !sizes.contains(&clients) {
+                sizes.push(clients);
+            }
+        }
         if let Some(size) = self.clients.iter().find(|n| !sizes.contains(n)) {
             let known: Vec<String> = sizes.iter().map(ToString::to_string).collect();
             bail!("no run of {size} clients; runs: {}", known.join(", "));
@@ -368,4 +373,47 @@ fn load_benches(dir: &Path) -> Result<Vec<bench::Report>> {
     let mut reports: Vec<bench::Report> = load_json(dir)?;
     reports.sort_by(|a, b| a.store.cmp(&b.store));
     Ok(reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(only: &[&str], workload: &[&str], clients: &[usize]) -> CompareArgs {
+        CompareArgs {
+            only: only.iter().map(ToString::to_string).collect(),
+            workload: workload.iter().map(ToString::to_string).collect(),
+            clients: clients.to_vec(),
+            ..CompareArgs::default()
+        }
+    }
+
+    #[test]
+    fn unknown_names_and_sizes_are_errors_naming_the_known_ones() {
+        let store = args(&["postgres"], &[], &[])
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(store.contains("no store `postgres`") && store.contains("mysql-lease"));
+        let workload = args(&[], &["latency"], &[])
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(workload.contains("no workload `latency`") && workload.contains("sweep"));
+        let size = args(&[], &[], &[16, 50]).check().unwrap_err().to_string();
+        assert_eq!(size, "no run of 50 clients; runs: 16, 2, 100, 1000");
+        assert!(args(&["redis"], &["clients"], &[16, 1000]).check().is_ok());
+    }
+
+    #[test]
+    fn client_sizes_reach_the_benchmarks() {
+        let env = args(&[], &["clients"], &[100, 1000]).env();
+        assert!(env.contains(&(selection::FLEET_SIZES_VAR, "100,1000".to_string())));
+        assert!(
+            !args(&[], &[], &[])
+                .env()
+                .iter()
+                .any(|(var, _)| *var == selection::FLEET_SIZES_VAR)
+        );
+    }
 }

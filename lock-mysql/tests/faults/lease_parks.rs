@@ -166,13 +166,14 @@ pub(super) async fn lease_parked_waiter_leaves_the_lease_row_alone() -> Outcome 
     until_waiting(&store, &name).await?;
     let table = format!("`{}`", store.config().table_name().as_str());
     let n = hex(name.as_str());
-    let mut foreign = store.admin().acquire().await.map_err(err)?;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "START TRANSACTION; SELECT token FROM {table} WHERE name = X'{n}' FOR UPDATE"
-    )))
-    .execute(&mut *foreign)
-    .await
-    .map_err(|e| Failure(format!("locking the lease row: {e}")))?;
+    let foreign = lease_queue::ForeignLocks::take(
+        &store,
+        "the lease row",
+        &[format!(
+            "SELECT token FROM {table} WHERE name = X'{n}' FOR UPDATE"
+        )],
+    )
+    .await?;
     // Longer than a park (a second): the waiter's next park, or try, comes meanwhile.
     let watched = Instant::now();
     let mut waited_for_the_row = None;
@@ -195,11 +196,7 @@ pub(super) async fn lease_parked_waiter_leaves_the_lease_row_alone() -> Outcome 
         // InnoDB refreshes what these tables show only when they were not read for 100 ms.
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut *foreign)
-        .await
-        .map_err(err)?;
-    drop(foreign);
+    foreign.rollback().await?;
     held.release().await.map_err(err)?;
     let next = waiting.await.map_err(err)?.map_err(err)?;
     next.release().await.map_err(err)?;

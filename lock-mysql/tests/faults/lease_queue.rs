@@ -95,6 +95,42 @@ async fn plant_place_for(
     Ok(())
 }
 
+/// A foreign transaction, on the administrator's pool, that keeps locked the rows its
+/// statements (each a `SELECT ... FOR UPDATE`, run in turn) lock, until
+/// [`ForeignLocks::rollback`]: a refresh or a renewal in flight, held for longer.
+pub(super) struct ForeignLocks(sqlx::pool::PoolConnection<sqlx::MySql>);
+
+impl ForeignLocks {
+    /// Starts the transaction and runs `locks`; `what` names the rows in an error.
+    pub(super) async fn take(
+        store: &MySqlStore,
+        what: &str,
+        locks: &[String],
+    ) -> Result<Self, Failure> {
+        let mut conn = store.admin().acquire().await.map_err(err)?;
+        sqlx::raw_sql("START TRANSACTION")
+            .execute(&mut *conn)
+            .await
+            .map_err(err)?;
+        for lock in locks {
+            sqlx::raw_sql(AssertSqlSafe(lock.clone()))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| Failure(format!("locking {what}: {e}")))?;
+        }
+        Ok(Self(conn))
+    }
+
+    /// Ends the transaction, and with it the locks.
+    pub(super) async fn rollback(mut self) -> Outcome {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut *self.0)
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+}
+
 /// A thousand waiters refresh their places all the time; a try must not lock places it does
 /// not need. Here a foreign transaction keeps the places of two waiters *behind* the first
 /// one locked (as a refresh in flight would, for longer) when the lease expires (a holder that
@@ -139,26 +175,13 @@ pub(super) async fn lease_locked_place_behind() -> Outcome {
     }
     // Each place locked by its key: one `FOR UPDATE` over both would read the queue along
     // `by_arrival` and lock the waiter's own place too.
-    let mut foreign = store.admin().acquire().await.map_err(err)?;
-    sqlx::raw_sql("START TRANSACTION")
-        .execute(&mut *foreign)
-        .await
-        .map_err(err)?;
-    for token in behind {
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "SELECT token FROM {queue} WHERE name = X'{n}' AND token = '{token}' FOR UPDATE"
-        )))
-        .execute(&mut *foreign)
-        .await
-        .map_err(|e| Failure(format!("locking a place behind: {e}")))?;
-    }
+    let locks = behind.map(|token| {
+        format!("SELECT token FROM {queue} WHERE name = X'{n}' AND token = '{token}' FOR UPDATE")
+    });
+    let foreign = ForeignLocks::take(&store, "a place behind", &locks).await?;
     let next = waiter.await.map_err(err)?;
     let waited = planted.elapsed();
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut *foreign)
-        .await
-        .map_err(err)?;
-    drop(foreign);
+    foreign.rollback().await?;
     let next = next.map_err(|e| {
         Failure(format!(
             "the first waiter did not get the expired lease while a place behind it was locked: {e}"
@@ -191,17 +214,14 @@ pub(super) async fn lease_locked_head_stalls_no_newcomer() -> Outcome {
     plant_place(&store, &name, head, Duration::from_millis(300)).await?;
     let queue = format!("`{}_queue`", store.config().table_name().as_str());
     let n = hex(name.as_str());
-    let mut foreign = store.admin().acquire().await.map_err(err)?;
-    sqlx::raw_sql("START TRANSACTION")
-        .execute(&mut *foreign)
-        .await
-        .map_err(err)?;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "SELECT token FROM {queue} WHERE name = X'{n}' AND token = '{head}' FOR UPDATE"
-    )))
-    .execute(&mut *foreign)
-    .await
-    .map_err(|e| Failure(format!("locking the head's place: {e}")))?;
+    let foreign = ForeignLocks::take(
+        &store,
+        "the head's place",
+        &[format!(
+            "SELECT token FROM {queue} WHERE name = X'{n}' AND token = '{head}' FOR UPDATE"
+        )],
+    )
+    .await?;
     let waiter = spawn_acquire(&b, &name, long.clone().wait(Duration::from_secs(10)));
     let started = Instant::now();
     let mut places = 0;
@@ -214,11 +234,7 @@ pub(super) async fn lease_locked_head_stalls_no_newcomer() -> Outcome {
         .map_err(err)?;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut *foreign)
-        .await
-        .map_err(err)?;
-    drop(foreign);
+    foreign.rollback().await?;
     waiter.abort();
     held.release().await.map_err(err)?;
     ensure!(

@@ -10,7 +10,7 @@ use lock_core::{
 use sqlx::{AssertSqlSafe, Connection, MySqlPool, mysql::MySqlPoolOptions};
 
 use crate::{
-    MySqlConfig, Strategy, TableName,
+    MySqlConfig, Strategy, TableName, anchor,
     error::Error,
     lease::{LeaseStrategy, Limits},
     row_lock::{self, RowLockStrategy},
@@ -159,6 +159,12 @@ impl MySqlBackend {
                 Limits {
                     statement: config.statement_timeout,
                     lock_wait: Duration::from_secs(config.lock_wait_secs()),
+                    mariadb,
+                },
+                anchor::Settings {
+                    connect: options.clone(),
+                    connect_timeout: config.connect_timeout,
+                    statement_timeout: config.statement_timeout,
                     mariadb,
                 },
             )),

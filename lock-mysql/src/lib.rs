@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod admin;
+mod anchor;
 mod backend;
 mod config;
 mod error;

@@ -302,7 +302,7 @@ impl LeaseStrategy {
             None => Try::Busy(Some(Duration::ZERO)),
             Some(LeaseState::Held { remaining_us, .. }) => {
                 let left = Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0));
-                // The park ends when this lease runs out (see `queue::park_batch`).
+                // The park ends when this lease runs out (see `queue::park_refresh`).
                 if self.park(name, token, budget, turns.0).await {
                     Try::Parked
                 } else {
@@ -366,17 +366,34 @@ impl LeaseStrategy {
             }
             parked = true;
             let until = Instant::now() + park + ANSWER_GRACE;
-            let sql = queue::park_batch(
+            let (name_bytes, token_bytes) = (name.as_str().as_bytes(), token.as_str().as_bytes());
+            // Two round trips: the refresh, then the wait alone (see `queue::park_refresh`).
+            let refresh = queue::park_refresh(&self.table, name_bytes, token_bytes, (park, place));
+            if let Err(error) = within(until, run(&mut conn, AssertSqlSafe(refresh))).await {
+                tracing::debug!(lock = %name, %error, "parking failed; trying again");
+                conn.close_on_drop();
+                break;
+            }
+            let anchor = self.anchor.name();
+            let wait = queue::park_wait(
                 &self.table,
-                name.as_str().as_bytes(),
-                token.as_str().as_bytes(),
-                (park, place),
+                name_bytes,
+                token_bytes,
                 again,
+                anchor.as_deref(),
             );
-            match within(until, run(&mut conn, AssertSqlSafe(sql))).await {
-                Ok(rows) if queue::slept(&rows) => again = true,
-                Ok(_) => break,
-                // Woken by the release's `KILL QUERY`.
+            match within(until, run(&mut conn, AssertSqlSafe(wait))).await {
+                Ok(rows) => match queue::Parked::read(&rows) {
+                    Some(queue::Parked::Slept) => again = true,
+                    Some(queue::Parked::TookAnchor) => {
+                        if let Some(anchor) = &anchor {
+                            self.anchor.lost(anchor);
+                        }
+                        break;
+                    }
+                    Some(queue::Parked::Woke) | None => break,
+                },
+                // Woken by the release's `KILL QUERY` (a `SLEEP` without an anchor).
                 Err(error) if classify(&error) == Class::Interrupted => break,
                 Err(error) => {
                     tracing::debug!(lock = %name, %error, "parking failed; trying again");

@@ -33,6 +33,7 @@ use sqlx::{AssertSqlSafe, MySqlPool, mysql::MySqlQueryResult};
 
 use crate::{
     TableName,
+    anchor::{self, Anchor},
     error::Error,
     rows::{LEASE_COLUMNS, LEASE_TAKEABLE, LeaseRow, LeaseState, lease_current},
     sql::{fetch_optional_within, hex},
@@ -60,6 +61,8 @@ pub(crate) struct LeaseStrategy {
     limits: Limits,
     /// Permits to park a waiter on a pooled connection (half the pool: none for a pool of one).
     parking: Arc<tokio::sync::Semaphore>,
+    /// The user lock parked waiters wait on (see [`crate::anchor`]).
+    anchor: Arc<Anchor>,
 }
 
 /// How long statements may take.
@@ -146,7 +149,12 @@ impl Statements {
 }
 
 impl LeaseStrategy {
-    pub(crate) fn new(pool: MySqlPool, table: TableName, limits: Limits) -> Self {
+    pub(crate) fn new(
+        pool: MySqlPool,
+        table: TableName,
+        limits: Limits,
+        anchor: anchor::Settings,
+    ) -> Self {
         // At most half the pool parks, so renewals and releases of the client's other locks
         // always find a connection: a pool of one connection never parks (its waiters poll).
         let parking = pool.options().get_max_connections() / 2;
@@ -156,6 +164,7 @@ impl LeaseStrategy {
             sql: Arc::new(Statements::new(&table)),
             table,
             limits,
+            anchor: Arc::new(Anchor::new(anchor)),
         }
     }
 
@@ -259,7 +268,13 @@ mod tests {
                 .max_connections(size)
                 .connect_lazy("mysql://nobody@127.0.0.1:1/none")
                 .unwrap();
-            let strategy = LeaseStrategy::new(pool, TableName::new("t").unwrap(), limits);
+            let anchor = anchor::Settings {
+                connect: "mysql://nobody@127.0.0.1:1/none".parse().unwrap(),
+                connect_timeout: Duration::from_secs(1),
+                statement_timeout: Duration::from_secs(1),
+                mariadb: true,
+            };
+            let strategy = LeaseStrategy::new(pool, TableName::new("t").unwrap(), limits, anchor);
             assert_eq!(
                 strategy.parking.available_permits(),
                 parks,

@@ -26,17 +26,24 @@
 //!   "taken" rule covers its own token). A waiter that died or is paused lets the handed
 //!   lease expire after its turn (1.1 s with the default back-off), and its place lapses
 //!   with it.
-//! - **Waking the waiter**: between tries a waiter parks a `SLEEP` on a pooled connection,
-//!   after writing that connection's id into its place, in one batch that sleeps only if the
-//!   lease has not been handed to it yet ([`park_batch`]). The release reads the id *after*
+//! - **Waking the waiter**: between tries a waiter parks on a pooled connection: one batch
+//!   writes that connection's id into its place ([`park_refresh`]), then one statement waits,
+//!   only if the lease has not been handed to it yet ([`park_wait`]): in `GET_LOCK` on the
+//!   client's [anchor](crate::anchor) (a user lock the client holds on a connection of its
+//!   own, so the wait never ends by itself before its timeout), or in `SLEEP` without one. The
+//!   wait is one statement of its own because MariaDB ends a batch killed between two
+//!   statements without the rest of its answer, and in `GET_LOCK` because a killed `SLEEP`
+//!   waits for a mutex every sleeping session shares (see [`crate::anchor`]); either made a
+//!   woken waiter stall for up to 2 s. The release reads the id *after*
 //!   handing the lease over and sends `KILL QUERY` to it, only while that connection still
 //!   runs this waiter's park (its statement carries the waiter's token, checked in
-//!   `information_schema.PROCESSLIST`), which ends the sleep. A kill that lands before the
-//!   batch starts is lost, but then the batch sees the hand-off and does not sleep. A park
+//!   `information_schema.PROCESSLIST`), which ends the wait. A kill that lands before the
+//!   wait starts is lost, but then the wait sees the hand-off and does not begin. A park
 //!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]; one that slept
 //!   its time out is followed at once by another, which keeps the place alive and tries
 //!   nothing unless the lease was handed over or became free (so while the lease is held, a
-//!   waiter far back costs one short batch a second, not a try and a queue batch). Reads a
+//!   waiter far back costs one park, two short round trips, a second, not a try and a queue
+//!   batch). Reads a
 //!   park makes of the lease and of others' places are plain `SELECT`s (into variables): a
 //!   waiter never waits for, nor holds up, the lease row's lock. At most half the pool's
 //!   connections park at once (the others stay free for renewals; a pool of one connection
@@ -52,7 +59,7 @@
 //!   the background. That clean-up does not wait for a queue batch of the dropped call still
 //!   in flight, so a place written just after it is left to lapse (after at most
 //!   [`place_for`]; a handed lease after its turn). A parked waiter behind such a place wakes
-//!   when it lapses (see [`park_batch`]).
+//!   when it lapses (see [`park_refresh`]).
 //!
 //! The queue only decides who may take a free lease; a lease handed over is an ordinary lease
 //! row. A lost or stale place can delay a waiter but never grant a lock twice.
@@ -197,31 +204,30 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> Strin
     )
 }
 
-/// A waiter's park: record this connection in its place and keep the place for `place` (the
-/// park's own refresh: a waiter parks `again` after a park that slept, without a try or a
-/// queue batch, see [`slept`]), then sleep up to `park` unless the place is gone, or the lease
-/// has been handed to the waiter meanwhile, or the lease is free and either this waiter is
-/// first (a release that freed it without seeing the place, which came just after, wakes
-/// nobody) or the park comes `again` (the lease became free while it slept: nobody came for a
-/// lease handed over, or a holder's lease ran out; a try sorts out who takes it, cutting a
-/// first waiter's place that nobody refreshes to its turn, and the park after that try sleeps
-/// until that place lapses rather than trying again at once). A place cut to the turn of a
-/// lease handed to it stays cut: after the refresh the park reads the waiter's own lease and
+/// The first of a waiter's park's two round trips: record this connection in its place and
+/// keep the place for `place` (the park's own refresh: a waiter parks `again` after a park
+/// that slept, without a try or a queue batch, see [`Parked`]), read the waiter's own lease
+/// and how long it may wait, and cut its place to a lease handed to it. Leaves its readings
+/// in session variables for [`park_wait`], on the same connection. A place cut to the turn of
+/// a lease handed to it stays cut: after the refresh the park reads the waiter's own lease and
 /// cuts the place to that lease's expiry (a release commits its hand-off before it cuts the
-/// place, so either the park sees the hand-off or the release's cut comes after the
-/// refresh). The sleep also ends when the lease of another holder runs out (a holder that
-/// died), and when the first live place of someone else lapses (a waiter that died, or a
-/// place left behind by an `acquire` dropped while it was being written; fault case
-/// `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). Every read is a plain `SELECT`
-/// (into variables): MariaDB runs `SET @v = (SELECT ..)` as a locking read, and a park must
-/// not wait for, nor hold up, the lease row's lock. Answers `'parked'` with 1 when the sleep
-/// was skipped, else what `SLEEP` answers (a `KILL QUERY` ends the batch with error 1317).
-pub(crate) fn park_batch(
+/// place, so either the park sees the hand-off or the release's cut comes after the refresh).
+/// The wait lasts at most `park`, and ends sooner when the lease of another holder runs out
+/// (a holder that died) and when the first live place of someone else lapses (a waiter that
+/// died, or a place left behind by an `acquire` dropped while it was being written; fault
+/// case `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`).
+///
+/// Every read is a plain `SELECT` (into variables): MariaDB runs `SET @v = (SELECT ..)` as a
+/// locking read, and a park must not wait for, nor hold up, the lease row's lock. This batch
+/// does not carry the park's mark, so no release's `KILL QUERY` is aimed at it: MariaDB ends a
+/// batch killed between two of its statements without the rest of its answer, though the
+/// answer before said more would follow, and the client would wait for it until its own time
+/// limit (fault case `lease/park_killed_between_statements`).
+pub(crate) fn park_refresh(
     table: &TableName,
     name: &[u8],
     token: &[u8],
     (park, place): (Duration, Duration),
-    again: bool,
 ) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
@@ -240,28 +246,81 @@ pub(crate) fn park_batch(
          COALESCE((SELECT {lease_left} FROM {t} WHERE name = {n} AND token IS NOT NULL \
          AND token <> {k} AND expires_at > NOW(6)), {park})) INTO @lm_mine, @lm_sleep; \
          UPDATE {q} SET until_at = LEAST(until_at, @lm_mine) \
-         WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL; \
-         SELECT 'parked', CAST(IF(@lm_placed = 0 \
+         WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL",
+        place_left = left("o.until_at"),
+        lease_left = left("expires_at"),
+        park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
+    )
+}
+
+/// The second of a park's round trips, one statement (the one a release's `KILL QUERY`
+/// stops: see [`park_refresh`]): wait as long as [`park_refresh`] found, unless the place is
+/// gone, or the lease has been handed to the waiter meanwhile, or the lease is free and
+/// either this waiter is first (a release that freed it without seeing the place, which came
+/// just after, wakes nobody) or the park comes `again` (the lease became free while it slept:
+/// nobody came for a lease handed over, or a holder's lease ran out; a try sorts out who takes
+/// it, cutting a first waiter's place that nobody refreshes to its turn, and the park after
+/// that try sleeps until that place lapses rather than trying again at once).
+///
+/// It waits in `GET_LOCK` on the client's `anchor` (see [`crate::anchor`]: a `SLEEP` is slow
+/// to kill when many sessions sleep), or in `SLEEP` without one. Answers `'parked'` with what
+/// [`Parked::read`] reads.
+pub(crate) fn park_wait(
+    table: &TableName,
+    name: &[u8],
+    token: &[u8],
+    again: bool,
+    anchor: Option<&str>,
+) -> String {
+    let (t, q) = (table.quoted(), table.queue().quoted());
+    let (n, k) = (hex(name), hex(token));
+    // 0: waited its time out; 2: stopped (a kill); 3: took the anchor (given back at once).
+    let wait = match anchor {
+        Some(a) => {
+            format!("IF(GET_LOCK('{a}', @lm_sleep) = 0, 0, IF(RELEASE_LOCK('{a}') = 1, 3, 2))")
+        }
+        None => "IF(SLEEP(@lm_sleep) = 0, 0, 2)".to_owned(),
+    };
+    format!(
+        "SELECT 'parked', CAST(IF(@lm_placed = 0 \
          OR EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
          OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
          AND ({again} OR NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
          AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})))), \
-         1, SLEEP(@lm_sleep)) AS SIGNED) AS woke, '{PARK_MARK}{}' AS mark",
+         1, {wait}) AS SIGNED) AS woke, '{PARK_MARK}{}' AS mark",
         token_text(token),
-        place_left = left("o.until_at"),
-        lease_left = left("expires_at"),
-        park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
         again = u8::from(again),
     )
 }
 
-/// Whether the answer of a [`park_batch`] says it slept its time out: not skipped, and not
-/// cut short (a `KILL QUERY` ends the batch with an error instead). The waiter then parks
-/// again at once: the next park checks again all that would make it try.
-pub(crate) fn slept(rows: &[sqlx::mysql::MySqlRow]) -> bool {
-    use sqlx::Row;
-    crate::sql::tagged(rows, "parked")
-        .any(|row| row.try_get::<i64, _>(1).is_ok_and(|woke| woke == 0))
+/// How a park ended (the answer of [`park_wait`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Parked {
+    /// It waited its time out: the waiter parks again at once (the next park checks again
+    /// all that would make it try).
+    Slept,
+    /// It did not wait (the lease was handed over or is free for the waiter, or the place is
+    /// gone), or a `KILL QUERY` stopped it: the waiter tries.
+    Woke,
+    /// It took the anchor, whose connection has ended (and gave it back): the waiter tries,
+    /// and the anchor is reported lost.
+    TookAnchor,
+}
+
+impl Parked {
+    /// Reads the answer of [`park_wait`]; `None` when it has none.
+    pub(crate) fn read(rows: &[sqlx::mysql::MySqlRow]) -> Option<Self> {
+        use sqlx::Row;
+        let woke = crate::sql::tagged(rows, "parked")
+            .next()?
+            .try_get::<i64, _>(1)
+            .ok()?;
+        Some(match woke {
+            0 => Self::Slept,
+            3 => Self::TookAnchor,
+            _ => Self::Woke,
+        })
+    }
 }
 
 /// The release when nobody queues: one prepared statement that frees the lease only if it is

@@ -6,7 +6,7 @@
 //! may be granted at once, and the old holder would learn it only at its next renewal. A
 //! statement in flight, though, fails the moment its connection closes. So between commands
 //! the task keeps a wait running on the connection, in chunks of at most [`PARK_CHUNK`]
-//! (a `GET_LOCK` on the client's [anchor](super::anchor), which `KILL QUERY` stops at once,
+//! (a `GET_LOCK` on the client's [anchor](crate::anchor), which `KILL QUERY` stops at once,
 //! or where there is none a `SLEEP`), and
 //! when a chunk fails with a lost connection it fires the hold's end signal
 //! ([`EndNotifier::end`]): `is_held()` turns false before the server can grant the lock to
@@ -60,8 +60,9 @@ use lock_core::{
 use sqlx::AssertSqlSafe;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Shared, anchor, connections::Dedicated};
+use super::{Shared, connections::Dedicated};
 use crate::{
+    anchor,
     error::{Class, Error, classify},
     sql::{is_timed_out, run, timed_out, within},
 };
@@ -74,7 +75,7 @@ pub(super) const PARK_CHUNK: Duration = Duration::from_secs(1);
 const LAST_IDLE_SECS: u64 = 1;
 
 /// A chunk that returns by itself in less than this share of its length (halves) ended early:
-/// on the anchor, the task looks whether it took the anchor (see [`super::anchor`]).
+/// on the anchor, the task looks whether it took the anchor (see [`crate::anchor`]).
 const EARLY: u32 = 2;
 
 /// Chunks shorter than this are not worth parking.
@@ -241,7 +242,7 @@ async fn park(
     last: bool,
 ) -> Next {
     let big = dedicated.wait_timeout.unwrap_or(LAST_IDLE_SECS);
-    let anchor = shared.anchor_name();
+    let anchor = shared.anchor.name();
     // Move to the anchor soon once it is up.
     let (chunk, last) =
         if anchor.is_none() && shared.anchor.raising() && chunk > anchor::WHILE_RAISING {

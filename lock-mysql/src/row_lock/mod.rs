@@ -47,7 +47,6 @@ use std::{
 
 mod acquire;
 mod admin;
-mod anchor;
 mod connections;
 mod hold;
 
@@ -63,6 +62,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     TableName,
+    anchor::{self, Anchor},
     error::Error,
     lease::ANSWER_GRACE,
     local_queue::LocalQueue,
@@ -109,10 +109,8 @@ struct Shared {
     session_setup: String,
     /// The bound of calls without a wait budget.
     statement_timeout: Duration,
-    /// The server is MariaDB (holds park on the [`anchor::Anchor`] there).
-    mariadb: bool,
     /// The user lock parked holds wait on.
-    anchor: anchor::Anchor,
+    anchor: Arc<Anchor>,
 }
 
 /// One hold: its lock, fence and the task owning the connection whose open transaction is the
@@ -133,7 +131,7 @@ pub(crate) struct Settings {
     pub(crate) session_setup: String,
     /// The bound of calls without a wait budget.
     pub(crate) statement_timeout: Duration,
-    /// The server is MariaDB (holds park on an [`anchor`] there).
+    /// The server is MariaDB (holds park on an [anchor](crate::anchor) there).
     pub(crate) mariadb: bool,
 }
 
@@ -147,6 +145,12 @@ impl RowLockStrategy {
             statement_timeout,
             mariadb,
         } = settings;
+        let anchor = Arc::new(Anchor::new(anchor::Settings {
+            connect: connect.clone(),
+            connect_timeout,
+            statement_timeout,
+            mariadb,
+        }));
         Self {
             shared: Arc::new(Shared {
                 pool,
@@ -170,8 +174,7 @@ impl RowLockStrategy {
                 max_idle,
                 session_setup,
                 statement_timeout,
-                mariadb,
-                anchor: anchor::Anchor::default(),
+                anchor,
             }),
         }
     }

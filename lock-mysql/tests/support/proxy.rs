@@ -121,13 +121,35 @@ impl Proxy {
     /// to a parked batch is passed on up to its second OK, the wait's; if that OK says more
     /// results follow, the rest is dropped.
     pub async fn cutting_parks(upstream: SocketAddr) -> Result<Self, String> {
-        Self::new(Relay::with_hook(upstream, ParkCutter::default).await)
+        let hook = || ParkCutter::new(row_lock_park, 2);
+        Self::new(Relay::with_hook(upstream, hook).await)
+    }
+
+    /// [`Proxy::cutting_parks`] for a lease waiter's park: a batch that carries the park's
+    /// mark (the text a release's `KILL QUERY` looks for) has its answer cut after its first
+    /// OK, if that OK says more results follow.
+    pub async fn cutting_lease_parks(upstream: SocketAddr) -> Result<Self, String> {
+        let hook = || ParkCutter::new(lease_park, 1);
+        Self::new(Relay::with_hook(upstream, hook).await)
     }
 }
 
+/// Whether `text` is a row-lock hold's parked batch.
+fn row_lock_park(text: &str) -> bool {
+    (text.contains("SLEEP(") || text.contains("GET_LOCK(")) && text.contains("wait_timeout")
+}
+
+/// Whether `text` is a lease waiter's park (not a release, which names the mark too).
+fn lease_park(text: &str) -> bool {
+    text.contains("lock-mysql park") && text.contains("'parked'")
+}
+
 /// The hook of [`Proxy::cutting_parks`], for one connection.
-#[derive(Default)]
 struct ParkCutter {
+    /// Which batches are parks.
+    park: fn(&str) -> bool,
+    /// The OK of a park's answer after which the rest is cut.
+    cut_after: usize,
     /// A parked batch was sent; its answer is being read.
     armed: bool,
     /// OK packets of that answer passed on so far.
@@ -138,11 +160,23 @@ struct ParkCutter {
     partial: Vec<u8>,
 }
 
+impl ParkCutter {
+    fn new(park: fn(&str) -> bool, cut_after: usize) -> Self {
+        Self {
+            park,
+            cut_after,
+            armed: false,
+            oks: 0,
+            cutting: false,
+            partial: Vec::new(),
+        }
+    }
+}
+
 impl Hook for ParkCutter {
     fn client_sent(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Flow {
         let text = String::from_utf8_lossy(bytes);
-        if (text.contains("SLEEP(") || text.contains("GET_LOCK(")) && text.contains("wait_timeout")
-        {
+        if (self.park)(&text) {
             self.armed = true;
             self.oks = 0;
         }
@@ -169,7 +203,7 @@ impl Hook for ParkCutter {
             match wire::ok_says_more(&packet) {
                 Some(more) => {
                     self.oks += 1;
-                    if self.oks == 2 {
+                    if self.oks == self.cut_after {
                         self.armed = false;
                         self.cutting = more;
                     }

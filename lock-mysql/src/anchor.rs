@@ -1,0 +1,285 @@
+//! The anchor parked statements wait on: a user lock (`GET_LOCK`) a client keeps on a
+//! connection of its own, so a parked statement waits in a way `KILL QUERY` stops at once.
+//! Both strategies park: a row-lock hold keeps a statement parked on its connection between
+//! commands (see `row_lock::hold`), and a lease waiter parks until a release hands it the
+//! lease (see `lease::queue`); a renewal, a release or a hand-off stops the parked statement
+//! with `KILL QUERY`.
+//!
+//! **Why.** A parked `SLEEP` makes those kills slow exactly when they are many: MariaDB wakes
+//! a killed `SLEEP` only once it holds a mutex every sleeping session shares, trying every
+//! 50 ms for up to 2 s. 20 sessions in `SLEEP` killed at once, 6 rounds on this project's
+//! machine: the slowest kill took 2.0 to 4.0 s in 3 rounds, so 20 holds of a 1 s TTL renewed
+//! together lost their locks (conformance `watchdog/batches_renewals` in CI; `hold_end`'s
+//! `row_lock/many_parked_holds_keep_their_locks` lost 40 of 40, 4 runs of 4). The same with
+//! 16 parked lease waiters, each killed and parking again at once, two kills at a time for
+//! 8 s: the slowest kill took 2.0 s (two over 40 ms); waiting in `GET_LOCK` instead, 7 ms at
+//! worst in two such runs. (`gdb` on the server during one: two `KILL`s in
+//! `THD::abort_current_cond_wait`, retrying the shared mutex, while a woken sleeper held it.)
+//! A session waiting for a user lock waits on a mutex of its own. So parked statements wait
+//! in `GET_LOCK(<anchor>, <seconds>)` on a lock this client holds: it never comes free while
+//! the anchor's connection lives, and each wait ends at its timeout (returning 0) as the
+//! sleep did.
+//!
+//! **When the anchor's connection ends** (an operator's `KILL`, a server restart), its lock
+//! comes free: a parked statement takes it, gives it back in the same statement, and ends
+//! early; its owner reports the anchor [lost](Anchor::lost). Until a new anchor is up (under a
+//! new name; raised in the background, again after 1 s, 2 s, ... up to a minute while raises
+//! fail), statements park in `SLEEP` as before. Only the cost of stopping them changes.
+//!
+//! **When it is raised.** At the first park, in the background: a client that never parks
+//! opens no anchor. Until it is up, parks use `SLEEP`. Once up it stays for the backend's
+//! life.
+//!
+//! **Where.** MariaDB only: `GET_LOCK` takes microseconds in its timeout since MariaDB
+//! 10.1.2 (MDEV-4018), which a lease's last chunk needs; MySQL rounds it to whole seconds,
+//! and statements there park in `SLEEP`. **Cost:** one more connection per backend, idle.
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use lock_core::{LockError, backend::LeaseToken};
+use sqlx::{
+    AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, mysql::MySqlConnectOptions,
+};
+
+use crate::{
+    error::Error,
+    sql::{run, tagged, within},
+};
+
+/// The session variable a parked `GET_LOCK` leaves its answer in (1: it took the anchor).
+pub(crate) const TOOK_VAR: &str = "@lock_park";
+
+/// The longest `SLEEP` chunk while an anchor is being raised.
+pub(crate) const WHILE_RAISING: Duration = Duration::from_millis(50);
+
+/// The wait after a failed raise before the next; it doubles with each failure in a row, up
+/// to [`RAISE_BACKOFF_MAX`].
+const RAISE_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The longest wait between raises that fail.
+const RAISE_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// The server's longest idle limit (seconds): the anchor's connection is idle by design.
+const ANCHOR_IDLE_SECS: u64 = 31_536_000;
+
+/// The anchor of one backend: its user lock's name while its connection holds it.
+pub(crate) struct Anchor {
+    state: Mutex<State>,
+    settings: Settings,
+}
+
+/// How an anchor's connection is opened.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    /// The server and account.
+    pub(crate) connect: MySqlConnectOptions,
+    /// The bound of opening the connection.
+    pub(crate) connect_timeout: Duration,
+    /// The bound of the statement that takes the user lock.
+    pub(crate) statement_timeout: Duration,
+    /// Whether the server is MariaDB (only there is an anchor raised).
+    pub(crate) mariadb: bool,
+}
+
+#[derive(Default)]
+struct State {
+    /// The user lock's name and the connection holding it.
+    up: Option<(Arc<str>, MySqlConnection)>,
+    /// A raise is under way.
+    raising: bool,
+    /// Raises failed in a row since the last success.
+    failures: u32,
+    /// No raise starts before this.
+    next_try: Option<Instant>,
+}
+
+impl Anchor {
+    /// An anchor not raised yet (it is raised at the first [`Anchor::name`]).
+    pub(crate) fn new(settings: Settings) -> Self {
+        Self {
+            state: Mutex::default(),
+            settings,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The name parked statements wait on, while the anchor holds it.
+    fn up_name(&self) -> Option<Arc<str>> {
+        self.state().up.as_ref().map(|(name, _)| name.clone())
+    }
+
+    /// A parked statement took the user lock `name`: its anchor's connection has ended. Drops
+    /// that anchor (a newer one, under another name, stays).
+    pub(crate) fn lost(&self, name: &str) {
+        let mut state = self.state();
+        if state.up.as_ref().is_some_and(|(up, _)| &**up == name) {
+            tracing::warn!(
+                anchor = name,
+                "the anchor's connection ended; statements park in SLEEP until it is back"
+            );
+            state.up = None;
+        }
+    }
+
+    /// Whether a raise is under way (parked statements then wait in short chunks, to move to
+    /// the anchor soon).
+    pub(crate) fn raising(&self) -> bool {
+        self.state().raising
+    }
+
+    /// Whether a raise should start now (none is up or under way, and the back-off after
+    /// failed ones is over); if so, marks one under way (until its [`Raise`] is dropped).
+    fn claim_raise(&self) -> bool {
+        let mut state = self.state();
+        let due = state.up.is_none()
+            && !state.raising
+            && state.next_try.is_none_or(|next| Instant::now() >= next);
+        if due {
+            state.raising = true;
+        }
+        due
+    }
+
+    /// Ends the raise under way with its outcome: the anchor, or a failure (the next try
+    /// waits [`RAISE_BACKOFF`], doubled for each failure in a row, at most
+    /// [`RAISE_BACKOFF_MAX`]).
+    fn finish_raise(&self, up: Option<(Arc<str>, MySqlConnection)>) {
+        let mut state = self.state();
+        state.raising = false;
+        if up.is_some() {
+            state.up = up;
+            state.failures = 0;
+            state.next_try = None;
+        } else {
+            let wait = RAISE_BACKOFF
+                .saturating_mul(1 << state.failures.min(6))
+                .min(RAISE_BACKOFF_MAX);
+            state.failures = state.failures.saturating_add(1);
+            state.next_try = Some(Instant::now() + wait);
+        }
+    }
+}
+
+impl std::fmt::Debug for Anchor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Anchor")
+            .field("name", &self.up_name())
+            .field("raising", &self.raising())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Anchor {
+    fn drop(&mut self) {
+        // Say goodbye to the server (it would log an aborted connection otherwise).
+        let up = self.state().up.take();
+        if let (Some((_, conn)), Ok(runtime)) = (up, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(5), conn.close()).await;
+            });
+        }
+    }
+}
+
+/// A raise under way, owned by its task: however the task ends (done, failed, or dropped with
+/// its runtime), dropping this ends the raise, so one is never under way for ever.
+struct Raise {
+    anchor: Arc<Anchor>,
+    up: Option<(Arc<str>, MySqlConnection)>,
+}
+
+impl Raise {
+    /// The raise took the anchor: dropping this puts it up.
+    fn succeeded(&mut self, up: (Arc<str>, MySqlConnection)) {
+        self.up = Some(up);
+    }
+}
+
+impl Drop for Raise {
+    fn drop(&mut self) {
+        self.anchor.finish_raise(self.up.take());
+    }
+}
+
+impl Anchor {
+    /// The anchor's name for the next parked statement; without one (not MariaDB, not raised
+    /// yet, or lost), `None`, and a raise starts in the background when one is due.
+    pub(crate) fn name(self: &Arc<Self>) -> Option<Arc<str>> {
+        if !self.settings.mariadb {
+            return None;
+        }
+        if let Some(name) = self.up_name() {
+            return Some(name);
+        }
+        if self.claim_raise() {
+            let mut raise = Raise {
+                anchor: self.clone(),
+                up: None,
+            };
+            tokio::spawn(async move {
+                let settings = &raise.anchor.settings;
+                let bound = settings.connect_timeout + settings.statement_timeout;
+                match tokio::time::timeout(bound, raise.anchor.open()).await {
+                    Ok(Ok(up)) => raise.succeeded(up),
+                    Ok(Err(error)) => {
+                        tracing::warn!(%error, "raising the anchor failed; statements park in SLEEP");
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            "raising the anchor took over {bound:?}; statements park in SLEEP"
+                        );
+                    }
+                }
+            });
+        }
+        None
+    }
+
+    /// Opens a connection and takes a user lock of a fresh random name on it.
+    async fn open(&self) -> Result<(Arc<str>, MySqlConnection), LockError> {
+        let what = "taking the anchor";
+        let settings = &self.settings;
+        let mut conn = tokio::time::timeout(settings.connect_timeout, settings.connect.connect())
+            .await
+            .map_err(|_| {
+                LockError::unavailable_msg(format!(
+                    "{what}: no connection within {:?}",
+                    settings.connect_timeout
+                ))
+            })?
+            .map_err(|e| LockError::from(Error::new(what, e)))?;
+        // A lease token is 32 random hex digits: a name nobody else holds.
+        let name: Arc<str> = format!("lock-mysql/park/{}", LeaseToken::random().as_str()).into();
+        let until = Instant::now() + settings.statement_timeout;
+        let rows = within(
+            until,
+            run(
+                &mut conn,
+                AssertSqlSafe(format!(
+                    "SET SESSION wait_timeout = {ANCHOR_IDLE_SECS}; \
+                     SELECT 'anchor', CAST(GET_LOCK('{name}', 0) AS UNSIGNED)"
+                )),
+            ),
+        )
+        .await
+        .map_err(|e| LockError::from(Error::new(what, e)))?;
+        let took = tagged(&rows, "anchor")
+            .next()
+            .map(|row| sqlx::Row::try_get::<Option<u64>, _>(row, 1))
+            .transpose()
+            .map_err(|e| LockError::from(Error::new(what, e)))?
+            .flatten();
+        if took != Some(1) {
+            return Err(LockError::backend_msg(format!(
+                "{what}: GET_LOCK('{name}', 0) answered {took:?}, not 1"
+            )));
+        }
+        Ok((name, conn))
+    }
+}

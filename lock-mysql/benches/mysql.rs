@@ -56,9 +56,11 @@ fn main() -> ExitCode {
 }
 
 /// The pool of each separate client: for the lease, two connections, the least with which a
-/// waiter parks (half the pool parks, so renewals always find a connection; the peer's
-/// clients hold two sessions each too); for the row lock one, beside the connection of its
-/// hold or wait (its target: at most one connection per waiting client).
+/// waiter parks (half the pool parks, so renewals always find a connection), and the
+/// client's anchor its parks wait on makes three sessions (the peer's clients hold two); for
+/// the row lock one, beside the connection of its hold or wait (its target: at most one
+/// connection per waiting client). 1,000 lease clients so take 3,000 connections: the
+/// servers of `cargo xtask services up` take 4,000.
 fn fleet_pool(strategy: Strategy) -> u32 {
     match strategy {
         Strategy::RowLock => 1,
@@ -123,7 +125,7 @@ async fn run() -> Result<(), String> {
         )
         .await?;
         // The row lock holds each lock on a connection of its own, renewed by a statement
-        // on it: a hundred show that cost as well as ten thousand (the server takes 3,000
+        // on it: a hundred show that cost as well as ten thousand (the server takes 4,000
         // connections).
         let held = match strategy {
             Strategy::RowLock => bench::RENEWAL_LOCKS / 100,

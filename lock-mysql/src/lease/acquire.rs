@@ -178,8 +178,15 @@ impl LeaseStrategy {
         let until = sent + limit + ANSWER_GRACE;
         let taken = match self.send_acquire(request, token, limit, until).await {
             Ok(done) => done.last_insert_id(),
-            // Someone kept the row locked past the try's limit: busy, try again later.
-            Err(error) if matches!(classify(&error), Class::LockWait | Class::StatementTimeout) => {
+            // Someone kept the row locked past the try's limit: busy, try again later. Or a
+            // release's wake-up meant for this client's park landed on the try (it read the
+            // park's marker just before the park ended): nothing was taken, try again.
+            Err(error)
+                if matches!(
+                    classify(&error),
+                    Class::LockWait | Class::StatementTimeout | Class::Interrupted
+                ) =>
+            {
                 return Ok(Try::Busy(None));
             }
             Err(error) => {
@@ -264,6 +271,8 @@ impl LeaseStrategy {
         // Without a park, the first two poll fast: the second is first once the first is
         // served.
         let first = ahead <= 1;
+        let far = ahead >= queue::NEAR;
+        let max_delay = request.backoff().max;
         let budget = request.deadline().saturating_duration_since(Instant::now());
         if let Some(foreign) = state
             .as_ref()
@@ -303,7 +312,7 @@ impl LeaseStrategy {
             Some(LeaseState::Held { remaining_us, .. }) => {
                 let left = Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0));
                 // The park ends when this lease runs out (see `queue::park_refresh`).
-                if self.park(name, token, budget, turns.0).await {
+                if self.park((name, token), budget, max_delay, far).await {
                     Try::Parked
                 } else {
                     busy(Some(left))
@@ -313,7 +322,7 @@ impl LeaseStrategy {
             Some(_) if ahead == 0 => Try::Busy(Some(Duration::ZERO)),
             // Free, but someone else is next: wait for its turn.
             Some(_) => {
-                if self.park(name, token, budget, turns.0).await {
+                if self.park((name, token), budget, max_delay, far).await {
                     Try::Parked
                 } else {
                     busy(None)
@@ -323,26 +332,32 @@ impl LeaseStrategy {
     }
 
     /// Parks the caller for at most `at_most` on a pooled connection, until a release hands
-    /// it the lease and wakes it (see [`queue`]): one park of at most [`queue::PARK_MAX`]
-    /// after another while each sleeps its time out (each keeps the caller's place for
-    /// `place`), so a waiter far back in a long queue costs the server one short batch per
-    /// park, not a try and a queue batch. At most half the pool parks (see
-    /// [`LeaseStrategy::new`]), so the client's renewals and releases find the other half.
-    /// False when it did not park: no park permit free, no time to park, or no connection
-    /// from the pool in time.
+    /// it the lease and wakes it (see [`queue`]): one park after another while each waits its
+    /// time out (each keeps the caller's place), so a waiter in a long queue costs the server
+    /// one park, two short round trips, per park length, not a try and a queue batch. A waiter
+    /// `far` back ([`queue::NEAR`] or more live places ahead) parks long
+    /// ([`queue::LONG_PARK`]); woken from a long park (a release brought it near the head, or
+    /// handed it the lease) it parks short at once, without a try: that park does not wait if
+    /// the lease is the waiter's. At most half the pool parks (see [`LeaseStrategy::new`]),
+    /// so the client's renewals and releases find the other half. False when it did not park:
+    /// no park permit free, no time to park, or no connection from the pool in time.
     async fn park(
         &self,
-        name: &LockName,
-        token: &LeaseToken,
+        (name, token): (&LockName, &LeaseToken),
         at_most: Duration,
-        place: Duration,
+        max_delay: Duration,
+        far: bool,
     ) -> bool {
         let end = Instant::now() + at_most;
-        let next = || {
-            end.saturating_duration_since(Instant::now())
-                .min(queue::PARK_MAX)
+        let next = |far: bool| {
+            let longest = if far {
+                queue::LONG_PARK
+            } else {
+                queue::PARK_MAX
+            };
+            end.saturating_duration_since(Instant::now()).min(longest)
         };
-        if next() < Duration::from_millis(1) {
+        if next(false) < Duration::from_millis(1) {
             return false;
         }
         let Ok(_permit) = self.parking.clone().try_acquire_owned() else {
@@ -350,64 +365,121 @@ impl LeaseStrategy {
         };
         // Whether a park ran (else the caller backs off as if it had found no permit).
         let mut parked = false;
-        let mut again = false;
+        let (mut again, mut far) = (false, far);
         loop {
             // Each park takes its connection from the pool (and its length is set once it has
             // one): a release's wake-up and the client's other statements share the pool as
             // they did between a park and a try.
-            let Ok(mut conn) =
-                within(Instant::now() + next() + ANSWER_GRACE, self.pool.acquire()).await
+            // Long parks wait on the anchor only: a release wakes a long parker near the head
+            // as well as the waiter it hands the lease to, and kills of many `SLEEP`s at once
+            // are slow (see `crate::anchor`).
+            let anchor = self.anchor.name();
+            let long = far && anchor.is_some();
+            let Ok(mut conn) = within(
+                Instant::now() + next(long) + ANSWER_GRACE,
+                self.pool.acquire(),
+            )
+            .await
             else {
                 break;
             };
-            let park = next();
-            if park < Duration::from_millis(1) {
+            let length = next(long);
+            if length < Duration::from_millis(1) {
                 break;
             }
             parked = true;
-            let until = Instant::now() + park + ANSWER_GRACE;
-            let (name_bytes, token_bytes) = (name.as_str().as_bytes(), token.as_str().as_bytes());
-            // Two round trips: the refresh, then the wait alone (see `queue::park_refresh`).
-            let refresh = queue::park_refresh(&self.table, name_bytes, token_bytes, (park, place));
-            if let Err(error) = within(until, run(&mut conn, AssertSqlSafe(refresh))).await {
-                tracing::debug!(lock = %name, %error, "parking failed; trying again");
-                conn.close_on_drop();
-                break;
-            }
-            let anchor = self.anchor.name();
-            let wait = queue::park_wait(
-                &self.table,
-                name_bytes,
-                token_bytes,
+            let park = queue::Park {
+                length,
                 again,
-                anchor.as_deref(),
-            );
-            match within(until, run(&mut conn, AssertSqlSafe(wait))).await {
-                Ok(rows) => match queue::Parked::read(&rows) {
-                    Some(queue::Parked::Slept) => again = true,
-                    Some(queue::Parked::TookAnchor) => {
-                        if let Some(anchor) = &anchor {
-                            self.anchor.lost(anchor);
-                        }
-                        break;
-                    }
-                    Some(queue::Parked::Woke) | None => break,
-                },
-                // Woken by the release's `KILL QUERY` (a `SLEEP` without an anchor).
-                Err(error) if classify(&error) == Class::Interrupted => break,
-                Err(error) => {
-                    tracing::debug!(lock = %name, %error, "parking failed; trying again");
-                    conn.close_on_drop();
+                long,
+            };
+            let place = if long {
+                queue::long_place_for(max_delay)
+            } else {
+                queue::place_for(max_delay)
+            };
+            let woken = match self
+                .park_once(&mut conn, (name, token), (park, place), anchor.as_deref())
+                .await
+            {
+                queue::Parked::Slept { far: still } => {
+                    (again, far) = (true, still);
+                    continue;
+                }
+                queue::Parked::Woken => true,
+                // Not a park: the caller backs off.
+                queue::Parked::Unmarked => {
+                    parked = false;
                     break;
                 }
+                queue::Parked::Skipped | queue::Parked::TookAnchor => false,
+            };
+            if !(woken && long) {
+                break;
             }
+            // Woken from a long park: near the head now (or handed the lease).
+            (again, far) = (false, false);
         }
         parked
     }
 
+    /// One park on `conn` (see [`queue::park_refresh`] and [`queue::park_wait`]): how it
+    /// ended. A failure to park counts as [`queue::Parked::Skipped`] (the caller tries); a
+    /// `KILL QUERY` that ended the statement with an error as [`queue::Parked::Woken`].
+    async fn park_once(
+        &self,
+        conn: &mut sqlx::pool::PoolConnection<sqlx::MySql>,
+        (name, token): (&LockName, &LeaseToken),
+        (park, place): (queue::Park, Duration),
+        anchor: Option<&str>,
+    ) -> queue::Parked {
+        let (name_bytes, token_bytes) = (name.as_str().as_bytes(), token.as_str().as_bytes());
+        let until = Instant::now() + park.length + ANSWER_GRACE;
+        // Two round trips: the refresh, then the wait alone (see `queue::park_refresh`).
+        let refresh =
+            queue::park_refresh(&self.table, name_bytes, token_bytes, (park.length, place));
+        if let Err(error) = within(until, run(&mut *conn, AssertSqlSafe(refresh))).await {
+            tracing::debug!(lock = %name, %error, "parking failed; trying again");
+            conn.close_on_drop();
+            return queue::Parked::Skipped;
+        }
+        let wait = queue::park_wait(&self.table, (name_bytes, token_bytes), park, anchor);
+        match within(until, run(&mut *conn, AssertSqlSafe(wait))).await {
+            Ok(rows) => match queue::Parked::read(&rows) {
+                Some(queue::Parked::TookAnchor) => {
+                    if let Some(anchor) = anchor {
+                        self.anchor.lost(anchor);
+                    }
+                    queue::Parked::TookAnchor
+                }
+                Some(parked) => parked,
+                None => queue::Parked::Skipped,
+            },
+            // Woken by the release's `KILL QUERY` (a `SLEEP` without an anchor: the kill ended
+            // the statement before it gave its marker back, so give it back now, or close the
+            // connection).
+            Err(error) if classify(&error) == Class::Interrupted => {
+                let unmark = queue::unmark(token_bytes, park.long);
+                let until = Instant::now() + ANSWER_GRACE;
+                if within(until, run(&mut *conn, AssertSqlSafe(unmark)))
+                    .await
+                    .is_err()
+                {
+                    conn.close_on_drop();
+                }
+                queue::Parked::Woken
+            }
+            Err(error) => {
+                tracing::debug!(lock = %name, %error, "parking failed; trying again");
+                conn.close_on_drop();
+                queue::Parked::Skipped
+            }
+        }
+    }
+
     /// A busy try's queue work in one round trip (see [`queue::busy_batch`]): the judged
     /// lease row of `name` (`None` when there is none) and how many waiters are ahead of
-    /// `token` (0, 1, or 2 for two or more).
+    /// `token` (0 up to [`queue::NEAR`], which stands for that many or more).
     async fn queue_up(
         &self,
         name: &LockName,

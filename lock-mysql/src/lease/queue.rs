@@ -34,17 +34,24 @@
 //!   wait is one statement of its own because MariaDB ends a batch killed between two
 //!   statements without the rest of its answer, and in `GET_LOCK` because a killed `SLEEP`
 //!   waits for a mutex every sleeping session shares (see [`crate::anchor`]); either made a
-//!   woken waiter stall for up to 2 s. The release reads the id *after*
-//!   handing the lease over and sends `KILL QUERY` to it, only while that connection still
-//!   runs this waiter's park (its statement carries the waiter's token, checked in
-//!   `information_schema.PROCESSLIST`), which ends the wait. A kill that lands before the
-//!   wait starts is lost, but then the wait sees the hand-off and does not begin. A park
-//!   lasts at most the holder's time left, the wait budget and [`PARK_MAX`]; one that slept
-//!   its time out is followed at once by another, which keeps the place alive and tries
-//!   nothing unless the lease was handed over or became free (so while the lease is held, a
-//!   waiter far back costs one park, two short round trips, a second, not a try and a queue
-//!   batch). Reads a
-//!   park makes of the lease and of others' places are plain `SELECT`s (into variables): a
+//!   woken waiter stall for up to 2 s. While it waits, the statement holds a user lock named
+//!   after the waiter's token (its *marker*). The release, *after* handing the lease over,
+//!   finds the session holding the waiter's marker (`IS_USED_LOCK`) and sends it `KILL
+//!   QUERY`, which ends the wait. A kill that lands before the
+//!   wait starts is lost, but then the wait sees the hand-off and does not begin.
+//! - **Short and long parks**: a park that waited its time out is followed at once by another,
+//!   which keeps the place alive and tries nothing unless the lease was handed over or became
+//!   free. A waiter near the head (fewer than [`NEAR`] live places ahead) parks at most
+//!   [`PARK_MAX`], the holder's time left and until the first live place ahead lapses: it
+//!   sees to dead holders and dead waiters ahead. A waiter further back parks up to
+//!   [`LONG_PARK`] (on the anchor only), and the release that brings it near the head (each
+//!   release brings one) wakes it too, so it parks short from then on: a dead first waiter
+//!   stalls the lock for its turn, two in a row for two turns, and three or more dead or
+//!   paused waiters in a row may add one long park. While the lease is held, a waiter far back
+//!   so costs the server one park (two short round trips) per [`LONG_PARK`], not a try and a
+//!   queue batch a second (a thousand waiters parking a second at a time kept the server
+//!   busy with about 5,500 statements a second, and it granted almost nothing). Reads a park
+//!   makes of the lease and of others' places are plain `SELECT`s (into variables): a
 //!   waiter never waits for, nor holds up, the lease row's lock. At most half the pool's
 //!   connections park at once (the others stay free for renewals; a pool of one connection
 //!   never parks); a waiter that finds none polls instead (the first two every 1 to
@@ -74,8 +81,18 @@ pub(crate) const HANDOFF: Duration = Duration::from_millis(100);
 /// The longest a first waiter that could not park sleeps between tries.
 pub(crate) const FIRST_POLL_MAX: Duration = Duration::from_millis(40);
 
-/// The longest one park lasts.
+/// The longest one park lasts for a waiter near the head of the queue (fewer than [`NEAR`]
+/// live places ahead of it).
 pub(crate) const PARK_MAX: Duration = Duration::from_secs(1);
+
+/// The longest one park lasts for a waiter far back ([`NEAR`] or more live places ahead): the
+/// release that brings it near the head wakes it (see [`release_batch`]), so its length costs
+/// no waiting; it sets how often a thousand waiters far back keep their places alive.
+pub(crate) const LONG_PARK: Duration = Duration::from_secs(5);
+
+/// Waiters with fewer live places than this ahead of them park short ([`PARK_MAX`]); the
+/// others park long ([`LONG_PARK`]).
+pub(crate) const NEAR: i64 = 3;
 
 /// How long a waiter has to come for a lease handed to it (or left free for it): the longest
 /// it may be asleep (`max_delay`, its back-off maximum, or a park) plus [`HANDOFF`].
@@ -87,6 +104,12 @@ pub(crate) fn turn_for(max_delay: Duration) -> Duration {
 /// (`max_delay`, its back-off maximum, or a park) plus a second.
 pub(crate) fn place_for(max_delay: Duration) -> Duration {
     max_delay.max(PARK_MAX) + Duration::from_secs(1)
+}
+
+/// How long a place lasts after a long park: the park plus a second, at least
+/// [`place_for`].
+pub(crate) fn long_place_for(max_delay: Duration) -> Duration {
+    place_for(max_delay).max(LONG_PARK + Duration::from_secs(1))
 }
 
 /// How long the first waiter sleeps after its `streak`-th try in a row as first: 1, 2, 4 ms
@@ -135,8 +158,9 @@ pub(crate) fn allowed(q: &TableName) -> String {
 /// - cut the first waiter's place to its own turn when the lease is free and the first is
 ///   someone else;
 /// - read the lease row (`'row'`, [`LEASE_COLUMNS`](crate::rows::LEASE_COLUMNS)) and how
-///   many live places come before the caller's (`'ahead'`: 0, 1, or 2 for two or more; counted
-///   from the head, so a try reads a few places whatever the length of the queue).
+///   many live places come before the caller's (`'ahead'`: 0 up to [`NEAR`], which stands for
+///   that many or more; counted from the head, so a try reads a few places whatever the
+///   length of the queue).
 pub(crate) fn busy_batch(
     table: &TableName,
     name: &[u8],
@@ -167,13 +191,32 @@ pub(crate) fn busy_batch(
          SELECT 'ahead', COUNT(*) FROM (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) \
          WHERE o.name = {n} AND o.until_at > NOW(6) \
          AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}) \
-         ORDER BY o.arrived_at, o.token LIMIT 2) AS ahead"
+         ORDER BY o.arrived_at, o.token LIMIT {NEAR}) AS ahead"
     )
 }
 
-/// The text a park's statement carries, followed by the waiter's token, so a release kills
-/// only a statement that is still that waiter's park.
+/// The label a park's waiting statement carries, followed by the waiter's token (for
+/// whoever reads the server's process list).
 const PARK_MARK: &str = "lock-mysql park ";
+
+/// The user lock a waiting statement holds while it waits (see [`park_wait`]): this
+/// followed by the waiter's token, or by [`LONG_MARK`] and the token for a long park.
+const MARKER: &str = "lock-mysql/wait/";
+
+/// The marker user lock of the park of `token`.
+fn marker(token: &[u8], long: bool) -> String {
+    format!(
+        "{MARKER}{}{}",
+        if long { LONG_MARK } else { "" },
+        token_text(token)
+    )
+}
+
+/// The statement that gives the marker of a park killed in `SLEEP` back (a `SLEEP` killed
+/// inside a larger statement ends it with an error, before it gave its marker back).
+pub(crate) fn unmark(token: &[u8], long: bool) -> String {
+    format!("DO RELEASE_LOCK('{}')", marker(token, long))
+}
 
 /// A token as the text it is (tokens of this library are 32 lowercase hex digits; anything
 /// else is written hex-escaped, and then no release matches it).
@@ -212,10 +255,12 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> Strin
 /// a lease handed to it stays cut: after the refresh the park reads the waiter's own lease and
 /// cuts the place to that lease's expiry (a release commits its hand-off before it cuts the
 /// place, so either the park sees the hand-off or the release's cut comes after the refresh).
-/// The wait lasts at most `park`, and ends sooner when the lease of another holder runs out
-/// (a holder that died) and when the first live place of someone else lapses (a waiter that
-/// died, or a place left behind by an `acquire` dropped while it was being written; fault
-/// case `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`).
+/// It also reads how many live places are ahead (0 up to [`NEAR`]). For a waiter near the
+/// head the wait lasts at most `park` (and [`PARK_MAX`]) and ends sooner when the lease of
+/// another holder runs out (a holder that died) and when the first live place of someone else
+/// lapses (a waiter that died, or a place left behind by an `acquire` dropped while it was
+/// being written; fault case `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). A
+/// long park of a waiter still far back waits its whole length (see [`park_wait`]).
 ///
 /// Every read is a plain `SELECT` (into variables): MariaDB runs `SET @v = (SELECT ..)` as a
 /// locking read, and a park must not wait for, nor hold up, the lease row's lock. This batch
@@ -235,8 +280,11 @@ pub(crate) fn park_refresh(
     let left = |until: &str| {
         format!("GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), {until}), 0) / 1000000 + 0.001")
     };
+    let park = park.min(PARK_MAX);
+    let mine = format!("(SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})");
     format!(
-        "UPDATE {q} SET connection_id = CONNECTION_ID(), \
+        "DO RELEASE_ALL_LOCKS(); \
+         UPDATE {q} SET connection_id = CONNECTION_ID(), \
          until_at = NOW(6) + INTERVAL {place} MICROSECOND WHERE name = {n} AND token = {k}; \
          SET @lm_placed = ROW_COUNT(); \
          SELECT (SELECT expires_at FROM {t} WHERE name = {n} AND token = {k}), LEAST({park}, \
@@ -244,7 +292,11 @@ pub(crate) fn park_refresh(
          WHERE o.name = {n} AND o.until_at > NOW(6) AND o.token <> {k} \
          ORDER BY o.arrived_at, o.token LIMIT 1), {park}), \
          COALESCE((SELECT {lease_left} FROM {t} WHERE name = {n} AND token IS NOT NULL \
-         AND token <> {k} AND expires_at > NOW(6)), {park})) INTO @lm_mine, @lm_sleep; \
+         AND token <> {k} AND expires_at > NOW(6)), {park})), \
+         (SELECT COUNT(*) FROM (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) \
+         WHERE o.name = {n} AND o.until_at > NOW(6) AND (o.arrived_at, o.token) < {mine} \
+         ORDER BY o.arrived_at, o.token LIMIT {NEAR}) AS ahead) \
+         INTO @lm_mine, @lm_sleep, @lm_ahead; \
          UPDATE {q} SET until_at = LEAST(until_at, @lm_mine) \
          WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL",
         place_left = left("o.until_at"),
@@ -262,63 +314,121 @@ pub(crate) fn park_refresh(
 /// it, cutting a first waiter's place that nobody refreshes to its turn, and the park after
 /// that try sleeps until that place lapses rather than trying again at once).
 ///
+/// A `long` park (the waiter was far back when last seen, see [`Park`]) of a waiter still
+/// far back waits its whole `length` (up to [`LONG_PARK`]): the waiters near the head see to
+/// dead holders and dead waiters, and a thousand waiters far back must not all wake when one
+/// lease runs out; the release that brings it near the head wakes it ([`release_batch`]); its
+/// statement says it is long, so that release can tell. Other parks wait what
+/// [`park_refresh`] found.
+///
 /// It waits in `GET_LOCK` on the client's `anchor` (see [`crate::anchor`]: a `SLEEP` is slow
-/// to kill when many sessions sleep), or in `SLEEP` without one. Answers `'parked'` with what
-/// [`Parked::read`] reads.
+/// to kill when many sessions sleep), or in `SLEEP` without one. While it waits it holds its
+/// *marker*, a user lock named after the waiter's token (and whether the park is long), which
+/// it takes first (without waiting; if another session holds it, a park of this waiter on
+/// another connection that has not given it back, it does not wait) and gives back last: a
+/// release finds the connection to wake with `IS_USED_LOCK` of the marker, a lookup, where it
+/// read `information_schema.PROCESSLIST` before (which copies every session's statement: with
+/// a thousand parked waiters each release spent its time "Filling schema table"). Answers
+/// `'parked'` with what [`Parked::read`] reads, and the count of live places ahead
+/// [`park_refresh`] read. ([`park_refresh`] gives back any user lock of the connection first:
+/// a marker left behind by a statement that failed must not make a later release kill
+/// another statement of that connection.)
 pub(crate) fn park_wait(
     table: &TableName,
-    name: &[u8],
-    token: &[u8],
-    again: bool,
+    (name, token): (&[u8], &[u8]),
+    park: Park,
     anchor: Option<&str>,
 ) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
+    let seconds = format!(
+        "IF({} AND @lm_ahead >= {NEAR}, {}.{:06}, @lm_sleep)",
+        u8::from(park.long),
+        park.length.as_secs(),
+        park.length.subsec_micros()
+    );
     // 0: waited its time out; 2: stopped (a kill); 3: took the anchor (given back at once).
     let wait = match anchor {
         Some(a) => {
-            format!("IF(GET_LOCK('{a}', @lm_sleep) = 0, 0, IF(RELEASE_LOCK('{a}') = 1, 3, 2))")
+            format!("IF(GET_LOCK('{a}', {seconds}) = 0, 0, IF(RELEASE_LOCK('{a}') = 1, 3, 2))")
         }
-        None => "IF(SLEEP(@lm_sleep) = 0, 0, 2)".to_owned(),
+        None => format!("IF(SLEEP({seconds}) = 0, 0, 2)"),
     };
+    // 4: the marker was not free (nothing waited).
+    let m = marker(token, park.long);
+    let wait = format!(
+        "IF(COALESCE(GET_LOCK('{m}', 0), 0) = 0, 4, {wait} + 0 * COALESCE(RELEASE_LOCK('{m}'), 0))"
+    );
     format!(
         "SELECT 'parked', CAST(IF(@lm_placed = 0 \
          OR EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
          OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
          AND ({again} OR NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
          AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})))), \
-         1, {wait}) AS SIGNED) AS woke, '{PARK_MARK}{}' AS mark",
+         1, {wait}) AS SIGNED) AS woke, @lm_ahead, '{PARK_MARK}{kind}{}' AS mark",
         token_text(token),
-        again = u8::from(again),
+        again = u8::from(park.again),
+        kind = if park.long { LONG_MARK } else { "" },
     )
+}
+
+/// What follows [`PARK_MARK`] in a long park's statement, before the token.
+const LONG_MARK: &str = "long ";
+
+/// One park's settings (see [`park_wait`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Park {
+    /// The longest it waits: the waiter's wait budget left, and [`PARK_MAX`] or, for a long
+    /// park, [`LONG_PARK`].
+    pub(crate) length: Duration,
+    /// Whether it follows a park that waited its time out.
+    pub(crate) again: bool,
+    /// Whether the waiter was far back when last seen (at least [`NEAR`] live places ahead).
+    pub(crate) long: bool,
 }
 
 /// How a park ended (the answer of [`park_wait`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Parked {
     /// It waited its time out: the waiter parks again at once (the next park checks again
-    /// all that would make it try).
-    Slept,
+    /// all that would make it try), a long park if it is `far` back (at least [`NEAR`] live
+    /// places ahead).
+    Slept {
+        /// Whether the waiter was far back.
+        far: bool,
+    },
     /// It did not wait (the lease was handed over or is free for the waiter, or the place is
-    /// gone), or a `KILL QUERY` stopped it: the waiter tries.
-    Woke,
+    /// gone): the waiter tries.
+    Skipped,
+    /// A `KILL QUERY` stopped it: a release handed the waiter the lease, or, for a long
+    /// park, brought the waiter near the head.
+    Woken,
     /// It took the anchor, whose connection has ended (and gave it back): the waiter tries,
     /// and the anchor is reported lost.
     TookAnchor,
+    /// Its marker was held by another session (see [`park_wait`]), so it did not wait: the
+    /// waiter backs off as if it could not park.
+    Unmarked,
 }
 
 impl Parked {
     /// Reads the answer of [`park_wait`]; `None` when it has none.
     pub(crate) fn read(rows: &[sqlx::mysql::MySqlRow]) -> Option<Self> {
         use sqlx::Row;
-        let woke = crate::sql::tagged(rows, "parked")
-            .next()?
-            .try_get::<i64, _>(1)
-            .ok()?;
+        let row = crate::sql::tagged(rows, "parked").next()?;
+        let woke = row.try_get::<i64, _>(1).ok()?;
         Some(match woke {
-            0 => Self::Slept,
+            0 => Self::Slept {
+                far: row
+                    .try_get::<Option<i64>, _>(2)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|ahead| ahead >= NEAR),
+            },
+            1 => Self::Skipped,
             3 => Self::TookAnchor,
-            _ => Self::Woke,
+            4 => Self::Unmarked,
+            _ => Self::Woken,
         })
     }
 }
@@ -340,11 +450,17 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 }
 
 /// Release with hand-off: take the releasing holder's own place out (see [`release_alone`]);
-/// if the lease of `token` with `fence` is current, give it to the
-/// first live waiter (its token, the fence plus one, its turn), or free it if nobody waits;
-/// cut that waiter's place to its turn; then wake it with `KILL QUERY` on the connection it
-/// parked on. Answers `'released'` with the number of rows released (0 or 1) and the fence
-/// released (`LAST_INSERT_ID(fence)`), before the wake-up, whose failure does not undo it.
+/// if the lease of `token` with `fence` is current, give it to the first live waiter (its
+/// token, the fence plus one, its turn), or free it if nobody waits; cut that waiter's place
+/// to its turn; then wake it with `KILL QUERY` on the session that holds its park's marker
+/// (see [`park_wait`]), and wake the next live waiters up to the [`NEAR`]th too if they wait
+/// in a long park: they are near the head now (once the first takes its place out), and a
+/// park near the head must end when the lease just handed over runs out, should its waiter
+/// be dead (so that two dead waiters in a row stall the lock for their two turns, not for a
+/// long park: fault case `lease/a_long_parker_near_the_head_wakes_at_the_release`). Each
+/// release brings one waiter near, so that costs one wake-up and one park per hand-off.
+/// Answers `'released'` with the number of rows released (0 or 1) and the fence released
+/// (`LAST_INSERT_ID(fence)`), before the wake-ups, whose failure does not undo it.
 ///
 /// `bump` (1 for a forced release, else 0) raises the fence counter past the released fence
 /// in the same statement, before the hand-off takes the next fence: the waiter's fence is then
@@ -367,7 +483,8 @@ pub(crate) fn release_batch(
         u64::MAX - u64::from(bump)
     );
     format!(
-        "SET @lm_next = NULL, @lm_turn = NULL, @lm_conn = NULL, @lm_id = LAST_INSERT_ID(0); \
+        "SET @lm_next = NULL, @lm_turn = NULL, @lm_second = NULL, @lm_third = NULL, \
+         @lm_id = LAST_INSERT_ID(0); \
          DELETE FROM {q} WHERE name = {n} AND token = {k}; \
          SELECT token, turn_us INTO @lm_next, @lm_turn FROM {q} \
          WHERE name = {n} AND until_at > NOW(6) AND token <> {k} ORDER BY arrived_at, token LIMIT 1; \
@@ -380,12 +497,21 @@ pub(crate) fn release_batch(
          SELECT 'released', @lm_done, @lm_fence; \
          UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL @lm_turn MICROSECOND) \
          WHERE name = {n} AND token = @lm_next AND @lm_done > 0; \
-         SELECT p.ID INTO @lm_conn FROM {q} JOIN information_schema.PROCESSLIST p \
-         ON p.ID = {q}.connection_id \
-         WHERE {q}.name = {n} AND {q}.token = @lm_next AND @lm_done > 0 \
-         AND p.INFO LIKE CONCAT('%{PARK_MARK}', CAST(@lm_next AS CHAR), '%'); \
-         SET @lm_kill = IF(@lm_conn IS NULL, 'DO 0', CONCAT('KILL QUERY ', @lm_conn)); \
-         PREPARE lm_kill FROM @lm_kill; EXECUTE lm_kill; DEALLOCATE PREPARE lm_kill"
+         SELECT token INTO @lm_second FROM {q} FORCE INDEX (by_arrival) \
+         WHERE name = {n} AND until_at > NOW(6) AND @lm_done > 0 \
+         ORDER BY arrived_at, token LIMIT 1 OFFSET 1; \
+         SELECT token INTO @lm_third FROM {q} FORCE INDEX (by_arrival) \
+         WHERE name = {n} AND until_at > NOW(6) AND @lm_done > 0 \
+         ORDER BY arrived_at, token LIMIT 1 OFFSET 2; \
+         SET @lm_conn = IF(@lm_done > 0, \
+         COALESCE(IS_USED_LOCK(CONCAT('{MARKER}', CAST(@lm_next AS CHAR))), \
+         IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_next AS CHAR)))), NULL), \
+         @lm_near = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_second AS CHAR))), \
+         @lm_nearer = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_third AS CHAR))); \
+         EXECUTE IMMEDIATE IF(@lm_conn IS NULL, 'DO 0', CONCAT('KILL QUERY ', @lm_conn)); \
+         EXECUTE IMMEDIATE IF(@lm_near IS NULL, 'DO 0', CONCAT('KILL QUERY ', @lm_near)); \
+         EXECUTE IMMEDIATE IF(@lm_nearer IS NULL OR @lm_nearer = @lm_near, 'DO 0', \
+         CONCAT('KILL QUERY ', @lm_nearer))"
     )
 }
 

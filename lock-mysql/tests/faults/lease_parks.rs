@@ -47,7 +47,7 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
 
 /// A lease client of `store`'s table (a pool of 2: it parks) whose statements go through a
 /// proxy that records them; the proxy lives as long as the value returned.
-async fn recorded_client(
+pub(super) async fn recorded_client(
     store: &MySqlStore,
 ) -> Result<(lock_core::LockClient, Recording, Proxy), Failure> {
     let url = support::url().map_err(Failure)?;
@@ -63,7 +63,7 @@ async fn recorded_client(
 }
 
 /// What a waiter's statements are, told apart by their text.
-const PARK: &str = "lock-mysql park";
+pub(super) const PARK: &str = "lock-mysql park";
 const QUEUE_BATCH: &str = "'ahead'";
 
 /// A waiter behind a holder of 30 s whose parks sleep their second out parks again, its

@@ -34,6 +34,7 @@ mod support;
 mod clock;
 mod connections;
 mod foreign_transactions;
+mod lease_long_parks;
 mod lease_parks;
 mod lease_queue;
 mod restart;
@@ -55,7 +56,8 @@ fn main() -> ExitCode {
     if let Some(role) = holder_process::role() {
         return skewed::child(&role);
     }
-    lease_parks::cases(Cases::<Failure>::new("faults").limit(Duration::from_secs(120)))
+    let cases = Cases::<Failure>::new("faults").limit(Duration::from_secs(120));
+    lease_long_parks::cases(lease_parks::cases(cases))
         .case("row_lock/kill_holder_connection", || {
             Box::pin(connections::row_lock_kill_holder())
         })

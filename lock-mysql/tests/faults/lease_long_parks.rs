@@ -1,0 +1,166 @@
+//! The lease's waiters far back in the queue: they park long (a thousand waiters must not each
+//! cost the server a batch a second), and a release wakes a long parker that has come near
+//! the head, so dead waiters ahead of it stall the lock no longer than their turns.
+
+use std::time::{Duration, Instant};
+
+use conformance_tests::{
+    Cases, Failure, Outcome, ensure,
+    faults::{err, unique_name},
+};
+use lock_core::{LockClient, LockName, LockOptions};
+use lock_mysql::Strategy;
+use sqlx::AssertSqlSafe;
+
+use super::{
+    client,
+    lease_parks::{PARK, recorded_client},
+    lease_queue::plant_place,
+    spawn_acquire,
+    support::{MySqlStore, hex, proxy::Recording},
+};
+
+/// The cases of this file.
+pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
+    cases
+        .case("lease/a_waiter_far_back_parks_long", || {
+            Box::pin(lease_far_back_parks_long())
+        })
+        .case(
+            "lease/a_long_parker_near_the_head_wakes_at_the_release",
+            || Box::pin(lease_long_parker_wakes_at_the_release()),
+        )
+}
+
+/// The turn of each planted (dead) waiter's place.
+const TURN: Duration = Duration::from_millis(300);
+
+/// Plants three dead waiters' places (live for a minute, each with a turn of [`TURN`]) on
+/// `name`, in this order; answers their tokens.
+async fn plant_three(store: &MySqlStore, name: &LockName) -> Result<[&'static str; 3], Failure> {
+    let tokens = [
+        "0123456789abcdef0123456789abcde1",
+        "0123456789abcdef0123456789abcde2",
+        "0123456789abcdef0123456789abcde3",
+    ];
+    for token in tokens {
+        plant_place(store, name, token, TURN).await?;
+    }
+    Ok(tokens)
+}
+
+/// How many parks `recording` holds.
+fn parks(recording: &Recording) -> usize {
+    let (texts, _) = recording.commands();
+    texts.iter().filter(|t| t.contains(PARK)).count()
+}
+
+/// The label of a long park's statement.
+const LONG_PARK: &str = "lock-mysql park long";
+
+/// How many long parks `recording` holds.
+fn long_parks(recording: &Recording) -> usize {
+    let (texts, _) = recording.commands();
+    texts.iter().filter(|t| t.contains(LONG_PARK)).count()
+}
+
+/// Until the waiter of `recording` has sent its first long park (its first park may be short:
+/// a client parks long only once its anchor is up, raised at its first park).
+async fn until_parked_long(recording: &Recording) -> Outcome {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while long_parks(recording) == 0 {
+        ensure!(
+            Instant::now() < deadline,
+            "the waiter sent no long park in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Deletes the place of `token` on `name` (as a waiter that gave up does).
+async fn take_place_out(store: &MySqlStore, name: &LockName, token: &str) -> Outcome {
+    let queue = format!("`{}_queue`", store.config().table_name().as_str());
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DELETE FROM {queue} WHERE name = X'{}' AND token = '{token}'",
+        hex(name.as_str())
+    )))
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("deleting a place: {e}")))?;
+    Ok(())
+}
+
+/// A holder of 30 s and a waiter behind three places: the waiter, far back, parks longer
+/// than a second: no second park for 2.5 s after its first long one. (Before, every park lasted a
+/// second at most, so a thousand waiters sent a thousand park batches a second between them
+/// and the server answered none in time.) Then the places ahead go and the release hands the
+/// lease to the waiter, waking its long park.
+async fn lease_far_back_parks_long() -> Outcome {
+    const WATCHED: Duration = Duration::from_millis(2500);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let (waiter, recording, _proxy) = recorded_client(&store).await?;
+    let holder = client(store.config()).await?;
+    let name = unique_name("parks-long")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = holder.lock_with(&name, &long).await.map_err(err)?;
+    let tokens = plant_three(&store, &name).await?;
+    let waiting = spawn_acquire(&waiter, &name, long.clone().wait(Duration::from_secs(20)));
+    until_parked_long(&recording).await?;
+    let before = parks(&recording);
+    // Not seeing a second park for a while is the point: a park of a second would show.
+    let watched = Instant::now();
+    while watched.elapsed() < WATCHED && parks(&recording) == before {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = parks(&recording) - before + 1;
+    for token in tokens {
+        take_place_out(&store, &name, token).await?;
+    }
+    let released = Instant::now();
+    held.release().await.map_err(err)?;
+    let next = waiting.await.map_err(err)?.map_err(err)?;
+    let woke = released.elapsed();
+    next.release().await.map_err(err)?;
+    ensure!(
+        seen == 1,
+        "a waiter with three places ahead sent {seen} parks within {:?} of its first (one long park expected)",
+        watched.elapsed()
+    );
+    ensure!(
+        woke < Duration::from_secs(1),
+        "the release woke the long parker it handed the lease to only after {woke:?}"
+    );
+    Ok(())
+}
+
+/// Two dead waiters first in line (planted places), a third place, and a waiter behind them
+/// that parks long. The third place goes (its waiter gave up), so the waiter is third in line
+/// while it sleeps its long park; the release hands the lease to the first dead waiter and
+/// must wake the waiter too, which then finds the two dead waiters' turns run out and takes
+/// the lock within about two turns. (A waiter left asleep would take it only when its long
+/// park ends, seconds later: the stall of two dead waiters in a row would be the long park,
+/// not their turns.)
+async fn lease_long_parker_wakes_at_the_release() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let (waiter, recording, _proxy) = recorded_client(&store).await?;
+    let holder: LockClient = client(store.config()).await?;
+    let name = unique_name("long-parker-woken")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = holder.lock_with(&name, &long).await.map_err(err)?;
+    let [_, _, third] = plant_three(&store, &name).await?;
+    let waiting = spawn_acquire(&waiter, &name, long.clone().wait(Duration::from_secs(20)));
+    until_parked_long(&recording).await?;
+    take_place_out(&store, &name, third).await?;
+    let released = Instant::now();
+    held.release().await.map_err(err)?;
+    let next = waiting.await.map_err(err)?.map_err(err)?;
+    let took = released.elapsed();
+    next.release().await.map_err(err)?;
+    let bound = TURN * 2 + Duration::from_millis(1400);
+    ensure!(
+        took <= bound,
+        "behind two dead waiters with turns of {TURN:?}, the waiter took the lock {took:?} after the release (bound {bound:?}): its long park was not woken"
+    );
+    Ok(())
+}

@@ -73,6 +73,9 @@ fn main() -> ExitCode {
         .case("lease/own_place_blocks_nobody_after_release", || {
             Box::pin(lease_queue::lease_own_place_after_release())
         })
+        .case("lease/a_leaving_waiter_leaves_the_lease_row_alone", || {
+            Box::pin(lease_queue::lease_leaving_waiter_leaves_the_lease_row_alone())
+        })
         .case("lease/a_locked_head_stalls_no_newcomer", || {
             Box::pin(lease_queue::lease_locked_head_stalls_no_newcomer())
         })

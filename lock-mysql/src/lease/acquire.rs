@@ -496,9 +496,14 @@ impl LeaseStrategy {
             turn,
             LEASE_COLUMNS,
         );
-        let rows = retry_deadlocks(|| run_pooled(&self.pool, sql.clone(), until))
-            .await
-            .map_err(|e| LockError::from(Error::new(what(), e)))?;
+        let batch = || retry_deadlocks(|| run_pooled(&self.pool, sql.clone(), until));
+        // Once more if a release's wake-up meant for this client's park landed on the batch
+        // (it found the park's marker just before the park ended).
+        let rows = match batch().await {
+            Err(error) if classify(&error) == Class::Interrupted => batch().await,
+            other => other,
+        }
+        .map_err(|e| LockError::from(Error::new(what(), e)))?;
         let state = tagged(&rows, "row")
             .next()
             .map(|row| {

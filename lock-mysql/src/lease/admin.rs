@@ -90,6 +90,7 @@ impl LeaseStrategy {
                 info.token.as_str().as_bytes(),
                 info.fence.get(),
                 1,
+                self.limits.mariadb,
             )
             .into();
             let until = self.statement_until();

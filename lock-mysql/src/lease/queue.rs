@@ -44,10 +44,11 @@
 //!   free. A waiter near the head (fewer than [`NEAR`] live places ahead) parks at most
 //!   [`PARK_MAX`], the holder's time left and until the first live place ahead lapses: it
 //!   sees to dead holders and dead waiters ahead. A waiter further back parks up to
-//!   [`LONG_PARK`] (on the anchor only), and the release that brings it near the head (each
-//!   release brings one) wakes it too, so it parks short from then on: a dead first waiter
-//!   stalls the lock for its turn, two in a row for two turns, and three or more dead or
-//!   paused waiters in a row may add one long park. While the lease is held, a waiter far back
+//!   [`LONG_PARK`] (on the anchor only), and each release wakes the long parks of the second
+//!   and third live waiters too (near the head now), so they park short from then on: a dead
+//!   first waiter stalls the lock for its turn, two in a row for two turns, and three or more
+//!   dead or paused waiters in a row may add one long park (this assumes the wake-ups work:
+//!   they need the privilege below). While the lease is held, a waiter far back
 //!   so costs the server one park (two short round trips) per [`LONG_PARK`], not a try and a
 //!   queue batch a second (a thousand waiters parking a second at a time kept the server
 //!   busy with about 5,500 statements a second, and it granted almost nothing). Reads a park
@@ -273,10 +274,13 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> Strin
 ///
 /// Every read is a plain `SELECT` (into variables): MariaDB runs `SET @v = (SELECT ..)` as a
 /// locking read, and a park must not wait for, nor hold up, the lease row's lock. This batch
-/// does not carry the park's mark, so no release's `KILL QUERY` is aimed at it: MariaDB ends a
-/// batch killed between two of its statements without the rest of its answer, though the
-/// answer before said more would follow, and the client would wait for it until its own time
-/// limit (fault case `lease/park_killed_between_statements`).
+/// holds no marker (see [`park_wait`]), so no release's `KILL QUERY` is aimed at it: MariaDB
+/// ends a batch killed between two of its statements without the rest of its answer, though
+/// the answer before said more would follow, and the client would wait for it until its own
+/// time limit (fault case `lease/park_killed_between_statements`). (A kill sent just as the
+/// waiter's previous wait gave its marker back can still land here: the release looks the
+/// marker up and kills in two statements; rare, and then this park ends at its time limit.)
+/// It first gives back this waiter's markers, should a failed statement have left one.
 pub(crate) fn park_refresh(
     table: &TableName,
     name: &[u8],
@@ -292,7 +296,7 @@ pub(crate) fn park_refresh(
     let park = park.min(PARK_MAX);
     let mine = format!("(SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})");
     format!(
-        "DO RELEASE_ALL_LOCKS(); \
+        "DO RELEASE_LOCK('{short}'), RELEASE_LOCK('{long}'); \
          UPDATE {q} SET connection_id = CONNECTION_ID(), \
          until_at = NOW(6) + INTERVAL {place} MICROSECOND WHERE name = {n} AND token = {k}; \
          SET @lm_placed = ROW_COUNT(); \
@@ -311,6 +315,8 @@ pub(crate) fn park_refresh(
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
         park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
+        short = marker(token, false),
+        long = marker(token, true),
     )
 }
 
@@ -363,18 +369,18 @@ pub(crate) fn park_wait(
         }
         None => format!("IF(SLEEP({seconds}) = 0, 0, 2)"),
     };
-    // 4: the marker was not free (nothing waited).
+    // The marker first (4: it was not free, nothing waited), then whether to wait, then the
+    // wait, then the marker back: a release that commits its hand-off and then finds no
+    // marker comes before the marker was taken, so before the check, which sees the hand-off.
     let m = marker(token, park.long);
-    let wait = format!(
-        "IF(COALESCE(GET_LOCK('{m}', 0), 0) = 0, 4, {wait} + 0 * COALESCE(RELEASE_LOCK('{m}'), 0))"
-    );
     format!(
-        "SELECT 'parked', CAST(IF(@lm_placed = 0 \
+        "SELECT 'parked', CAST(IF(COALESCE(GET_LOCK('{m}', 0), 0) = 0, 4, IF(@lm_placed = 0 \
          OR EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
          OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
          AND ({again} OR NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
          AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})))), \
-         1, {wait}) AS SIGNED) AS woke, @lm_ahead, '{PARK_MARK}{kind}{}' AS mark",
+         1, {wait}) + 0 * COALESCE(RELEASE_LOCK('{m}'), 0)) AS SIGNED) AS woke, @lm_ahead, \
+         '{PARK_MARK}{kind}{}' AS mark",
         token_text(token),
         again = u8::from(park.again),
         kind = if park.long { LONG_MARK } else { "" },
@@ -480,6 +486,7 @@ pub(crate) fn release_batch(
     token: &[u8],
     fence: u64,
     bump: u8,
+    mariadb: bool,
 ) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
@@ -512,16 +519,37 @@ pub(crate) fn release_batch(
          SELECT token INTO @lm_third FROM {q} FORCE INDEX (by_arrival) \
          WHERE name = {n} AND until_at > NOW(6) AND @lm_done > 0 \
          ORDER BY arrived_at, token LIMIT 1 OFFSET 2; \
-         SET @lm_conn = IF(@lm_done > 0, \
-         COALESCE(IS_USED_LOCK(CONCAT('{MARKER}', CAST(@lm_next AS CHAR))), \
-         IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_next AS CHAR)))), NULL), \
+         SET @lm_conn = IF(@lm_done > 0, IS_USED_LOCK(CONCAT('{MARKER}', CAST(@lm_next AS CHAR))), NULL), \
+         @lm_long = IF(@lm_done > 0, \
+         IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_next AS CHAR))), NULL), \
          @lm_near = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_second AS CHAR))), \
          @lm_nearer = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_third AS CHAR))); \
-         EXECUTE IMMEDIATE IF(@lm_conn IS NULL, 'DO 0', CONCAT('KILL QUERY ', @lm_conn)); \
-         EXECUTE IMMEDIATE IF(@lm_near IS NULL, 'DO 0', CONCAT('KILL QUERY ', @lm_near)); \
-         EXECUTE IMMEDIATE IF(@lm_nearer IS NULL OR @lm_nearer = @lm_near, 'DO 0', \
-         CONCAT('KILL QUERY ', @lm_nearer))"
+         {kills}",
+        kills = [
+            kill("@lm_long", "@lm_long = @lm_conn", mariadb),
+            kill("@lm_near", "FALSE", mariadb),
+            kill("@lm_nearer", "@lm_nearer = @lm_near", mariadb),
+            kill("@lm_conn", "FALSE", mariadb),
+        ]
+        .concat()
+        .trim_end()
+        .trim_end_matches(';'),
     )
+}
+
+/// `KILL QUERY` of the session in the variable `id`, unless it is NULL or `skip` holds,
+/// followed by `;`: one `EXECUTE IMMEDIATE` on MariaDB, a prepared statement elsewhere (MySQL
+/// has no `EXECUTE IMMEDIATE`).
+fn kill(id: &str, skip: &str, mariadb: bool) -> String {
+    let sql = format!("IF({id} IS NULL OR {skip}, 'DO 0', CONCAT('KILL QUERY ', {id}))");
+    if mariadb {
+        format!("EXECUTE IMMEDIATE {sql}; ")
+    } else {
+        format!(
+            "SET @lm_kill = {sql}; PREPARE lm_kill FROM @lm_kill; EXECUTE lm_kill; \
+             DEALLOCATE PREPARE lm_kill; "
+        )
+    }
 }
 
 #[cfg(test)]
@@ -543,6 +571,28 @@ mod tests {
     fn the_condition_has_three_placeholders() {
         let q = TableName::new("t").unwrap().queue();
         assert_eq!(allowed(&q).matches('?').count(), 3);
+    }
+
+    #[test]
+    fn the_release_wakes_with_what_the_server_has() {
+        // MySQL has no `EXECUTE IMMEDIATE` (a helper's review found the release using it
+        // everywhere): there the wake-ups are prepared statements.
+        let t = TableName::new("t").unwrap();
+        let token = b"0123456789abcdef0123456789abcdef";
+        let mysql = release_batch(&t, b"n", token, 7, 0, false);
+        assert!(!mysql.contains("EXECUTE IMMEDIATE"), "{mysql}");
+        assert_eq!(mysql.matches("PREPARE lm_kill FROM").count(), 4);
+        let mariadb = release_batch(&t, b"n", token, 7, 0, true);
+        assert_eq!(mariadb.matches("EXECUTE IMMEDIATE").count(), 4);
+        assert!(!mariadb.trim_end().ends_with(';'), "{mariadb}");
+    }
+
+    #[test]
+    fn markers_fit_a_user_lock_name() {
+        // User lock names are at most 64 characters.
+        let token = b"0123456789abcdef0123456789abcdef";
+        assert!(marker(token, true).len() <= 64);
+        assert!(marker(token, false).len() <= 64);
     }
 
     #[test]

@@ -47,6 +47,7 @@ impl LeaseStrategy {
             lease.token().as_str().as_bytes(),
             lease.fence().get(),
             0,
+            self.limits.mariadb,
         )
         .into();
         let what = format!("releasing `{name}`");

@@ -40,13 +40,11 @@ use std::{
 };
 
 use lock_core::{LockError, backend::LeaseToken};
-use sqlx::{
-    AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, mysql::MySqlConnectOptions,
-};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, mysql::MySqlConnectOptions};
 
 use crate::{
     error::Error,
-    sql::{run, tagged, within},
+    sql::{connect_within, run, tagged, within},
 };
 
 /// The session variable a parked `GET_LOCK` leaves its answer in (1: it took the anchor).
@@ -245,15 +243,7 @@ impl Anchor {
     async fn open(&self) -> Result<(Arc<str>, MySqlConnection), LockError> {
         let what = "taking the anchor";
         let settings = &self.settings;
-        let mut conn = tokio::time::timeout(settings.connect_timeout, settings.connect.connect())
-            .await
-            .map_err(|_| {
-                LockError::unavailable_msg(format!(
-                    "{what}: no connection within {:?}",
-                    settings.connect_timeout
-                ))
-            })?
-            .map_err(|e| LockError::from(Error::new(what, e)))?;
+        let mut conn = connect_within(&settings.connect, settings.connect_timeout, what).await?;
         // A lease token is 32 random hex digits: a name nobody else holds.
         let name: Arc<str> = format!("lock-mysql/park/{}", LeaseToken::random().as_str()).into();
         let until = Instant::now() + settings.statement_timeout;

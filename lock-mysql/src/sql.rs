@@ -205,6 +205,22 @@ pub(crate) async fn run_pooled(
     .await
 }
 
+/// Opens a connection outside the pool within `bound` (`what` names the step in an error):
+/// an anchor's, or a row-lock hold's.
+pub(crate) async fn connect_within(
+    options: &sqlx::mysql::MySqlConnectOptions,
+    bound: std::time::Duration,
+    what: &str,
+) -> Result<sqlx::MySqlConnection, lock_core::LockError> {
+    use sqlx::ConnectOptions as _;
+    tokio::time::timeout(bound, options.connect())
+        .await
+        .map_err(|_| {
+            lock_core::LockError::unavailable_msg(format!("{what}: no answer within {bound:?}"))
+        })?
+        .map_err(|e| lock_core::LockError::from(crate::error::Error::new(what, e)))
+}
+
 /// The rows of `rows` whose first column is `tag` (each SELECT of a script starts with a
 /// string literal naming it).
 pub(crate) fn tagged<'r>(rows: &'r [MySqlRow], tag: &'r str) -> impl Iterator<Item = &'r MySqlRow> {

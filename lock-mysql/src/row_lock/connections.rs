@@ -4,14 +4,14 @@
 use std::time::{Duration, Instant};
 
 use lock_core::LockError;
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, MySqlConnection, Row, mysql::MySqlRow};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row, mysql::MySqlRow};
 use tokio::sync::oneshot;
 
 use super::Shared;
 use crate::{
     config::ceil_secs,
     error::{Error, server_code},
-    sql::{run, tagged},
+    sql::{connect_within, run, tagged},
 };
 
 /// Why a wait was stopped before the server answered.
@@ -84,15 +84,7 @@ impl Shared {
 
     pub(super) async fn connect(&self) -> Result<Dedicated, LockError> {
         let what = "opening a connection for a row lock";
-        let mut conn = tokio::time::timeout(self.connect_timeout, self.connect.connect())
-            .await
-            .map_err(|_| {
-                LockError::unavailable_msg(format!(
-                    "{what}: no answer within {:?}",
-                    self.connect_timeout
-                ))
-            })?
-            .map_err(|e| LockError::from(Error::new(what, e)))?;
+        let mut conn = connect_within(&self.connect, self.connect_timeout, what).await?;
         // The hold is an idle transaction: no server-side idle killer or statement time limit
         // may end it (or a wait) behind the client's back.
         let setup = if self.session_setup.is_empty() {

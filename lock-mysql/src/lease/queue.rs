@@ -279,7 +279,9 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> Strin
 /// the answer before said more would follow, and the client would wait for it until its own
 /// time limit (fault case `lease/park_killed_between_statements`). (A kill sent just as the
 /// waiter's previous wait gave its marker back can still land here: the release looks the
-/// marker up and kills in two statements; rare, and then this park ends at its time limit.)
+/// marker up and kills in two statements. Rare; this park then ends at its time limit, the
+/// park's length and 250 ms, which can be longer than the waiter's turn: a waiter handed the
+/// lease then may miss its turn and queue again. The same holds for a busy batch.)
 /// It first gives back this waiter's markers, should a failed statement have left one.
 pub(crate) fn park_refresh(
     table: &TableName,
@@ -356,8 +358,13 @@ pub(crate) fn park_wait(
 ) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
+    // Whether the waiter is still far back is counted here, after the marker is taken (a
+    // release that brought it near and found no long marker came before this count).
     let seconds = format!(
-        "IF({} AND @lm_ahead >= {NEAR}, {}.{:06}, @lm_sleep)",
+        "IF({} AND (SELECT COUNT(*) FROM (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) \
+         WHERE o.name = {n} AND o.until_at > NOW(6) AND (o.arrived_at, o.token) < \
+         (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}) \
+         ORDER BY o.arrived_at, o.token LIMIT {NEAR}) AS ahead) >= {NEAR}, {}.{:06}, @lm_sleep)",
         u8::from(park.long),
         park.length.as_secs(),
         park.length.subsec_micros()
@@ -525,11 +532,13 @@ pub(crate) fn release_batch(
          @lm_near = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_second AS CHAR))), \
          @lm_nearer = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_third AS CHAR))); \
          {kills}",
+        // The waiter handed the lease first: a kill that fails (its session just ended, or
+        // another user's) ends the batch, and the others' wake-ups matter less.
         kills = [
+            kill("@lm_conn", "FALSE", mariadb),
             kill("@lm_long", "@lm_long = @lm_conn", mariadb),
             kill("@lm_near", "FALSE", mariadb),
             kill("@lm_nearer", "@lm_nearer = @lm_near", mariadb),
-            kill("@lm_conn", "FALSE", mariadb),
         ]
         .concat()
         .trim_end()
@@ -585,6 +594,15 @@ mod tests {
         let mariadb = release_batch(&t, b"n", token, 7, 0, true);
         assert_eq!(mariadb.matches("EXECUTE IMMEDIATE").count(), 4);
         assert!(!mariadb.trim_end().ends_with(';'), "{mariadb}");
+        // The waiter handed the lease is woken first: a failed kill ends the batch (a
+        // helper's review found it last, after kills that can fail).
+        for sql in [&mysql, &mariadb] {
+            let first = sql
+                .split("CONCAT('KILL QUERY ', ")
+                .nth(1)
+                .and_then(|rest| rest.split(')').next());
+            assert_eq!(first, Some("@lm_conn"), "{sql}");
+        }
     }
 
     #[test]

@@ -89,7 +89,7 @@ pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
                  arrived_at DATETIME(6) NOT NULL COMMENT 'its first busy try, by the server clock, in UTC: the order of service', \
                  until_at DATETIME(6) NOT NULL COMMENT 'when the place lapses unless the waiter tries again, in UTC', \
                  turn_us BIGINT UNSIGNED NOT NULL COMMENT 'how long the waiter may take to come for a lease handed to it, in microseconds', \
-                 connection_id BIGINT UNSIGNED NULL DEFAULT NULL COMMENT 'the connection its latest park ran on, to wake it', \
+                 connection_id BIGINT UNSIGNED NULL DEFAULT NULL COMMENT 'the connection its latest park ran on (for operators; a release finds the park to wake by its marker lock)', \
                  PRIMARY KEY (name, token), \
                  KEY by_arrival (name, arrived_at, token)",
                 comment(strategy, Part::Queue),

@@ -27,18 +27,18 @@
 //!   lease expire after its turn (1.1 s with the default back-off), and its place lapses
 //!   with it.
 //! - **Waking the waiter**: between tries a waiter parks on a pooled connection: one batch
-//!   writes that connection's id into its place ([`park_refresh`]), then one statement waits,
-//!   only if the lease has not been handed to it yet ([`park_wait`]): in `GET_LOCK` on the
-//!   client's [anchor](crate::anchor) (a user lock the client holds on a connection of its
-//!   own, so the wait never ends by itself before its timeout), or in `SLEEP` without one. The
-//!   wait is one statement of its own because MariaDB ends a batch killed between two
-//!   statements without the rest of its answer, and in `GET_LOCK` because a killed `SLEEP`
-//!   waits for a mutex every sleeping session shares (see [`crate::anchor`]); either made a
-//!   woken waiter stall for up to 2 s. While it waits, the statement holds a user lock named
-//!   after the waiter's token (its *marker*). The release, *after* handing the lease over,
-//!   finds the session holding the waiter's marker (`IS_USED_LOCK`) and sends it `KILL
-//!   QUERY`, which ends the wait. A kill that lands before the
-//!   wait starts is lost, but then the wait sees the hand-off and does not begin.
+//!   refreshes its place ([`park_refresh`]; it records the connection, for operators), then
+//!   one statement waits, only if the lease has not been handed to it yet ([`park_wait`]): in
+//!   `GET_LOCK` on the client's [anchor](crate::anchor) (a user lock the client holds on a
+//!   connection of its own, so the wait never ends by itself before its timeout), or in
+//!   `SLEEP` without one. The wait is one statement of its own because MariaDB ends a batch
+//!   killed between two statements without the rest of its answer, and in `GET_LOCK` because
+//!   a killed `SLEEP` waits for a mutex every sleeping session shares (see
+//!   [`crate::anchor`]); either made a woken waiter stall for up to 2 s. While it waits, the
+//!   statement holds a user lock named after the waiter's token (its *marker*). The release,
+//!   *after* handing the lease over, finds the session holding the waiter's marker
+//!   (`IS_USED_LOCK`) and sends it `KILL QUERY`, which ends the wait. A kill that lands before
+//!   the wait starts is lost, but then the wait sees the hand-off and does not begin.
 //! - **Short and long parks**: a park that waited its time out is followed at once by another,
 //!   which keeps the place alive and tries nothing unless the lease was handed over or became
 //!   free. A waiter near the head (fewer than [`NEAR`] live places ahead) parks at most
@@ -189,10 +189,8 @@ pub(crate) fn busy_batch(
          UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL turn_us MICROSECOND) \
          WHERE name = {n} AND token = @lm_first AND @lm_first <> {k} AND @lm_free; \
          SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
-         SELECT 'ahead', COUNT(*) FROM (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) \
-         WHERE o.name = {n} AND o.until_at > NOW(6) \
-         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}) \
-         ORDER BY o.arrived_at, o.token LIMIT {NEAR}) AS ahead"
+         SELECT 'ahead', {ahead}",
+        ahead = ahead(&q, &n, &k, NEAR),
     )
 }
 
@@ -226,6 +224,19 @@ fn token_text(token: &[u8]) -> String {
         Ok(text) if text.bytes().all(|b| b.is_ascii_hexdigit()) => text.to_owned(),
         _ => hex(token).replace('\'', ""),
     }
+}
+
+/// How many live places of the queue `q` come before the caller's (`k`) on the name `n`,
+/// counted from the head along `by_arrival` up to `limit` (which stands for that many or
+/// more): a few index entries, whatever the length of the queue. 0 when the caller has no
+/// place. One parenthesised SQL expression.
+fn ahead(q: &str, n: &str, k: &str, limit: i64) -> String {
+    format!(
+        "(SELECT COUNT(*) FROM (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) \
+         WHERE o.name = {n} AND o.until_at > NOW(6) \
+         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}) \
+         ORDER BY o.arrived_at, o.token LIMIT {limit}) AS ahead)"
+    )
 }
 
 /// Deletes the caller's place.
@@ -296,7 +307,6 @@ pub(crate) fn park_refresh(
         format!("GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), {until}), 0) / 1000000 + 0.001")
     };
     let park = park.min(PARK_MAX);
-    let mine = format!("(SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})");
     format!(
         "DO RELEASE_LOCK('{short}'), RELEASE_LOCK('{long}'); \
          UPDATE {q} SET connection_id = CONNECTION_ID(), \
@@ -308,15 +318,13 @@ pub(crate) fn park_refresh(
          ORDER BY o.arrived_at, o.token LIMIT 1), {park}), \
          COALESCE((SELECT {lease_left} FROM {t} WHERE name = {n} AND token IS NOT NULL \
          AND token <> {k} AND expires_at > NOW(6)), {park})), \
-         (SELECT COUNT(*) FROM (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) \
-         WHERE o.name = {n} AND o.until_at > NOW(6) AND (o.arrived_at, o.token) < {mine} \
-         ORDER BY o.arrived_at, o.token LIMIT {NEAR}) AS ahead) \
-         INTO @lm_mine, @lm_sleep, @lm_ahead; \
+         {ahead} INTO @lm_mine, @lm_sleep, @lm_ahead; \
          UPDATE {q} SET until_at = LEAST(until_at, @lm_mine) \
          WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL",
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
         park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
+        ahead = ahead(&q, &n, &k, NEAR),
         short = marker(token, false),
         long = marker(token, true),
     )
@@ -361,11 +369,9 @@ pub(crate) fn park_wait(
     // Whether the waiter is still far back is counted here, after the marker is taken (a
     // release that brought it near and found no long marker came before this count).
     let seconds = format!(
-        "IF({} AND (SELECT COUNT(*) FROM (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) \
-         WHERE o.name = {n} AND o.until_at > NOW(6) AND (o.arrived_at, o.token) < \
-         (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}) \
-         ORDER BY o.arrived_at, o.token LIMIT {NEAR}) AS ahead) >= {NEAR}, {}.{:06}, @lm_sleep)",
+        "IF({} AND {} >= {NEAR}, {}.{:06}, @lm_sleep)",
         u8::from(park.long),
+        ahead(&q, &n, &k, NEAR),
         park.length.as_secs(),
         park.length.subsec_micros()
     );
@@ -384,12 +390,12 @@ pub(crate) fn park_wait(
         "SELECT 'parked', CAST(IF(COALESCE(GET_LOCK('{m}', 0), 0) = 0, 4, IF(@lm_placed = 0 \
          OR EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
          OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
-         AND ({again} OR NOT EXISTS (SELECT 1 FROM {q} o WHERE o.name = {n} AND o.until_at > NOW(6) \
-         AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k})))), \
+         AND ({again} OR {first} = 0)), \
          1, {wait}) + 0 * COALESCE(RELEASE_LOCK('{m}'), 0)) AS SIGNED) AS woke, @lm_ahead, \
          '{PARK_MARK}{kind}{}' AS mark",
         token_text(token),
         again = u8::from(park.again),
+        first = ahead(&q, &n, &k, 1),
         kind = if park.long { LONG_MARK } else { "" },
     )
 }

@@ -17,7 +17,10 @@ use super::{
     lease_parks::{PARK, recorded_client},
     lease_queue::plant_place,
     spawn_acquire,
-    support::{MySqlStore, hex, proxy::Recording},
+    support::{
+        MySqlStore, hex,
+        proxy::{Proxy, Recording},
+    },
 };
 
 /// The cases of this file.
@@ -91,6 +94,53 @@ async fn take_place_out(store: &MySqlStore, name: &LockName, token: &str) -> Out
     Ok(())
 }
 
+/// A waiter parked long behind a holder of 30 s and three dead waiters' places (see
+/// [`plant_three`]), its statements recorded.
+struct FarBack {
+    store: MySqlStore,
+    name: LockName,
+    recording: Recording,
+    held: lock_core::LockGuard,
+    waiting: tokio::task::JoinHandle<Result<lock_core::LockGuard, lock_core::LockError>>,
+    tokens: [&'static str; 3],
+    _proxy: Proxy,
+}
+
+impl FarBack {
+    /// Sets it up on a fresh name from `label`, until the waiter has sent its first long park.
+    async fn park(label: &str) -> Result<Self, Failure> {
+        let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+        let (waiter, recording, proxy) = recorded_client(&store).await?;
+        let holder: LockClient = client(store.config()).await?;
+        let name = unique_name(label)?;
+        let long = LockOptions::new().ttl(Duration::from_secs(30));
+        let held = holder.lock_with(&name, &long).await.map_err(err)?;
+        let tokens = plant_three(&store, &name).await?;
+        let waiting = spawn_acquire(&waiter, &name, long.wait(Duration::from_secs(20)));
+        until_parked_long(&recording).await?;
+        Ok(Self {
+            store,
+            name,
+            recording,
+            held,
+            waiting,
+            tokens,
+            _proxy: proxy,
+        })
+    }
+
+    /// Releases the holder; answers how long after the release the waiter had the lock (and
+    /// releases it).
+    async fn release(self) -> Result<Duration, Failure> {
+        let released = Instant::now();
+        self.held.release().await.map_err(err)?;
+        let next = self.waiting.await.map_err(err)?.map_err(err)?;
+        let took = released.elapsed();
+        next.release().await.map_err(err)?;
+        Ok(took)
+    }
+}
+
 /// A holder of 30 s and a waiter behind three places: the waiter, far back, parks longer
 /// than a second: no second park for 2.5 s after its first long one. (Before, every park lasted a
 /// second at most, so a thousand waiters sent a thousand park batches a second between them
@@ -98,30 +148,18 @@ async fn take_place_out(store: &MySqlStore, name: &LockName, token: &str) -> Out
 /// lease to the waiter, waking its long park.
 async fn lease_far_back_parks_long() -> Outcome {
     const WATCHED: Duration = Duration::from_millis(2500);
-    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let (waiter, recording, _proxy) = recorded_client(&store).await?;
-    let holder = client(store.config()).await?;
-    let name = unique_name("parks-long")?;
-    let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder.lock_with(&name, &long).await.map_err(err)?;
-    let tokens = plant_three(&store, &name).await?;
-    let waiting = spawn_acquire(&waiter, &name, long.clone().wait(Duration::from_secs(20)));
-    until_parked_long(&recording).await?;
-    let before = parks(&recording);
+    let far = FarBack::park("parks-long").await?;
+    let before = parks(&far.recording);
     // Not seeing a second park for a while is the point: a park of a second would show.
     let watched = Instant::now();
-    while watched.elapsed() < WATCHED && parks(&recording) == before {
+    while watched.elapsed() < WATCHED && parks(&far.recording) == before {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let seen = parks(&recording) - before + 1;
-    for token in tokens {
-        take_place_out(&store, &name, token).await?;
+    let seen = parks(&far.recording) - before + 1;
+    for token in far.tokens {
+        take_place_out(&far.store, &far.name, token).await?;
     }
-    let released = Instant::now();
-    held.release().await.map_err(err)?;
-    let next = waiting.await.map_err(err)?.map_err(err)?;
-    let woke = released.elapsed();
-    next.release().await.map_err(err)?;
+    let woke = far.release().await?;
     ensure!(
         seen == 1,
         "a waiter with three places ahead sent {seen} parks within {:?} of its first (one long park expected)",
@@ -142,21 +180,9 @@ async fn lease_far_back_parks_long() -> Outcome {
 /// park ends, seconds later: the stall of two dead waiters in a row would be the long park,
 /// not their turns.)
 async fn lease_long_parker_wakes_at_the_release() -> Outcome {
-    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let (waiter, recording, _proxy) = recorded_client(&store).await?;
-    let holder: LockClient = client(store.config()).await?;
-    let name = unique_name("long-parker-woken")?;
-    let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder.lock_with(&name, &long).await.map_err(err)?;
-    let [_, _, third] = plant_three(&store, &name).await?;
-    let waiting = spawn_acquire(&waiter, &name, long.clone().wait(Duration::from_secs(20)));
-    until_parked_long(&recording).await?;
-    take_place_out(&store, &name, third).await?;
-    let released = Instant::now();
-    held.release().await.map_err(err)?;
-    let next = waiting.await.map_err(err)?.map_err(err)?;
-    let took = released.elapsed();
-    next.release().await.map_err(err)?;
+    let far = FarBack::park("long-parker-woken").await?;
+    take_place_out(&far.store, &far.name, far.tokens[2]).await?;
+    let took = far.release().await?;
     let bound = TURN * 2 + Duration::from_millis(1400);
     ensure!(
         took <= bound,

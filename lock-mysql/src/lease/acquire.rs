@@ -43,6 +43,7 @@ impl Drop for PlaceGuard<'_> {
             &self.strategy.table,
             self.name.as_str().as_bytes(),
             self.token.as_str().as_bytes(),
+            self.strategy.limits.mariadb,
         );
         let name = self.name.clone();
         drop(runtime.spawn(async move {
@@ -141,6 +142,7 @@ impl LeaseStrategy {
                 &self.table,
                 name.as_str().as_bytes(),
                 token.as_str().as_bytes(),
+                self.limits.mariadb,
             )
         };
         let until = self.statement_until();

@@ -256,15 +256,45 @@ pub(crate) fn leave_place(table: &TableName, name: &[u8], token: &[u8]) -> Strin
 /// `lease/a_leaving_waiter_leaves_the_lease_row_alone`; at the end of a run of a thousand
 /// waiters, 767 sessions at once waited in an `UPDATE` of the lease row that began as this
 /// one's did).
-pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8]) -> String {
+///
+/// Leaving brings the waiters behind nearer the head, as a release does: it then wakes the
+/// long parks of the first [`NEAR`] live waiters, so they park short and see to a lease
+/// nobody comes for. (Without it, in the fault campaign, whose waiters give up every 2 s, the
+/// waiters near the head all left while those behind slept long parks, and the free lock
+/// stalled for up to 9.4 s.)
+pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb: bool) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
+    let nth = |var: &str, offset: usize| {
+        format!(
+            "SELECT token INTO {var} FROM {q} FORCE INDEX (by_arrival) \
+             WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1 OFFSET {offset}; "
+        )
+    };
+    let long =
+        |var: &str| format!("IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST({var} AS CHAR)))");
     format!(
         "DELETE FROM {q} WHERE name = {n} AND token = {k}; \
          SET @lm_handed = 0; \
          SELECT 1 INTO @lm_handed FROM {t} WHERE name = {n} AND token = {k}; \
          UPDATE {t} SET token = NULL, expires_at = NULL \
-         WHERE name = {n} AND token = {k} AND @lm_handed"
+         WHERE name = {n} AND token = {k} AND @lm_handed; \
+         SET @lm_w1 = NULL, @lm_w2 = NULL, @lm_w3 = NULL; {w1}{w2}{w3}\
+         SET @lm_k1 = {k1}, @lm_k2 = {k2}, @lm_k3 = {k3}; {kills}",
+        w1 = nth("@lm_w1", 0),
+        w2 = nth("@lm_w2", 1),
+        w3 = nth("@lm_w3", 2),
+        k1 = long("@lm_w1"),
+        k2 = long("@lm_w2"),
+        k3 = long("@lm_w3"),
+        kills = [
+            kill("@lm_k1", "FALSE", mariadb),
+            kill("@lm_k2", "@lm_k2 = @lm_k1", mariadb),
+            kill("@lm_k3", "@lm_k3 = @lm_k1 OR @lm_k3 = @lm_k2", mariadb),
+        ]
+        .concat()
+        .trim_end()
+        .trim_end_matches(';'),
     )
 }
 

@@ -261,7 +261,7 @@ pub(crate) fn leave_place(table: &TableName, name: &[u8], token: &[u8]) -> Strin
 /// long parks of the first [`NEAR`] live waiters, so they park short and see to a lease
 /// nobody comes for. (Without it, in the fault campaign, whose waiters give up every 2 s, the
 /// waiters near the head all left while those behind slept long parks, and the free lock
-/// stalled for up to 9.4 s.)
+/// stalled for up to 9.4 s; fault case `lease/waiters_leaving_wake_a_long_parker`.)
 pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb: bool) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));

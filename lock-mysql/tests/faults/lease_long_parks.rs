@@ -1,6 +1,7 @@
 //! The lease's waiters far back in the queue: they park long (a thousand waiters must not each
 //! cost the server a batch a second), and a release wakes a long parker that has come near
-//! the head, so dead waiters ahead of it stall the lock no longer than their turns.
+//! the head, and so do waiters ahead that give up, so dead waiters ahead of it stall the lock
+//! no longer than their turns.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
             "lease/a_long_parker_near_the_head_wakes_at_the_release",
             || Box::pin(lease_long_parker_wakes_at_the_release()),
         )
+        .case("lease/waiters_leaving_wake_a_long_parker", || {
+            Box::pin(lease_waiters_leaving_wake_a_long_parker())
+        })
 }
 
 /// The turn of each planted (dead) waiter's place.
@@ -187,6 +191,85 @@ async fn lease_long_parker_wakes_at_the_release() -> Outcome {
     ensure!(
         took <= bound,
         "behind two dead waiters with turns of {TURN:?}, the waiter took the lock {took:?} after the release (bound {bound:?}): its long park was not woken"
+    );
+    Ok(())
+}
+
+/// How many places (live or not) the queue of `store` holds for `name`.
+async fn places(store: &MySqlStore, name: &LockName) -> Result<i64, Failure> {
+    let queue = format!("`{}_queue`", store.config().table_name().as_str());
+    sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {queue} WHERE name = X'{}'",
+        hex(name.as_str())
+    )))
+    .fetch_one(store.admin())
+    .await
+    .map_err(|e| Failure(format!("counting places: {e}")))
+}
+
+/// Until the queue of `store` holds `count` places for `name` (10 s at most).
+async fn until_places(store: &MySqlStore, name: &LockName, count: i64) -> Outcome {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while places(store, name).await? < count {
+        ensure!(
+            Instant::now() < deadline,
+            "the queue held fewer than {count} places after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// A holder that died (a lease row planted for 4 s),
+/// three live waiters queued first, and a fourth that parks long behind them. The three give
+/// up (their `acquire` calls are dropped, which leaves in the background) while the fourth
+/// sleeps its long park, and nobody releases: the lease runs out. Leaving must wake the long
+/// parker, which is then first, so it takes the lock soon after the expiry and not when its
+/// long park ends. (Found by the fault campaign, whose waiters give up every 2 s: the waiters
+/// near the head all left while those behind slept long parks, and the free lock stalled for
+/// up to 9.4 s.)
+async fn lease_waiters_leaving_wake_a_long_parker() -> Outcome {
+    const LEFT: Duration = Duration::from_secs(4);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let (waiter, recording, _proxy) = recorded_client(&store).await?;
+    let name = unique_name("leavers-wake-long")?;
+    let table = format!("`{}`", store.config().table_name().as_str());
+    let planted = Instant::now();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {table} (name, token, fence, expires_at, acquired_at) \
+         VALUES (X'{}', 'abcdefabcdefabcdefabcdefabcdefab', 1, NOW(6) + INTERVAL {} MICROSECOND, NOW(6))",
+        hex(name.as_str()),
+        LEFT.as_micros()
+    )))
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("planting a lease: {e}")))?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(20));
+    let mut first = Vec::new();
+    for count in 1..=3 {
+        let leaver: LockClient = client(store.config()).await?;
+        first.push(spawn_acquire(&leaver, &name, options.clone()));
+        until_places(&store, &name, count).await?;
+    }
+    let waiting = spawn_acquire(&waiter, &name, options);
+    until_parked_long(&recording).await?;
+    let left = planted.elapsed();
+    for leaver in &first {
+        leaver.abort();
+    }
+    ensure!(
+        left + Duration::from_secs(1) < LEFT,
+        "set-up too slow: the waiter parked long {left:?} after the lease was planted for {LEFT:?}"
+    );
+    let next = waiting.await.map_err(err)?.map_err(err)?;
+    let took = planted.elapsed();
+    next.release().await.map_err(err)?;
+    let bound = LEFT + Duration::from_millis(1200);
+    ensure!(
+        took <= bound,
+        "the three waiters ahead left {left:?} after a lease of {LEFT:?} was planted; the waiter parked long behind them took the lock {took:?} after it (bound {bound:?}): leaving did not wake its long park"
     );
     Ok(())
 }

@@ -15,7 +15,7 @@ use lock_core::{
 use redis::Value;
 
 use crate::{
-    RedisConfig,
+    RedisConfig, cluster_renewals,
     config::redacted,
     connection::{self, Conn, TlsRoots},
     error::Error,
@@ -44,8 +44,8 @@ use crate::{
 ///   by all waiting locks of this backend, and retry when the holder's TTL runs out in case a
 ///   message is lost.
 /// - The watchdog's renewals of many locks go out as calls of one script of up to 500 leases
-///   each (on a cluster, which refuses a script's keys across slots, as concurrent requests
-///   on the multiplexed connection).
+///   each (on a cluster, which refuses a script's keys across slots, as pipelines of calls of
+///   one lease each, one per node and 500 leases: see `cluster_renewals`).
 /// - Keys are `<prefix>:{<name>}:lock`, `...:fence`, `...:waiters` and the channel
 ///   `...:released`: one hash tag, one cluster slot.
 ///
@@ -430,17 +430,29 @@ impl LockBackend for RedisBackend {
         &self,
         leases: &[Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        if self.inner.config.cluster {
-            // A cluster refuses pipelines that span slots; concurrent requests on the
-            // multiplexed connection still go out back to back, one round-trip wait in all.
-            return lock_core::backend::renew_concurrently(self, leases).await;
-        }
         let batch: Vec<_> = leases
             .iter()
             .map(|l| (self.keys(l.name()), l.token(), l.ttl()))
             .collect();
-        let mut conn = self.inner.conn.clone();
         let sent = Instant::now();
+        if let Conn::Cluster(cluster) = &self.inner.conn {
+            // Pipelines by node; a renewal a node did not run goes again on its own.
+            let replies = cluster_renewals::renew(cluster, &batch).await;
+            let answers = leases.iter().zip(replies).map(|(lease, reply)| async move {
+                match reply {
+                    Some(reply) => match ops::renewed_at(&reply) {
+                        Some(server_ms) => Ok(Grant::new(
+                            ops::renewed(lease, lease.ttl(), server_ms),
+                            sent,
+                        )),
+                        None => Err(LockError::not_held(lease.name())),
+                    },
+                    None => self.renew(lease, lease.ttl()).await,
+                }
+            });
+            return Ok(futures::future::join_all(answers).await);
+        }
+        let mut conn = self.inner.conn.clone();
         let replies = ops::Renewals::new(&batch).send(&mut conn, None).await?;
         if replies.len() != leases.len() {
             return Err(LockError::backend_msg(format!(

@@ -82,13 +82,18 @@ impl Call<'_> {
         command
     }
 
+    /// The call by its script's hash (`EVALSHA`), as a command to add to a pipeline: a server
+    /// that does not know the script answers it with `NOSCRIPT` and runs nothing.
+    pub(crate) fn by_hash(&self) -> Cmd {
+        self.command("EVALSHA", self.script.script.get_hash())
+    }
+
     /// Runs the call on `conn`: `EVALSHA`, then `EVAL` if the server does not know the script.
     pub(crate) async fn invoke_async<T: FromRedisValue>(
         &self,
         conn: &mut impl ConnectionLike,
     ) -> RedisResult<T> {
-        let by_hash = self.command("EVALSHA", self.script.script.get_hash());
-        match by_hash.query_async(conn).await {
+        match self.by_hash().query_async(conn).await {
             Err(error) if unknown_script(&error) => {
                 self.command("EVAL", &self.script.source)
                     .query_async(conn)

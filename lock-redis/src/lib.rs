@@ -2,6 +2,7 @@
 
 mod admin;
 mod backend;
+mod cluster_renewals;
 mod config;
 mod connection;
 mod error;

@@ -82,7 +82,7 @@ async fn marked(conn: &mut MultiplexedConnection, keys: &RedisKeys) -> Result<bo
 }
 
 fn main() -> ExitCode {
-    conformance_tests::Cases::<Failure>::new("redis faults")
+    renewals::cases(conformance_tests::Cases::<Failure>::new("redis faults"))
         .case("a_dead_waiter_stalls_the_lock_briefly", || {
             Box::pin(queue::a_dead_waiter_stalls_the_lock_briefly())
         })
@@ -118,9 +118,6 @@ fn main() -> ExitCode {
         })
         .case("cluster_release_needs_only_the_locks_node", || {
             Box::pin(scripts::cluster_release_needs_only_the_locks_node())
-        })
-        .case("redlock_renews_thousands_of_leases_in_one_batch", || {
-            Box::pin(renewals::redlock_renews_thousands_of_leases_in_one_batch())
         })
         .case("redlock_survives_two_of_five_down", || {
             Box::pin(outages::redlock_survives_two_of_five_down())

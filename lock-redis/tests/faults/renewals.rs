@@ -1,16 +1,31 @@
 //! Batched renewals of many held locks: the watchdog renews every hold of a client that falls
-//! due in one `renew_many`, which must keep them all, however many there are.
+//! due in one `renew_many`, which must keep them all, however many there are, on however many
+//! nodes.
 
 use std::time::Duration;
 
 use conformance_tests::{
-    Failure, Outcome,
-    faults::{fail, unique_name},
+    Cases, Failure, Outcome, ensure,
+    faults::{env_var, fail, unique_name},
 };
-use lock_core::{Fence, Lease, LockBackend, backend::LeaseToken};
-use lock_redis::{RedisKeys, RedlockBackend, RedlockConfig};
+use futures::{StreamExt, TryStreamExt, stream};
+use lock_core::{
+    Fence, Lease, LockBackend, LockClient, LockError, LockName, LockOptions, backend::LeaseToken,
+};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 
 use super::{raw_conn, redlock_urls};
+
+/// The cases of this file.
+pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
+    cases
+        .case("redlock_renews_thousands_of_leases_in_one_batch", || {
+            Box::pin(redlock_renews_thousands_of_leases_in_one_batch())
+        })
+        .case("cluster_renews_across_nodes_in_one_batch", || {
+            Box::pin(cluster_renews_across_nodes_in_one_batch())
+        })
+}
 
 /// How many leases the batch renews: far more work than one server does within the
 /// per-server time-out below (five servers took 185 ms to renew 10,000 leases sent as one
@@ -24,7 +39,7 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Redlock renews 20,000 held leases in one batch: the per-server time-out bounds one request
 /// to a server, not a batch of thousands, so every lease is renewed.
-pub(super) async fn redlock_renews_thousands_of_leases_in_one_batch() -> Outcome {
+async fn redlock_renews_thousands_of_leases_in_one_batch() -> Outcome {
     let urls = redlock_urls()?;
     let backend = RedlockBackend::connect(
         RedlockConfig::new(urls.clone())
@@ -83,4 +98,127 @@ pub(super) async fn redlock_renews_thousands_of_leases_in_one_batch() -> Outcome
             failed.first()
         )))
     }
+}
+
+/// How many locks the cluster's batch renews: enough for every node to serve many of them,
+/// and more than one pipeline's worth (500) in all.
+const CLUSTER_LOCKS: usize = 1_200;
+
+/// A cluster renews a batch of held locks spread over every node, after a `SCRIPT FLUSH` of
+/// every node (each node answers the pipelined calls `NOSCRIPT`, so each lease is renewed
+/// again on its own) and then once more (the pipelines run): every lease is renewed to the
+/// batch's TTL, and leases whose token is not the holder's are answered "not held".
+async fn cluster_renews_across_nodes_in_one_batch() -> Outcome {
+    let urls: Vec<String> = env_var("LOCK_TEST_REDIS_CLUSTER_URLS")?
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let backend = RedisBackend::connect(RedisConfig::cluster(urls.clone()).key_prefix("faults"))
+        .await
+        .map_err(fail("cluster connect"))?;
+    let client = LockClient::new(backend.clone());
+    let base = unique_name("cluster-renewals")?;
+    let held = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .watchdog(false);
+    let names: Vec<LockName> = (0..CLUSTER_LOCKS)
+        .map(|i| LockName::new(format!("{}/{i}", base.as_str())).map_err(fail("name")))
+        .collect::<Result<_, Failure>>()?;
+    let guards: Vec<_> = stream::iter(&names)
+        .map(|name| client.lock_with(name, &held))
+        .buffered(64)
+        .try_collect()
+        .await
+        .map_err(fail("acquire"))?;
+    let outcome = async {
+        for url in &urls {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut raw_conn(url).await?)
+                .await
+                .map_err(fail("SCRIPT FLUSH"))?;
+        }
+        for ttl in [Duration::from_secs(60), Duration::from_secs(90)] {
+            renew_round(&backend, &client, &guards, &names, ttl).await?;
+        }
+        Ok(())
+    }
+    .await;
+    for guard in guards {
+        guard.release().await.map_err(fail("release"))?;
+    }
+    outcome
+}
+
+/// One batch of [`cluster_renews_across_nodes_in_one_batch`]: the leases of `guards` (of the
+/// locks `names`) renewed to `ttl`, with three leases of held locks under another token.
+async fn renew_round(
+    backend: &RedisBackend,
+    client: &LockClient,
+    guards: &[lock_core::LockGuard],
+    names: &[LockName],
+    ttl: Duration,
+) -> Outcome {
+    let mut leases: Vec<Lease> = guards
+        .iter()
+        .map(|g| {
+            let lease = g.lease();
+            Lease::new(
+                lease.name().clone(),
+                lease.token().clone(),
+                lease.fence(),
+                ttl,
+            )
+        })
+        .collect();
+    // Three leases of held locks under a token that is not the holder's.
+    for name in &names[..3] {
+        leases.push(Lease::new(
+            name.clone(),
+            LeaseToken::random(),
+            Fence::new(1),
+            ttl,
+        ));
+    }
+    let answers = backend
+        .renew_many(&leases)
+        .await
+        .map_err(fail("the batch failed as a whole"))?;
+    ensure!(
+        answers.len() == leases.len(),
+        "{} answers to {} renewals",
+        answers.len(),
+        leases.len()
+    );
+    let (ours, foreign) = answers.split_at(CLUSTER_LOCKS);
+    let failed: Vec<_> = ours.iter().filter_map(|a| a.as_ref().err()).collect();
+    ensure!(
+        failed.is_empty(),
+        "renewing to {ttl:?}: {} of {CLUSTER_LOCKS} renewals failed, the first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    ensure!(
+        foreign
+            .iter()
+            .all(|a| matches!(a, Err(LockError::NotHeld { .. }))),
+        "renewing to {ttl:?}: leases under another token were answered {foreign:?}"
+    );
+    let left: Vec<Option<Duration>> = stream::iter(names)
+        .map(|name| client.inspect(name))
+        .buffered(64)
+        .map_ok(|info| info.and_then(|i| i.expires_in))
+        .try_collect()
+        .await
+        .map_err(fail("inspect"))?;
+    let short = left
+        .iter()
+        .filter(|l| l.is_none_or(|l| l + Duration::from_secs(10) < ttl))
+        .count();
+    ensure!(
+        short == 0,
+        "renewing to {ttl:?}: {short} of {CLUSTER_LOCKS} locks have less than {:?} left",
+        ttl - Duration::from_secs(10)
+    );
+    Ok(())
 }

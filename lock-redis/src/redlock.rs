@@ -445,6 +445,14 @@ impl LockBackend for RedlockBackend {
         &self,
         leases: &[Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
+        if leases
+            .iter()
+            .any(|l| lock_core::backend::validate_ttl(l.ttl()).is_err())
+        {
+            // One by one: each renewal answers its own TTL's error, and nothing of a bad one
+            // is sent (a TTL of zero would delete the keys).
+            return lock_core::backend::renew_concurrently(self, leases).await;
+        }
         let batch: Vec<_> = leases
             .iter()
             .map(|l| (self.keys(l.name()), l.token(), l.ttl()))

@@ -290,7 +290,9 @@ impl LockBackend for ZkBackend {
     /// [`LockError::NotHeld`] when the node is gone or the lease is not this backend's;
     /// [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session ended;
     /// [`LockError::Unavailable`] while disconnected (the session may still be alive).
-    async fn renew(&self, lease: &Lease, _ttl: Duration) -> Result<Grant, LockError> {
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
+        // The session keeps the hold, whatever the TTL; a TTL out of range is still bad input.
+        lock_core::backend::validate_ttl(ttl)?;
         self.on_server(async {
             let held = self.held(lease)?;
             let conn = self.session_of(&held)?;
@@ -321,11 +323,13 @@ impl LockBackend for ZkBackend {
                 leases.iter().map(|_| None).collect();
             let mut checks = Vec::with_capacity(leases.len());
             for (i, lease) in leases.iter().enumerate() {
-                let checked = self.held(lease).and_then(|held| {
-                    let conn = self.session_of(&held)?;
-                    connected(&conn, &held)?;
-                    Ok((i, held))
-                });
+                let checked = lock_core::backend::validate_ttl(lease.ttl())
+                    .and_then(|()| self.held(lease))
+                    .and_then(|held| {
+                        let conn = self.session_of(&held)?;
+                        connected(&conn, &held)?;
+                        Ok((i, held))
+                    });
                 match checked {
                     Ok(check) => checks.push(check),
                     Err(error) => answers[i] = Some(Err(error)),

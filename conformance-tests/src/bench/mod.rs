@@ -27,7 +27,9 @@ pub use clients::{
 };
 pub use contender::{Contender, Turn, TurnError, peer_turn};
 pub use counters::{ServerCounters, counted, stat_line};
-pub use renewal::{RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, renewal, renewal_report};
+pub use renewal::{
+    RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, renewal, renewal_report, sent_between, sent_segments,
+};
 pub use report::{FleetRun, Line, Report, factor, render_line};
 pub use sweep::{
     SWEEP_CLIENTS, SWEEP_NAMES, SweepStep, ZIPF_EXPONENT, peer_sweep_report, sweep_report,

@@ -244,8 +244,9 @@ fn ports_of(text: &str, pids: &[u32]) -> Vec<u16> {
 }
 
 /// The data segments this process has sent so far on each of its open TCP connections to
-/// `ports`, by local address.
-fn sent_segments(ports: &[u16]) -> Option<HashMap<String, u64>> {
+/// `ports`, by local address (`data_segs_out`, as `ss` reports it); `None` when `ss` could not
+/// tell. Two readings give what was sent between them ([`sent_between`]).
+pub fn sent_segments(ports: &[u16]) -> Option<HashMap<String, u64>> {
     let text = ss(&["-tinpH", "state", "established"])?;
     Some(segments_to(&text, ports, std::process::id()))
 }
@@ -254,7 +255,7 @@ fn sent_segments(ports: &[u16]) -> Option<HashMap<String, u64>> {
 /// `after`, what it sent since `before` (all of it for a connection opened meanwhile).
 /// `None` when a connection of `before` closed meanwhile: what it sent before closing is
 /// unknown.
-fn sent_between(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Option<u64> {
+pub fn sent_between(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Option<u64> {
     if before.keys().any(|socket| !after.contains_key(socket)) {
         return None;
     }

@@ -91,6 +91,57 @@ pub async fn invalid_options_change_nothing(ctx: Ctx) -> Outcome {
     Ok(())
 }
 
+/// A batched renewal (`renew_many`, as the watchdog sends) of leases whose TTL is out of range
+/// answers `InvalidOptions` for each of them and sends them nowhere: the locks stay held as
+/// they were (a TTL of zero once reached a Redis server as `PEXPIRE key 0`, which deleted the
+/// key, and was answered "renewed"). The good lease in the same batch is renewed.
+pub async fn bad_batched_renewals_change_nothing(ctx: Ctx) -> Outcome {
+    let client = ctx.client().await?;
+    let options = ctx.options(Duration::ZERO).watchdog(false);
+    let (bad, good) = (ctx.name("bad-renewal"), ctx.name("good-renewal"));
+    let held = client.lock_with(&bad, &options).await?;
+    let other = client.lock_with(&good, &options).await?;
+    let lease = held.lease();
+    let with_ttl = |ttl: Duration| {
+        lock_core::Lease::new(
+            lease.name().clone(),
+            lease.token().clone(),
+            lease.fence(),
+            ttl,
+        )
+    };
+    let batch = [
+        with_ttl(Duration::ZERO),
+        with_ttl(lock_core::MAX_TTL + Duration::from_secs(1)),
+        other.lease(),
+    ];
+    let answers = client.backend().renew_many(&batch).await?;
+    ensure!(
+        answers.len() == batch.len(),
+        "{} answers to 3 renewals",
+        answers.len()
+    );
+    for (answer, what) in answers.iter().zip(["a TTL of zero", "a TTL above MAX_TTL"]) {
+        ensure!(
+            matches!(answer, Err(LockError::InvalidOptions { .. })),
+            "renewing with {what} gave {answer:?}, expected InvalidOptions"
+        );
+    }
+    ensure!(
+        answers[2].is_ok(),
+        "the good lease of the batch was not renewed: {:?}",
+        answers[2]
+    );
+    let info = client.inspect(&bad).await?;
+    ensure!(
+        info.as_ref().is_some_and(|i| &i.token == lease.token()),
+        "after renewals with bad TTLs the lock is no longer held as it was: {info:?}"
+    );
+    held.release().await?;
+    other.release().await?;
+    Ok(())
+}
+
 /// A value this library did not write under the lock's place is reported as `Foreign` by
 /// acquire and inspect, never granted, and left untouched.
 pub async fn foreign_value_is_an_error(ctx: Ctx) -> Outcome {
@@ -196,6 +247,12 @@ pub fn scenarios() -> Vec<Scenario> {
             "11 errors",
             always,
             invalid_options_change_nothing
+        ),
+        scenario!(
+            "errors/bad_batched_renewals_change_nothing",
+            "11 errors",
+            always,
+            bad_batched_renewals_change_nothing
         ),
         scenario!(
             "errors/extreme_options_never_panic",

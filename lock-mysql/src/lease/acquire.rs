@@ -118,6 +118,9 @@ impl LeaseStrategy {
         .await;
         dropped.armed = false;
         if queued.load(Ordering::Relaxed) {
+            if result.is_ok() {
+                self.waited.mark(&token);
+            }
             self.leave(request.name(), &token, result.is_ok()).await;
         }
         result

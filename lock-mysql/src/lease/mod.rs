@@ -22,6 +22,7 @@ mod admin;
 pub(crate) mod queue;
 mod release;
 mod renew;
+mod waited;
 
 use std::{
     sync::Arc,
@@ -63,6 +64,8 @@ pub(crate) struct LeaseStrategy {
     parking: Arc<tokio::sync::Semaphore>,
     /// The user lock parked waiters wait on (see [`crate::anchor`]).
     anchor: Arc<Anchor>,
+    /// The leases taken after waiting, whose release hands over at once.
+    waited: Arc<waited::Waited>,
 }
 
 /// How long statements may take.
@@ -165,6 +168,7 @@ impl LeaseStrategy {
             table,
             limits,
             anchor: Arc::new(Anchor::new(anchor)),
+            waited: Arc::default(),
         }
     }
 

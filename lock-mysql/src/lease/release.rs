@@ -36,10 +36,15 @@ impl LeaseStrategy {
         };
         // On an error the hand-off batch below decides; if it then finds the lease gone, the
         // statement may have released it before its answer was lost: that error stands.
-        let mut first: Option<sqlx::Error> = match alone().await {
-            Ok(done) if changed_current(&done, lease) => return Ok(()),
-            Ok(_) => None,
-            Err(error) => Some(error),
+        // A lease taken after waiting goes straight to the batch (see `waited`).
+        let mut first: Option<sqlx::Error> = if self.waited.take(lease.token()) {
+            None
+        } else {
+            match alone().await {
+                Ok(done) if changed_current(&done, lease) => return Ok(()),
+                Ok(_) => None,
+                Err(error) => Some(error),
+            }
         };
         let sql: Arc<str> = queue::release_batch(
             &self.table,

@@ -8,8 +8,8 @@
 //! - renewing 50 held locks: one batched call vs 50 single renewals;
 //! - separate clients (`conformance_tests::bench::fleet_report`);
 //! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
-//! - rslock, a peer library, on the single server and on the five Redlock servers, through
-//!   the same workloads: its uncontended cycle against the same floor (right after ours),
+//! - rslock, a peer library, on the single server, on the cluster (its cluster mode) and on
+//!   the five Redlock servers, through the same workloads: its uncontended cycle against the same floor (right after ours),
 //!   its separate clients (each of its runs right before ours of the same shape,
 //!   `conformance_tests::bench::fleet_report_beside`) and its client sweep (before ours); each
 //!   rslock client makes one throwaway acquisition before the clock starts, so its
@@ -186,11 +186,39 @@ fn rslock_client(
 + Send
 + Sync
 + 'static {
+    rslock_on(urls, false)
+}
+
+/// [`rslock_client`] on a cluster (`urls` its seed nodes): rslock's cluster mode counts the
+/// cluster as one server.
+fn rslock_cluster_client(
+    urls: &[String],
+) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<Rslock, String>>>>
++ Clone
++ Send
++ Sync
++ 'static {
+    rslock_on(urls, true)
+}
+
+/// [`rslock_client`] or, with `cluster`, [`rslock_cluster_client`].
+fn rslock_on(
+    urls: &[String],
+    cluster: bool,
+) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<Rslock, String>>>>
++ Clone
++ Send
++ Sync
++ 'static {
     let urls = urls.to_vec();
     move || {
         let urls = urls.clone();
         Box::pin(async move {
-            let manager = rslock::LockManager::new(urls);
+            let manager = if cluster {
+                rslock::LockManager::new_cluster(urls).map_err(|e| e.to_string())?
+            } else {
+                rslock::LockManager::new(urls)
+            };
             let warm = format!("bench:rslock:warm:{:016x}", rand::random::<u64>());
             let guard = manager
                 .lock(warm.as_bytes(), Duration::from_secs(1))
@@ -204,13 +232,27 @@ fn rslock_client(
 
 /// rslock's uncontended cycle on `urls` against `floor` (the floor ours was measured
 /// against), reported as `metric` after the peer's name; a line with the error when it fails.
-async fn rslock_uncontended<F, FF>(report: &mut Report, urls: &[String], (floor, metric): (F, &str))
+async fn rslock_uncontended<F, FF>(report: &mut Report, urls: &[String], floor: (F, &str))
 where
     F: Fn() -> FF,
     FF: Future<Output = Result<(), String>>,
 {
+    rslock_uncontended_on(report, rslock_client(urls), floor).await;
+}
+
+/// [`rslock_uncontended`] with the client `connect` makes (on a cluster, say).
+async fn rslock_uncontended_on<C, CF, F, FF>(
+    report: &mut Report,
+    connect: C,
+    (floor, metric): (F, &str),
+) where
+    C: Fn() -> CF,
+    CF: Future<Output = Result<Rslock, String>>,
+    F: Fn() -> FF,
+    FF: Future<Output = Result<(), String>>,
+{
     let metric = format!("{RSLOCK}: {metric}");
-    match bench::peer_uncontended_rounds(rslock_client(urls)(), ROUNDS, PER_ROUND, floor).await {
+    match bench::peer_uncontended_rounds(connect(), ROUNDS, PER_ROUND, floor).await {
         Ok(cycle) => report.round_ratio(&metric, &cycle, None),
         Err(error) => report.failed(&metric, &error),
     }
@@ -428,20 +470,31 @@ async fn cluster() -> Result<(), String> {
             true,
         )
         .await?;
+        let floor = (|| cluster_raw.cycle(), ONE_SERVER);
+        rslock_uncontended_on(&mut report, rslock_cluster_client(&cluster_urls), floor).await;
     }
     let rtt = cluster_raw.round_trip().await?.p50;
     let counters = Counters::new(&cluster_urls).await?;
-    bench::fleet_report(
+    bench::fleet_report_beside(
         &mut report,
         bench::each_own(
             RedisConfig::cluster(cluster_urls.clone()).key_prefix("bench"),
             RedisBackend::connect,
         ),
+        (RSLOCK, rslock_cluster_client(&cluster_urls)),
         rtt,
         FLEET_TIME,
         &counters,
     )
     .await?;
+    bench::peer_sweep_report(
+        &mut report,
+        RSLOCK,
+        rslock_cluster_client(&cluster_urls),
+        SWEEP_TIME,
+        &["redis-cluster"],
+    )
+    .await;
     many_names(
         &mut report,
         bench::each_own(

@@ -14,7 +14,9 @@
 //!   `conformance_tests::bench::fleet_report_beside`) and its client sweep (before ours); each
 //!   rslock client makes one throwaway acquisition before the clock starts, so its
 //!   connections are up as ours are;
-//! - the renewal cost of 10,000 locks held by one client (`conformance_tests::bench::renewal_report`).
+//! - the renewal cost of 10,000 locks held by one client
+//!   (`conformance_tests::bench::renewal_report`), and rslock's, each lock extended on its own
+//!   (`conformance_tests::bench::peer_renewal_report`).
 //!
 //! Run with `cargo bench -p lock-redis` (servers from `cargo xtask services up`); `cargo xtask
 //! compare` runs it too.
@@ -365,6 +367,55 @@ async fn batching(report: &mut Report, backend: &RedisBackend) -> Result<(), Str
     Ok(())
 }
 
+/// rslock's renewal cost on the servers of `instances`, with a client `connect` makes:
+/// [`bench::RENEWAL_LOCKS`] locks taken with `lock`, each renewed with `extend` (rslock has no
+/// batch: all of them at once, as a user would), released with `unlock`.
+async fn rslock_renewal<C, CF>(
+    report: &mut Report,
+    connect: C,
+    counters: &Counters,
+    instances: &[&str],
+) where
+    C: Fn() -> CF,
+    CF: Future<Output = Result<Rslock, String>>,
+{
+    const TTL: Duration = Duration::from_secs(60);
+    if !selection::workload(selection::RENEWAL) {
+        return;
+    }
+    let manager = match connect().await {
+        Ok(client) => client.manager,
+        Err(error) => {
+            report.failed(&format!("{RSLOCK}: renewing held locks"), &error);
+            return;
+        }
+    };
+    let manager = &manager;
+    let acquire = async |name: String| {
+        let resource = format!("bench:rslock:{name}");
+        manager
+            .lock(resource.as_bytes(), TTL)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let renew = async |locks: &[rslock::Lock]| {
+        let extended =
+            futures::future::join_all(locks.iter().map(|lock| manager.extend(lock, TTL))).await;
+        Ok(extended.iter().filter(|r| r.is_err()).count())
+    };
+    let release = async |locks: &[rslock::Lock]| {
+        futures::future::join_all(locks.iter().map(|lock| manager.unlock(lock))).await;
+    };
+    bench::peer_renewal_report(
+        report,
+        (RSLOCK, counters),
+        bench::RENEWAL_LOCKS,
+        instances,
+        (acquire, renew, release),
+    )
+    .await;
+}
+
 /// The workloads of many names: the client sweep (clients from `connect`) and the renewal of
 /// 10,000 locks held through `backend`, on the servers of `instances`.
 async fn many_names<C, CF, B>(
@@ -432,6 +483,7 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
         &["redis"],
     )
     .await;
+    rslock_renewal(&mut report, rslock_client(&urls), &counters, &["redis"]).await;
     many_names(
         &mut report,
         bench::each_own(
@@ -493,6 +545,14 @@ async fn cluster() -> Result<(), String> {
         rslock_cluster_client(&cluster_urls),
         SWEEP_TIME,
         &["redis-cluster"],
+    )
+    .await;
+    let instances = ["redis-cluster"];
+    rslock_renewal(
+        &mut report,
+        rslock_cluster_client(&cluster_urls),
+        &counters,
+        &instances,
     )
     .await;
     many_names(
@@ -599,6 +659,13 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
         RSLOCK,
         rslock_client(&redlock_urls),
         SWEEP_TIME,
+        &REDLOCK_INSTANCES,
+    )
+    .await;
+    rslock_renewal(
+        &mut report,
+        rslock_client(&redlock_urls),
+        &counters,
         &REDLOCK_INSTANCES,
     )
     .await;

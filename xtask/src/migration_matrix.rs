@@ -180,6 +180,7 @@ mod tests {
             fleets: Vec::new(),
             sweep: Vec::new(),
             renewal: None,
+            peer_renewals: Vec::new(),
         }
     }
 

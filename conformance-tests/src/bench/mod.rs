@@ -28,7 +28,8 @@ pub use clients::{
 pub use contender::{Contender, Turn, TurnError, peer_turn};
 pub use counters::{ServerCounters, counted, stat_line};
 pub use renewal::{
-    RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, renewal, renewal_report, sent_between, sent_segments,
+    RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, peer_renewal_report, renewal, renewal_report,
+    sent_between, sent_segments,
 };
 pub use report::{FleetRun, Line, Report, factor, render_line};
 pub use sweep::{

@@ -113,7 +113,17 @@ where
     let leases: Vec<Lease> = grants.iter().map(|grant| grant.lease.clone()).collect();
     let measured = match failed.into_iter().find_map(Result::err) {
         Some(error) => Err(format!("acquiring {locks} locks to renew: {error}")),
-        None => periods_of(backend, counters, &leases, periods, instances).await,
+        None => {
+            let leases = &leases;
+            let renew = async || {
+                let results = backend
+                    .renew_many(leases)
+                    .await
+                    .map_err(|e| format!("renewing {} held locks: {e}", leases.len()))?;
+                Ok(results.iter().filter(|r| r.is_err()).count())
+            };
+            periods_of(counters, leases.len(), (periods, instances), renew).await
+        }
     };
     let released = release_all(backend, &leases).await;
     drop(grants);
@@ -148,16 +158,69 @@ where
     Ok(())
 }
 
-/// The measured periods (see [`renewal`]).
-async fn periods_of<B, S>(
-    backend: &B,
-    counters: &S,
-    leases: &[Lease],
-    periods: usize,
+/// The renewal workload for a peer library on the same servers: `locks` locks (a tenth in a
+/// quick run) taken by `acquire` (given each lock's name), [`RENEWAL_PERIODS`] periods in which
+/// `renew` renews them all once (as a user of the peer would: the peer has no batch) and
+/// answers how many renewals failed, then `release`; added to `report` after the peer's name
+/// (see [`super::Report::peer_renewal`]), or a failed line. Nothing when the `renewal`
+/// workload is left out.
+pub async fn peer_renewal_report<H, S>(
+    report: &mut super::Report,
+    (peer, counters): (&str, &S),
+    locks: usize,
     instances: &[&str],
+    (acquire, renew, release): (
+        impl AsyncFn(String) -> Result<H, String>,
+        impl AsyncFn(&[H]) -> Result<usize, String>,
+        impl AsyncFn(&[H]),
+    ),
+) where
+    S: ServerCounters,
+{
+    if !crate::selection::workload(crate::selection::RENEWAL) {
+        return;
+    }
+    let locks = crate::selection::scaled(locks);
+    let periods = if crate::selection::quick() {
+        2
+    } else {
+        RENEWAL_PERIODS
+    };
+    let prefix = format!("bench/peer-renewal/{:016x}", rand::random::<u64>());
+    let acquired: Vec<Result<H, String>> = stream::iter(0..locks)
+        .map(|i| acquire(format!("{prefix}/{i}")))
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    let (held, failed): (Vec<_>, Vec<_>) = acquired.into_iter().partition(Result::is_ok);
+    let held: Vec<H> = held.into_iter().filter_map(Result::ok).collect();
+    let measured = match failed.into_iter().find_map(Result::err) {
+        Some(error) => Err(format!("acquiring {locks} locks to renew: {error}")),
+        None => {
+            let held = &held;
+            periods_of(counters, locks, (periods, instances), async || {
+                renew(held).await
+            })
+            .await
+        }
+    };
+    release(&held).await;
+    match measured {
+        Ok(renewal) => report.peer_renewal(peer, &renewal),
+        Err(error) => report.failed(&format!("{peer}: renewing {locks} held locks"), &error),
+    }
+}
+
+/// The measured periods (see [`renewal`]) of `locks` held locks: `periods` calls of `renew`,
+/// which renews every lock once and answers how many renewals failed; `instances` name the
+/// store's server instances.
+async fn periods_of<S>(
+    counters: &S,
+    locks: usize,
+    (periods, instances): (usize, &[&str]),
+    renew: impl AsyncFn() -> Result<usize, String>,
 ) -> Result<Renewal, String>
 where
-    B: LockBackend + ?Sized,
     S: ServerCounters,
 {
     let pids = server_pids(instances);
@@ -170,14 +233,11 @@ where
         let operations_before = counters.operations().await?;
         let (segments_before, cpu_before) = (sent_segments(&ports), total_cpu(&pids));
         let started = Instant::now();
-        let results = backend
-            .renew_many(leases)
-            .await
-            .map_err(|e| format!("renewing {} held locks: {e}", leases.len()))?;
+        let failed = renew().await?;
         record(&mut times, started.elapsed());
         let (cpu_after, segments_after) = (total_cpu(&pids), sent_segments(&ports));
         let operations_after = counters.operations().await?;
-        not_renewed += results.iter().filter(|r| r.is_err()).count();
+        not_renewed += failed;
         operations += operations_after.saturating_sub(operations_before);
         let sent = segments_before
             .zip(segments_after)
@@ -189,7 +249,7 @@ where
     }
     let per_period = |total: u64| total as f64 / periods.max(1) as f64;
     Ok(Renewal {
-        locks: leases.len(),
+        locks,
         period: stats(&times),
         round_trips: segments.filter(|_| !ports.is_empty()).map(per_period),
         operations: per_period(operations),

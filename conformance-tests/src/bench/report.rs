@@ -42,6 +42,10 @@ pub struct Report {
     /// The renewal cost (see [`super::renewal_report`]), as numbers (and in `lines`).
     #[serde(default)]
     pub renewal: Option<Renewal>,
+    /// The renewal cost of peer libraries on the same servers (see
+    /// [`super::peer_renewal_report`]), by peer, as numbers (and in `lines`).
+    #[serde(default)]
+    pub peer_renewals: Vec<(String, Renewal)>,
 }
 
 /// One run of separate clients in a [`Report`]: by this library or by a peer library on the
@@ -65,6 +69,7 @@ impl Report {
             fleets: Vec::new(),
             sweep: Vec::new(),
             renewal: None,
+            peer_renewals: Vec::new(),
         }
     }
 
@@ -236,8 +241,23 @@ impl Report {
     pub fn renewal(&mut self, renewal: &Renewal) {
         self.renewal = Some(renewal.clone());
         let label = format!("renewing {} held locks", renewal.locks);
+        self.renewal_lines(&label, "one batch of every lock", renewal);
+    }
+
+    /// Adds the renewal cost of the peer library `peer` on the same servers (see
+    /// [`super::peer_renewal_report`]): the lines of [`Report::renewal`], after the peer's
+    /// name.
+    pub fn peer_renewal(&mut self, peer: &str, renewal: &Renewal) {
+        self.peer_renewals.push((peer.to_owned(), renewal.clone()));
+        let label = format!("{peer}: renewing {} held locks", renewal.locks);
+        self.renewal_lines(&label, "every lock renewed once, all at once", renewal);
+    }
+
+    /// The lines of a renewal cost, each metric after `label`; `period` says what one period
+    /// sends.
+    fn renewal_lines(&mut self, label: &str, period: &str, renewal: &Renewal) {
         self.push(
-            &format!("{label}: one period (one batch of every lock)"),
+            &format!("{label}: one period ({period})"),
             renewal.period.to_string(),
             None,
             None,

@@ -178,33 +178,11 @@ impl bench::ServerCounters for Counters {
 /// The peer's name in the reports.
 const RSLOCK: &str = "rslock 0.10";
 
-/// A client of rslock on `urls` (one server, or Redlock's five), connected: rslock connects
-/// at its first call, so each client makes one throwaway acquisition before the clock starts,
-/// as our clients connect before it.
+/// A client of rslock on `urls` (one server, or Redlock's five; with `cluster`, a cluster's
+/// seed nodes, in rslock's cluster mode, which counts the cluster as one server), connected:
+/// rslock connects at its first call, so each client makes one throwaway acquisition before
+/// the clock starts, as our clients connect before it.
 fn rslock_client(
-    urls: &[String],
-) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<Rslock, String>>>>
-+ Clone
-+ Send
-+ Sync
-+ 'static {
-    rslock_on(urls, false)
-}
-
-/// [`rslock_client`] on a cluster (`urls` its seed nodes): rslock's cluster mode counts the
-/// cluster as one server.
-fn rslock_cluster_client(
-    urls: &[String],
-) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<Rslock, String>>>>
-+ Clone
-+ Send
-+ Sync
-+ 'static {
-    rslock_on(urls, true)
-}
-
-/// [`rslock_client`] or, with `cluster`, [`rslock_cluster_client`].
-fn rslock_on(
     urls: &[String],
     cluster: bool,
 ) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<Rslock, String>>>>
@@ -239,7 +217,7 @@ where
     F: Fn() -> FF,
     FF: Future<Output = Result<(), String>>,
 {
-    rslock_uncontended_on(report, rslock_client(urls), floor).await;
+    rslock_uncontended_on(report, rslock_client(urls, false), floor).await;
 }
 
 /// [`rslock_uncontended`] with the client `connect` makes (on a cluster, say).
@@ -469,7 +447,7 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
             RedisConfig::single(url).key_prefix("bench"),
             RedisBackend::connect,
         ),
-        (RSLOCK, rslock_client(&urls)),
+        (RSLOCK, rslock_client(&urls, false)),
         rtt,
         FLEET_TIME,
         &counters,
@@ -478,12 +456,18 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
     bench::peer_sweep_report(
         &mut report,
         RSLOCK,
-        rslock_client(&urls),
+        rslock_client(&urls, false),
         SWEEP_TIME,
         &["redis"],
     )
     .await;
-    rslock_renewal(&mut report, rslock_client(&urls), &counters, &["redis"]).await;
+    rslock_renewal(
+        &mut report,
+        rslock_client(&urls, false),
+        &counters,
+        &["redis"],
+    )
+    .await;
     many_names(
         &mut report,
         bench::each_own(
@@ -523,7 +507,7 @@ async fn cluster() -> Result<(), String> {
         )
         .await?;
         let floor = (|| cluster_raw.cycle(), ONE_SERVER);
-        rslock_uncontended_on(&mut report, rslock_cluster_client(&cluster_urls), floor).await;
+        rslock_uncontended_on(&mut report, rslock_client(&cluster_urls, true), floor).await;
     }
     let rtt = cluster_raw.round_trip().await?.p50;
     let counters = Counters::new(&cluster_urls).await?;
@@ -533,7 +517,7 @@ async fn cluster() -> Result<(), String> {
             RedisConfig::cluster(cluster_urls.clone()).key_prefix("bench"),
             RedisBackend::connect,
         ),
-        (RSLOCK, rslock_cluster_client(&cluster_urls)),
+        (RSLOCK, rslock_client(&cluster_urls, true)),
         rtt,
         FLEET_TIME,
         &counters,
@@ -542,7 +526,7 @@ async fn cluster() -> Result<(), String> {
     bench::peer_sweep_report(
         &mut report,
         RSLOCK,
-        rslock_cluster_client(&cluster_urls),
+        rslock_client(&cluster_urls, true),
         SWEEP_TIME,
         &["redis-cluster"],
     )
@@ -550,7 +534,7 @@ async fn cluster() -> Result<(), String> {
     let instances = ["redis-cluster"];
     rslock_renewal(
         &mut report,
-        rslock_cluster_client(&cluster_urls),
+        rslock_client(&cluster_urls, true),
         &counters,
         &instances,
     )
@@ -648,7 +632,7 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
             RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"),
             RedlockBackend::connect,
         ),
-        (RSLOCK, rslock_client(&redlock_urls)),
+        (RSLOCK, rslock_client(&redlock_urls, false)),
         rtt,
         FLEET_TIME,
         &counters,
@@ -657,14 +641,14 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
     bench::peer_sweep_report(
         &mut report,
         RSLOCK,
-        rslock_client(&redlock_urls),
+        rslock_client(&redlock_urls, false),
         SWEEP_TIME,
         &REDLOCK_INSTANCES,
     )
     .await;
     rslock_renewal(
         &mut report,
-        rslock_client(&redlock_urls),
+        rslock_client(&redlock_urls, false),
         &counters,
         &REDLOCK_INSTANCES,
     )

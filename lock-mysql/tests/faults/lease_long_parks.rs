@@ -15,7 +15,7 @@ use sqlx::AssertSqlSafe;
 
 use super::{
     client,
-    lease_parks::{PARK, recorded_client},
+    lease_parks::{PARK, plant_lease, recorded_client},
     lease_queue::plant_place,
     spawn_acquire,
     support::{
@@ -233,17 +233,7 @@ async fn lease_waiters_leaving_wake_a_long_parker() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let (waiter, recording, _proxy) = recorded_client(&store).await?;
     let name = unique_name("leavers-wake-long")?;
-    let table = format!("`{}`", store.config().table_name().as_str());
-    let planted = Instant::now();
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "INSERT INTO {table} (name, token, fence, expires_at, acquired_at) \
-         VALUES (X'{}', 'abcdefabcdefabcdefabcdefabcdefab', 1, NOW(6) + INTERVAL {} MICROSECOND, NOW(6))",
-        hex(name.as_str()),
-        LEFT.as_micros()
-    )))
-    .execute(store.admin())
-    .await
-    .map_err(|e| Failure(format!("planting a lease: {e}")))?;
+    let planted = plant_lease(&store, &name, LEFT).await?;
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(20));

@@ -114,6 +114,27 @@ pub(super) async fn lease_parked_waiter_parks_again() -> Outcome {
     Ok(())
 }
 
+/// Plants the lease of a holder that died on `name`, with `left` to run (fence 1); answers
+/// when it was planted.
+pub(super) async fn plant_lease(
+    store: &MySqlStore,
+    name: &lock_core::LockName,
+    left: Duration,
+) -> Result<Instant, Failure> {
+    let table = format!("`{}`", store.config().table_name().as_str());
+    let planted = Instant::now();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {table} (name, token, fence, expires_at, acquired_at) \
+         VALUES (X'{}', 'abcdefabcdefabcdefabcdefabcdefab', 1, NOW(6) + INTERVAL {} MICROSECOND, NOW(6))",
+        hex(name.as_str()),
+        left.as_micros()
+    )))
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("planting a lease: {e}")))?;
+    Ok(planted)
+}
+
 /// A waiter parked behind a holder that died (a lease row planted for 2.5 s) parks again
 /// after its first park, and that park ends when the lease runs out: the waiter takes
 /// the lock soon after the expiry, not a park later.
@@ -122,17 +143,7 @@ pub(super) async fn lease_parked_waiter_wakes_at_expiry() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let waiter = client(store.config()).await?;
     let name = unique_name("parks-to-expiry")?;
-    let table = format!("`{}`", store.config().table_name().as_str());
-    let planted = Instant::now();
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "INSERT INTO {table} (name, token, fence, expires_at, acquired_at) \
-         VALUES (X'{}', 'abcdefabcdefabcdefabcdefabcdefab', 1, NOW(6) + INTERVAL {} MICROSECOND, NOW(6))",
-        hex(name.as_str()),
-        LEFT.as_micros()
-    )))
-    .execute(store.admin())
-    .await
-    .map_err(|e| Failure(format!("planting a lease: {e}")))?;
+    let planted = plant_lease(&store, &name, LEFT).await?;
     let next = waiter
         .lock_with(
             &name,

@@ -231,6 +231,17 @@ impl Backoff {
 mod tests {
     use super::*;
 
+    /// Jitter spreads contending clients only if each draws its own delays: two sequences
+    /// (two clients, or two waits of one) differ. (With `backon` built without its `std`
+    /// feature every sequence came from one fixed seed: all clients slept alike.)
+    #[test]
+    fn jittered_delays_differ_between_waits() {
+        let backoff = Backoff::default();
+        let a: Vec<Duration> = backoff.delays().take(8).collect();
+        let b: Vec<Duration> = backoff.delays().take(8).collect();
+        assert_ne!(a, b, "two jittered sequences were the same: {a:?}");
+    }
+
     #[test]
     fn defaults_are_valid() {
         LockOptions::default().validate().unwrap();

@@ -225,6 +225,17 @@ impl LockAdmin for RedlockBackend {
                 async move { scan(&mut conn, &key_prefix, prefix).await }
             })
             .await;
+        // Every majority meets any `nodes - quorum + 1` servers: with fewer answers a lock held
+        // by the silent ones could be missing from the list, which must not say "nothing".
+        let nodes = found.len();
+        let needed = nodes.saturating_sub(self.quorum()) + 1;
+        let answered = found.iter().filter(|scan| scan.is_ok()).count();
+        if answered < needed {
+            return Err(LockError::unavailable_msg(format!(
+                "listing locks: {answered} of {nodes} servers answered; {needed} needed to see \
+                 every majority"
+            )));
+        }
         let mut names = Vec::new();
         for node in found.into_iter().flatten() {
             names.extend(node);

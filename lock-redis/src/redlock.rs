@@ -161,7 +161,12 @@ impl Drop for Queued<'_> {
 }
 
 impl RedlockBackend {
-    /// Sets up connections to every server (made on first use, so a minority may be down).
+    /// Sets up connections to every server and opens those it can within the connection
+    /// time-out (the per-server time-out, at least 200 ms): a server that is down does not
+    /// fail it, its connection is made on first use (so a minority may be down). Opening them
+    /// here keeps connecting out of the first operation's per-server time-out (50 ms by
+    /// default): an admin `list` of a fresh backend once found every server's scan timed out
+    /// while the machine was busy (the conformance suite, in a full test run).
     ///
     /// # Errors
     /// [`LockError::InvalidOptions`] for a bad configuration or URL.
@@ -170,11 +175,21 @@ impl RedlockBackend {
     /// Dropping the future drops the connections made so far; nothing is held anywhere.
     pub async fn connect(config: RedlockConfig) -> Result<Self, LockError> {
         config.validate()?;
+        let connecting = config.node_timeout.max(Duration::from_millis(200));
         let nodes = config
             .urls
             .iter()
-            .map(|url| Conn::lazy_single(url, config.node_timeout.max(Duration::from_millis(200))))
+            .map(|url| Conn::lazy_single(url, connecting))
             .collect::<Result<Vec<_>, _>>()?;
+        // A server that does not answer in time is left to connect on first use.
+        join_all(nodes.iter().map(|node| {
+            let mut node = node.clone();
+            async move {
+                let ping = redis::cmd("PING");
+                drop(tokio::time::timeout(connecting, ping.query_async::<()>(&mut node)).await);
+            }
+        }))
+        .await;
         Ok(Self {
             inner: Arc::new(Inner { nodes, config }),
         })

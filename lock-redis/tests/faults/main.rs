@@ -125,6 +125,9 @@ fn main() -> ExitCode {
         .case("redlock_inspect_does_not_free_what_it_cannot_see", || {
             Box::pin(outages::redlock_inspect_does_not_free_what_it_cannot_see())
         })
+        .case("redlock_list_does_not_hide_what_it_cannot_see", || {
+            Box::pin(outages::redlock_list_does_not_hide_what_it_cannot_see())
+        })
         .case("redlock_fails_cleanly_with_three_of_five_down", || {
             Box::pin(outages::redlock_fails_cleanly_with_three_of_five_down())
         })

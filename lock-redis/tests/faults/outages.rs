@@ -7,8 +7,8 @@ use conformance_tests::{
     Failure, Outcome, ensure,
     faults::{Instance, Stopped, env_var, fail, unique_name},
 };
-use lock_core::{LockError, LockOptions, LossReason};
-use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
+use lock_core::{LockClient, LockError, LockOptions, LossReason};
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 use redis::AsyncCommands;
 
 use super::{exists_on, fences::cycle, raw_conn, redlock_client, redlock_urls, single_client};
@@ -54,6 +54,49 @@ pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcom
         );
     }
     guard.release().await.map_err(fail("release"))
+}
+
+/// Redlock's admin list with three of five servers silent, the three that hold a lock among
+/// them (the other two lost it): the two that answer have nothing, but a majority the list
+/// could not see may hold anything. The list must not answer "nothing held"; it answers that
+/// the store is unavailable (it needs answers from three servers, the number every majority
+/// meets). Before, the silent servers' failed scans were dropped and the list came back empty.
+pub(super) async fn redlock_list_does_not_hide_what_it_cannot_see() -> Outcome {
+    let urls = redlock_urls()?;
+    let backend = RedlockBackend::connect(RedlockConfig::new(urls.clone()).key_prefix("faults"))
+        .await
+        .map_err(fail("redlock connect"))?;
+    let client = LockClient::new(backend.clone());
+    let lock = unique_name("redlock-list-unseen")?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5));
+    let guard = client
+        .lock_with(&lock, &options)
+        .await
+        .map_err(fail("acquire"))?;
+    let keys = RedisKeys::new("faults", &lock);
+    for url in &urls[3..] {
+        let _: i64 = raw_conn(url)
+            .await?
+            .del(&keys.lock)
+            .await
+            .map_err(fail("DEL"))?;
+    }
+    let prefix = lock.as_str().rsplit_once('/').map_or("", |(p, _)| p);
+    let silent = [
+        Instance::named("redlock-0")?.pause()?,
+        Instance::named("redlock-1")?.pause()?,
+        Instance::named("redlock-2")?.pause()?,
+    ];
+    let listed = lock_core::LockAdmin::list(&backend, prefix).await;
+    drop(silent);
+    guard.release().await.map_err(fail("release"))?;
+    ensure!(
+        matches!(&listed, Err(e) if e.is_retryable()),
+        "with the three holders silent, list({prefix:?}) answered {listed:?} (expected unavailable)"
+    );
+    Ok(())
 }
 
 /// Redlock keeps working with 2 of 5 servers down.

@@ -205,9 +205,18 @@ pub async fn peer_renewal_report<H, S>(
         }
     };
     release(&held).await;
+    let what = format!("{peer}: renewing {locks} held locks");
     match measured {
+        // A renewal that failed makes the cost figures meaningless (a peer may retry it).
+        Ok(renewal) if renewal.not_renewed > 0 => report.failed(
+            &what,
+            &format!(
+                "{} renewals failed over {periods} periods",
+                renewal.not_renewed
+            ),
+        ),
         Ok(renewal) => report.peer_renewal(peer, &renewal),
-        Err(error) => report.failed(&format!("{peer}: renewing {locks} held locks"), &error),
+        Err(error) => report.failed(&what, &error),
     }
 }
 

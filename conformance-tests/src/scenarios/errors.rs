@@ -137,6 +137,14 @@ pub async fn bad_batched_renewals_change_nothing(ctx: Ctx) -> Outcome {
         info.as_ref().is_some_and(|i| &i.token == lease.token()),
         "after renewals with bad TTLs the lock is no longer held as it was: {info:?}"
     );
+    // Not renewed either: no longer left than the TTL it was taken with (a store that sent the
+    // TTL above the maximum would show it here).
+    let left = info.and_then(|i| i.expires_in);
+    ensure!(
+        left.is_none_or(|left| left <= lease.ttl()),
+        "after renewals with bad TTLs the lock has {left:?} left, more than its TTL {:?}",
+        lease.ttl()
+    );
     held.release().await?;
     other.release().await?;
     Ok(())

@@ -129,7 +129,7 @@ impl LeaseStrategy {
     /// Takes the place of `token` out of the queue: in the background after a grant (the
     /// grant need not wait for it: while the lease is held the place stands in nobody's way,
     /// and a release that comes first takes it out itself, see
-    /// [`queue::release_alone`]), else before answering. A place that cannot be deleted
+    /// [`queue::release_batch`]), else before answering. A place that cannot be deleted
     /// lapses.
     async fn leave(&self, name: &LockName, token: &LeaseToken, granted: bool) {
         let pool = self.pool.clone();

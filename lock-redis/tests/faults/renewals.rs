@@ -203,6 +203,11 @@ async fn renew_round(
     let after = sent_segments(ports).ok_or_else(unknown)?;
     let sent = sent_between(&before, &after)
         .ok_or_else(|| Failure("a connection to the cluster closed during the batch".into()))?;
+    // Nothing counted would pass any bound: the count must have seen the connections.
+    ensure!(
+        !before.is_empty() && sent > 0,
+        "no segments counted to the nodes' ports {ports:?}: `ss` did not show this process's connections"
+    );
     ensure!(
         answers.len() == leases.len(),
         "{} answers to {} renewals",

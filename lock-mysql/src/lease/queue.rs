@@ -287,14 +287,14 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
         k1 = long("@lm_w1"),
         k2 = long("@lm_w2"),
         k3 = long("@lm_w3"),
-        kills = [
-            kill("@lm_k1", "FALSE", mariadb),
-            kill("@lm_k2", "@lm_k2 = @lm_k1", mariadb),
-            kill("@lm_k3", "@lm_k3 = @lm_k1 OR @lm_k3 = @lm_k2", mariadb),
-        ]
-        .concat()
-        .trim_end()
-        .trim_end_matches(';'),
+        kills = kills(
+            &[
+                ("@lm_k1", "FALSE"),
+                ("@lm_k2", "@lm_k2 = @lm_k1"),
+                ("@lm_k3", "@lm_k3 = @lm_k1 OR @lm_k3 = @lm_k2"),
+            ],
+            mariadb
+        ),
     )
 }
 
@@ -570,16 +570,26 @@ pub(crate) fn release_batch(
          {kills}",
         // The waiter handed the lease first: a kill that fails (its session just ended, or
         // another user's) ends the batch, and the others' wake-ups matter less.
-        kills = [
-            kill("@lm_conn", "FALSE", mariadb),
-            kill("@lm_long", "@lm_long = @lm_conn", mariadb),
-            kill("@lm_near", "FALSE", mariadb),
-            kill("@lm_nearer", "@lm_nearer = @lm_near", mariadb),
-        ]
-        .concat()
-        .trim_end()
-        .trim_end_matches(';'),
+        kills = kills(
+            &[
+                ("@lm_conn", "FALSE"),
+                ("@lm_long", "@lm_long = @lm_conn"),
+                ("@lm_near", "FALSE"),
+                ("@lm_nearer", "@lm_nearer = @lm_near"),
+            ],
+            mariadb
+        ),
     )
+}
+
+/// The [`kill`]s of `list` (`(id, skip)`, in order), the last without its `;` (it ends a
+/// batch).
+fn kills(list: &[(&str, &str)], mariadb: bool) -> String {
+    let all: String = list
+        .iter()
+        .map(|(id, skip)| kill(id, skip, mariadb))
+        .collect();
+    all.trim_end().trim_end_matches(';').to_owned()
 }
 
 /// `KILL QUERY` of the session in the variable `id`, unless it is NULL or `skip` holds,

@@ -13,16 +13,14 @@ use redis::AsyncCommands;
 
 use super::{exists_on, fences::cycle, raw_conn, redlock_client, redlock_urls, single_client};
 
-/// `inspect` on Redlock does not call a lock free that it cannot see: held on a bare majority
-/// (servers 0, 1 and 2; its keys gone from 3 and 4, as after their restart without
-/// persistence) while server 2 answers nothing, two servers show the holder, two show
-/// nothing and one is silent. The holder still holds it; "not held" would be a lie (an admin
-/// list showing nothing, a force-release finding nothing), so the answer must be the holder
-/// or `Unavailable`.
-pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcome {
-    let urls = redlock_urls()?;
-    let client = redlock_client().await?;
-    let lock = unique_name("redlock-inspect-unseen")?;
+/// A lock on a fresh name from `label`, taken through `client` (Redlock, every server up) and
+/// then gone from servers 3 and 4 (as after their restart without persistence): held on a
+/// bare majority, servers 0, 1 and 2.
+async fn held_by_the_first_three(
+    client: &LockClient,
+    label: &str,
+) -> Result<(lock_core::LockName, lock_core::LockGuard), Failure> {
+    let lock = unique_name(label)?;
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(5));
@@ -31,13 +29,25 @@ pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcom
         .await
         .map_err(fail("acquire"))?;
     let keys = RedisKeys::new("faults", &lock);
-    for url in &urls[3..] {
+    for url in &redlock_urls()?[3..] {
         let _: i64 = raw_conn(url)
             .await?
             .del(&keys.lock)
             .await
             .map_err(fail("DEL"))?;
     }
+    Ok((lock, guard))
+}
+
+/// `inspect` on Redlock does not call a lock free that it cannot see: held on a bare majority
+/// (servers 0, 1 and 2; its keys gone from 3 and 4, as after their restart without
+/// persistence) while server 2 answers nothing, two servers show the holder, two show
+/// nothing and one is silent. The holder still holds it; "not held" would be a lie (an admin
+/// list showing nothing, a force-release finding nothing), so the answer must be the holder
+/// or `Unavailable`.
+pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcome {
+    let client = redlock_client().await?;
+    let (lock, guard) = held_by_the_first_three(&client, "redlock-inspect-unseen").await?;
     let silent = Instance::named("redlock-2")?.pause()?;
     let seen = client.inspect(&lock).await;
     drop(silent);
@@ -62,27 +72,11 @@ pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcom
 /// the store is unavailable (it needs answers from three servers, the number every majority
 /// meets). Before, the silent servers' failed scans were dropped and the list came back empty.
 pub(super) async fn redlock_list_does_not_hide_what_it_cannot_see() -> Outcome {
-    let urls = redlock_urls()?;
-    let backend = RedlockBackend::connect(RedlockConfig::new(urls.clone()).key_prefix("faults"))
+    let backend = RedlockBackend::connect(RedlockConfig::new(redlock_urls()?).key_prefix("faults"))
         .await
         .map_err(fail("redlock connect"))?;
     let client = LockClient::new(backend.clone());
-    let lock = unique_name("redlock-list-unseen")?;
-    let options = LockOptions::new()
-        .ttl(Duration::from_secs(30))
-        .wait(Duration::from_secs(5));
-    let guard = client
-        .lock_with(&lock, &options)
-        .await
-        .map_err(fail("acquire"))?;
-    let keys = RedisKeys::new("faults", &lock);
-    for url in &urls[3..] {
-        let _: i64 = raw_conn(url)
-            .await?
-            .del(&keys.lock)
-            .await
-            .map_err(fail("DEL"))?;
-    }
+    let (lock, guard) = held_by_the_first_three(&client, "redlock-list-unseen").await?;
     let prefix = lock.as_str().rsplit_once('/').map_or("", |(p, _)| p);
     let silent = [
         Instance::named("redlock-0")?.pause()?,

@@ -57,24 +57,32 @@ fn name_of(key_prefix: &str, key: &str) -> Option<LockName> {
 }
 
 /// The lock names `SCAN` finds on one server.
+/// Every `SCAN` call is bounded by `each` when given (Redlock's per-server time-out: a whole
+/// scan of a large keyspace takes longer than one request may).
 async fn scan<C: ConnectionLike + Send>(
     conn: &mut C,
     key_prefix: &str,
     name_prefix: &str,
+    each: Option<std::time::Duration>,
 ) -> Result<Vec<LockName>, LockError> {
     let pattern = pattern(key_prefix, name_prefix);
     let mut cursor: u64 = 0;
     let mut names = Vec::new();
     loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
+        let mut call = redis::cmd("SCAN");
+        call.arg(cursor)
             .arg("MATCH")
             .arg(&pattern)
             .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await
-            .map_err(|e| Error::new("scan for locks", e))?;
+            .arg(1000);
+        let sent = call.query_async::<(u64, Vec<String>)>(conn);
+        let answer = match each {
+            Some(limit) => tokio::time::timeout(limit, sent)
+                .await
+                .map_err(|_| crate::error::timed_out("scan for locks"))?,
+            None => sent.await,
+        };
+        let (next, keys) = answer.map_err(|e| Error::new("scan for locks", e))?;
         names.extend(keys.iter().filter_map(|k| name_of(key_prefix, k)));
         if next == 0 {
             break;
@@ -139,7 +147,9 @@ impl RedisBackend {
         let config = self.config();
         let mut conn = self.conn();
         if !config.cluster {
-            return Ok(sorted(scan(&mut conn, &config.key_prefix, prefix).await?));
+            return Ok(sorted(
+                scan(&mut conn, &config.key_prefix, prefix, None).await?,
+            ));
         }
         let nodes: String = redis::cmd("CLUSTER")
             .arg("NODES")
@@ -157,7 +167,7 @@ impl RedisBackend {
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(|e| Error::new(format!("connect to cluster node {address}"), e))?;
-            names.extend(scan(&mut node, &config.key_prefix, prefix).await?);
+            names.extend(scan(&mut node, &config.key_prefix, prefix, None).await?);
         }
         Ok(sorted(names))
     }
@@ -219,10 +229,12 @@ fn changing_hands(name: &LockName) -> LockError {
 impl LockAdmin for RedlockBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>, LockError> {
         let key_prefix = self.key_prefix().to_owned();
+        // Each `SCAN` call within the per-server time-out, not the whole scan.
+        let each = Some(self.node_timeout());
         let found = self
-            .everywhere("scan for locks", |mut conn: Conn| {
+            .everywhere_batched(|mut conn: Conn| {
                 let key_prefix = key_prefix.clone();
-                async move { scan(&mut conn, &key_prefix, prefix).await }
+                async move { scan(&mut conn, &key_prefix, prefix, each).await }
             })
             .await;
         // Every majority meets any `nodes - quorum + 1` servers: with fewer answers a lock held

@@ -172,7 +172,9 @@ impl RedlockBackend {
     /// [`LockError::InvalidOptions`] for a bad configuration or URL.
     ///
     /// # Cancel safety
-    /// Dropping the future drops the connections made so far; nothing is held anywhere.
+    /// Dropping the future drops the connections made so far; nothing is held anywhere. A
+    /// reconnection the client library began for a server that refused the warm-up may still
+    /// finish, and close, within about twice the connection time-out.
     pub async fn connect(config: RedlockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let connecting = config.node_timeout.max(Duration::from_millis(200));
@@ -212,6 +214,11 @@ impl RedlockBackend {
         Keys::new(&self.inner.config.key_prefix, name)
     }
 
+    /// The per-server time-out.
+    pub(crate) fn node_timeout(&self) -> Duration {
+        self.inner.config.node_timeout
+    }
+
     /// The key prefix.
     pub(crate) fn key_prefix(&self) -> &str {
         &self.inner.config.key_prefix
@@ -233,7 +240,7 @@ impl RedlockBackend {
     /// Like [`Self::everywhere`], for a batch: `op` sends several requests to a server, one
     /// after the other, and bounds each by the per-server time-out itself (a batch of
     /// thousands takes longer than one request, and as long as this process is slow).
-    async fn everywhere_batched<T, F, Fut>(&self, op: F) -> Vec<Vote<T>>
+    pub(crate) async fn everywhere_batched<T, F, Fut>(&self, op: F) -> Vec<Vote<T>>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, LockError>>,

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use conformance_tests::{
-    Failure, Outcome, ensure,
+    Cases, Failure, Outcome, ensure,
     faults::{Instance, Stopped, env_var, fail, unique_name},
 };
 use lock_core::{LockClient, LockError, LockOptions, LossReason};
@@ -71,7 +71,7 @@ pub(super) async fn redlock_inspect_does_not_free_what_it_cannot_see() -> Outcom
 /// could not see may hold anything. The list must not answer "nothing held"; it answers that
 /// the store is unavailable (it needs answers from three servers, the number every majority
 /// meets). Before, the silent servers' failed scans were dropped and the list came back empty.
-pub(super) async fn redlock_list_does_not_hide_what_it_cannot_see() -> Outcome {
+async fn redlock_list_does_not_hide_what_it_cannot_see() -> Outcome {
     let backend = RedlockBackend::connect(RedlockConfig::new(redlock_urls()?).key_prefix("faults"))
         .await
         .map_err(fail("redlock connect"))?;
@@ -91,6 +91,76 @@ pub(super) async fn redlock_list_does_not_hide_what_it_cannot_see() -> Outcome {
         "with the three holders silent, list({prefix:?}) answered {listed:?} (expected unavailable)"
     );
     Ok(())
+}
+
+/// Keys planted on every Redlock server for [`redlock_list_scans_a_large_keyspace`]: not locks,
+/// but every `SCAN` walks them.
+const FILLER: usize = 300_000;
+
+/// Redlock's admin list on servers holding many other keys: a whole scan takes longer than
+/// the per-server time-out (50 ms), one `SCAN` call does not, so the list answers (the held
+/// lock in it). Bounding the whole scan made it `Unavailable` on every try.
+async fn redlock_list_scans_a_large_keyspace() -> Outcome {
+    let urls = redlock_urls()?;
+    let filler = format!("faults-filler-{:016x}", rand::random::<u64>());
+    // Sets (or, with `delete`, deletes) the filler keys on the server at `url`.
+    let fill = |url: String, filler: String, delete: bool| async move {
+        let mut conn = raw_conn(&url).await?;
+        for chunk in (0..FILLER).collect::<Vec<_>>().chunks(10_000) {
+            let mut pipe = redis::pipe();
+            for i in chunk {
+                let key = format!("{filler}:{i}");
+                if delete {
+                    pipe.del(key).ignore();
+                } else {
+                    pipe.set_options(
+                        key,
+                        "x",
+                        redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(120_000)),
+                    )
+                    .ignore();
+                }
+            }
+            let () = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(fail("filler keys"))?;
+        }
+        Ok::<_, Failure>(())
+    };
+    futures::future::try_join_all(urls.iter().map(|u| fill(u.clone(), filler.clone(), false)))
+        .await?;
+    let backend = RedlockBackend::connect(RedlockConfig::new(urls.clone()).key_prefix("faults"))
+        .await
+        .map_err(fail("redlock connect"))?;
+    let client = LockClient::new(backend.clone());
+    let (lock, guard) = held_by_the_first_three(&client, "redlock-list-large").await?;
+    let prefix = lock.as_str().rsplit_once('/').map_or("", |(p, _)| p);
+    let listed = lock_core::LockAdmin::list(&backend, prefix).await;
+    guard.release().await.map_err(fail("release"))?;
+    futures::future::try_join_all(urls.iter().map(|u| fill(u.clone(), filler.clone(), true)))
+        .await?;
+    let listed = listed.map_err(|e| {
+        Failure(format!(
+            "list over {FILLER} other keys per server failed: {e}"
+        ))
+    })?;
+    ensure!(
+        listed.len() == 1 && listed[0].name == lock,
+        "list({prefix:?}) over {FILLER} other keys per server shows {listed:?}"
+    );
+    Ok(())
+}
+
+/// The cases of Redlock's admin list.
+pub(super) fn list_cases(cases: Cases<Failure>) -> Cases<Failure> {
+    cases
+        .case("redlock_list_does_not_hide_what_it_cannot_see", || {
+            Box::pin(redlock_list_does_not_hide_what_it_cannot_see())
+        })
+        .case("redlock_list_scans_a_large_keyspace", || {
+            Box::pin(redlock_list_scans_a_large_keyspace())
+        })
 }
 
 /// Redlock keeps working with 2 of 5 servers down.

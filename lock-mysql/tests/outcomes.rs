@@ -184,8 +184,28 @@ async fn acquire_matches_row() -> Outcome {
         let answer = backend.acquire(&request).await;
         let after = snapshot(&store, &name).await?;
         judge_acquire(label, &answer, expect, &before, &after)?;
+        // A grant comes from the statement's reply alone: no place in the waiters' queue was
+        // taken (and left to be removed in the background, where it can stand in the way of
+        // the next acquirer once the lease is over).
+        let places = places(&store, &name).await?;
+        ensure!(
+            answer.is_err() || places == 0,
+            "{label}: granted, but the grant took {places} place(s) in the waiters' queue"
+        );
     }
     Ok(())
+}
+
+/// How many places the waiters' queue of `name` holds.
+async fn places(store: &MySqlStore, name: &LockName) -> Result<i64, Failure> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{}_queue` WHERE name = ?",
+        store.config().table_name().as_str()
+    )))
+    .bind(name.as_str().as_bytes())
+    .fetch_one(store.admin())
+    .await
+    .map_err(|e| Failure(format!("counting the places of `{name}`: {e}")))
 }
 
 /// An acquire's `answer` against what was `expect`ed and the row `before` and `after` it: a

@@ -201,20 +201,16 @@ impl LeaseStrategy {
                 )));
             }
         };
-        let grant = if taken > 0 {
-            Lease::new(
-                name.clone(),
-                token.clone(),
-                Fence::new(taken),
-                request.ttl(),
-            )
-        } else {
+        if taken == 0 {
             queued.store(true, Ordering::Relaxed);
-            match self.busy(request, token, turns, until).await? {
-                Ok(lease) => lease,
-                Err(outcome) => return Ok(outcome),
-            }
-        };
+            return self.busy(request, token, turns, until).await;
+        }
+        let grant = Lease::new(
+            name.clone(),
+            token.clone(),
+            Fence::new(taken),
+            request.ttl(),
+        );
         if Instant::now() >= local_deadline(sent, request.ttl()) {
             // The answer came too late to be of use: the caller's hold would be over before it
             // began. Give the row back and try again (or time out).
@@ -260,17 +256,16 @@ impl LeaseStrategy {
         .await
     }
 
-    /// Nothing taken over: either the row was new (and is the caller's), or it is someone
-    /// else's, or nobody's but someone queues ahead. Takes (or keeps) a place in the queue and
-    /// judges the row: the lease when it is new and the caller's, else what the try says
-    /// (parking on the way when it may).
+    /// Nothing taken: the row is someone else's, or nobody's but someone queues ahead (or it
+    /// was handed to the caller since). Takes (or keeps) a place in the queue and judges the
+    /// row: what the try says (parking on the way when it may).
     async fn busy(
         &self,
         request: &AcquireRequest,
         token: &LeaseToken,
         turns: (Duration, Duration),
         until: Instant,
-    ) -> Result<Result<Lease, Try>, LockError> {
+    ) -> Result<Try, LockError> {
         let name = request.name();
         let (state, ahead) = self.queue_up(name, token, turns, until).await?;
         // Without a park, the first two poll fast: the second is first once the first is
@@ -292,21 +287,7 @@ impl LeaseStrategy {
                 Try::Busy(left)
             }
         };
-        Ok(Err(match state {
-            // A new row: the insert took it (fence 1, the caller's TTL) without a fence in its
-            // reply.
-            Some(LeaseState::Held {
-                token: held,
-                fence,
-                remaining_us,
-            }) if held == *token && fence.get() == 1 && remaining_us > 0 => {
-                return Ok(Ok(Lease::new(
-                    name.clone(),
-                    token.clone(),
-                    fence,
-                    request.ttl(),
-                )));
-            }
+        Ok(match state {
             // A lease handed to this caller since its try (a fence above 1): it lasts only the
             // caller's turn. The next try takes it for the caller's TTL, with a fence of its
             // own. Or the row was removed in between. Either way: try again at once.
@@ -333,7 +314,7 @@ impl LeaseStrategy {
                     busy(None)
                 }
             }
-        }))
+        })
     }
 
     /// Parks the caller for at most `at_most` on a pooled connection, until a release hands

@@ -4,12 +4,15 @@
 //!   locks the existing one exclusively (the X lock a `SELECT ... FOR UPDATE` takes) for the
 //!   statement's transaction and takes it over only if the server finds it released or
 //!   expired by `NOW(6)`, bumping its fence.
-//! - **Outcome**: when it takes a row over, the statement also evaluates
-//!   `LAST_INSERT_ID(fence + 1)` on that row, so the server's reply carries the fence it now
-//!   holds; a statement that took nothing carries 0 (the value is per statement, set only when
-//!   the expression runs). This is a value read from the row inside the locked statement, not
-//!   the `rows_affected` count that `CLIENT_FOUND_ROWS` makes ambiguous for upserts. Every
-//!   other outcome (a new row, a busy or foreign one) is judged by reading the row back.
+//! - **Outcome**: the server's reply carries the fence the caller now holds, or 0: a new row
+//!   gets its fence from `LAST_INSERT_ID(1)` in the inserted values; on an existing row
+//!   (whose inserted values were computed all the same) the update sets it again, to
+//!   `LAST_INSERT_ID(fence + 1)` when it takes the row over, else to `LAST_INSERT_ID(0)`.
+//!   The reply's value is the last one set in the statement. This is a value read from the
+//!   row inside the locked statement, not the `rows_affected` count that `CLIENT_FOUND_ROWS`
+//!   makes ambiguous for upserts; a grant is one round trip, whether the row is new or taken
+//!   over (fault case `lease/a_new_row_is_granted_in_one_statement`). Every other outcome (a
+//!   busy or foreign row) is judged by reading the row back.
 //!   Release and the renewal of one lease work the same way with `LAST_INSERT_ID(fence)`.
 //!   Renewals of several leases are batched in one transaction and judged by reading the rows
 //!   back in it.
@@ -108,9 +111,9 @@ impl Statements {
     fn new(table: &TableName) -> Self {
         let t = table.quoted();
         // Free, and nobody queues ahead of the caller (see `queue`; its condition's
-        // placeholders are name, token, token).
-        let takeable = format!("({LEASE_TAKEABLE}) AND {}", queue::allowed(&table.queue()));
-        let takeable_args = [Arg::Name, Arg::Token, Arg::Token];
+        // placeholders are name, token, token, token).
+        let takeable = format!("({LEASE_TAKEABLE}) AND {}", queue::allowed(table));
+        let takeable_args = [Arg::Name, Arg::Token, Arg::Token, Arg::Token];
         // The first assignment decides on the row as it was; the others follow it whichever
         // order the server evaluates assignments in (MariaDB's SIMULTANEOUS_ASSIGNMENT mode
         // included): `token = ?` is true afterwards only if the row was taken.
@@ -129,10 +132,10 @@ impl Statements {
         Self {
             acquire: format!(
                 "INSERT INTO {t} (name, token, fence, expires_at, acquired_at) \
-                 VALUES (?, ?, 1, NOW(6) + INTERVAL ? MICROSECOND, NOW(6)) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND, NOW(6)) \
                  ON DUPLICATE KEY UPDATE \
                  token = IF({takeable}, ?, token), \
-                 fence = IF({taken}, LAST_INSERT_ID(fence + 1), fence), \
+                 fence = IF({taken}, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
                  expires_at = IF({taken}, NOW(6) + INTERVAL ? MICROSECOND, expires_at), \
                  acquired_at = IF({taken}, NOW(6), acquired_at)"
             )

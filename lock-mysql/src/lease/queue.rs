@@ -16,7 +16,8 @@
 //!   or deadlock (fault case `lease/a_locked_place_behind_stalls_no_waiter`).
 //! - **Who may take a free lease**: while any live place exists, only the first (by
 //!   `arrived_at`, then token) may take it; anybody else, including the client that just
-//!   released, finds it busy and takes a place at the back. The condition ([`allowed`]) is
+//!   released, finds it busy and takes a place at the back (the place of the lease's own
+//!   holder, whose removal may come late, counts for nothing). The condition ([`allowed`]) is
 //!   part of the one acquire statement, so a client nobody waits behind still acquires in
 //!   one round trip.
 //! - **Direct hand-off**: release gives the lease to the first live waiter in the same step
@@ -119,19 +120,28 @@ pub(crate) fn first_delay(streak: u32) -> Duration {
     Duration::from_millis(1u64 << streak.min(6)).min(FIRST_POLL_MAX)
 }
 
-/// The SQL condition "no live place of the queue `q` comes before the caller's": the caller
-/// (`token`) has no place and nobody queues, or its place is the first live one. Three
-/// placeholders: name, token, token.
+/// The SQL condition, in the acquire statement on the lease table `table`, "no live place of
+/// its queue comes before the caller's": the caller (`token`) has no place and nobody
+/// queues, or its place is the first live one. Four placeholders: name, token, token, token.
+///
+/// The place of the lease's own holder (the row's token) counts for nothing, unless it is the
+/// caller's: that waiter was served. (The caller's own place always counts: once the
+/// statement has written the caller's token into the row, later assignments that test this
+/// condition again must stop at the caller's place, not read, and lock, the places behind
+/// it; fault case `lease/a_locked_place_behind_stalls_no_waiter`.) A holder that queued before its grant takes its place out in the background (or
+/// its release does); if its lease ends first (it ran out, or the holder died before the
+/// removal ran), the place must not keep the lease from the next acquirer (fault case
+/// `lease/own_place_blocks_nobody_after_expiry`).
 ///
 /// It reads the queue from its head (index `by_arrival`) to the first live place, no further:
 /// in the acquire statement it is a locking read, and a condition that read every place (as
 /// it did before) locked every waiter's row on every try, so with a thousand waiters tries
 /// waited on each other's place refreshes and InnoDB rolled them back as deadlocks.
-pub(crate) fn allowed(q: &TableName) -> String {
-    let q = q.quoted();
+pub(crate) fn allowed(table: &TableName) -> String {
+    let (t, q) = (table.quoted(), table.queue().quoted());
     format!(
         "COALESCE((SELECT o.token FROM {q} o FORCE INDEX (by_arrival) WHERE o.name = ? AND o.until_at > NOW(6) \
-         ORDER BY o.arrived_at, o.token LIMIT 1), ?) = ?"
+         AND (o.token = ? OR NOT (o.token <=> {t}.token)) ORDER BY o.arrived_at, o.token LIMIT 1), ?) = ?"
     )
 }
 
@@ -623,9 +633,9 @@ mod tests {
     }
 
     #[test]
-    fn the_condition_has_three_placeholders() {
-        let q = TableName::new("t").unwrap().queue();
-        assert_eq!(allowed(&q).matches('?').count(), 3);
+    fn the_condition_has_four_placeholders() {
+        let t = TableName::new("t").unwrap();
+        assert_eq!(allowed(&t).matches('?').count(), 4);
     }
 
     #[test]

@@ -73,6 +73,12 @@ fn main() -> ExitCode {
         .case("lease/own_place_blocks_nobody_after_release", || {
             Box::pin(lease_queue::lease_own_place_after_release())
         })
+        .case("lease/a_new_row_is_granted_in_one_statement", || {
+            Box::pin(lease_queue::lease_new_row_in_one_statement())
+        })
+        .case("lease/own_place_blocks_nobody_after_expiry", || {
+            Box::pin(lease_queue::lease_own_place_after_expiry())
+        })
         .case("lease/a_leaving_waiter_leaves_the_lease_row_alone", || {
             Box::pin(lease_queue::lease_leaving_waiter_leaves_the_lease_row_alone())
         })

@@ -15,6 +15,14 @@ pub(crate) const LEASE_TAKEABLE: &str = "((token IS NULL AND expires_at IS NULL)
          AND LENGTH(token) = 32 AND LOWER(HEX(UNHEX(token))) = token)) \
      AND fence < 18446744073709551615";
 
+/// The SQL condition, on a lease row, for "released while nobody queued": token, expiry and
+/// `acquired_at` NULL, below the fence maximum. A release that finds no live place in the
+/// waiters' queue leaves the row so (see `lease::queue::release_alone`); a caller with no
+/// place of its own takes such a row with a statement that does not read the queue (see
+/// `lease::acquire`). A row [`LeaseRow::judge`] finds `Free`.
+pub(crate) const LEASE_RELEASED_ALONE: &str = "token IS NULL AND expires_at IS NULL \
+     AND acquired_at IS NULL AND fence < 18446744073709551615";
+
 /// The SQL condition, on a lease row, for "the current lease with this token and fence": the
 /// rows [`LeaseRow::judge`] finds [`LeaseState::Held`] with that token and fence and time left
 /// by the server clock (a live lease of this library). Renewal and release change a row only

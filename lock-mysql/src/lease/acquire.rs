@@ -64,6 +64,8 @@ enum Try {
     /// Busy, and the caller is first in line: try again soon (or, if the holder's time left is
     /// shorter, then).
     First(Option<Duration>),
+    /// Free, and the caller is next in line: try again at once.
+    Next,
 }
 
 impl LeaseStrategy {
@@ -99,7 +101,7 @@ impl LeaseStrategy {
             }
             Ok(match outcome {
                 Try::Granted(grant) => Attempt::Acquired(grant),
-                Try::Parked => Attempt::Busy {
+                Try::Parked | Try::Next => Attempt::Busy {
                     expires_in: Some(Duration::ZERO),
                 },
                 Try::Busy(expires_in) => {
@@ -166,6 +168,12 @@ impl LeaseStrategy {
     /// transaction keeps locked makes it busy then, whatever `innodb_lock_wait_timeout` says.
     /// A busy try takes (or keeps) the caller's place in the queue and tells whether it is
     /// first (`queued` is set once it may have one).
+    ///
+    /// The call's first try (no place yet) takes only a new row or one released while nobody
+    /// queued, without reading the queue (see [`Statements::acquire_first`](super)); if it
+    /// finds the row free otherwise (expired, or freed while someone queued) and, its place
+    /// taken, the caller first in line, it tries again at once with the statement that reads
+    /// the queue, whatever is left of the budget: a free lock is not busy to a single try.
     async fn try_once(
         &self,
         request: &AcquireRequest,
@@ -174,59 +182,70 @@ impl LeaseStrategy {
         queued: &AtomicBool,
     ) -> Result<Try, LockError> {
         let name = request.name();
-        let sent = Instant::now();
-        let limit = request
-            .deadline()
-            .saturating_duration_since(sent)
-            .max(MIN_TRY);
-        // The server stops the statement at `limit`; its answer gets a little longer to come.
-        let until = sent + limit + ANSWER_GRACE;
-        let taken = match self.send_acquire(request, token, limit, until).await {
-            Ok(done) => done.last_insert_id(),
-            // Someone kept the row locked past the try's limit: busy, try again later. Or a
-            // release's wake-up meant for this client's park landed on the try (it read the
-            // park's marker just before the park ended): nothing was taken, try again.
-            Err(error)
-                if matches!(
-                    classify(&error),
-                    Class::LockWait | Class::StatementTimeout | Class::Interrupted
-                ) =>
-            {
-                return Ok(Try::Busy(None));
+        let mut first = !queued.load(Ordering::Relaxed);
+        loop {
+            let sent = Instant::now();
+            let limit = request
+                .deadline()
+                .saturating_duration_since(sent)
+                .max(MIN_TRY);
+            // The server stops the statement at `limit`; its answer gets a little longer.
+            let until = sent + limit + ANSWER_GRACE;
+            let taken = match self.send_acquire(request, token, first, limit, until).await {
+                Ok(done) => done.last_insert_id(),
+                // Someone kept the row locked past the try's limit: busy, try again later. Or
+                // a release's wake-up meant for this client's park landed on the try (it read
+                // the park's marker just before the park ended): nothing was taken, try again.
+                Err(error)
+                    if matches!(
+                        classify(&error),
+                        Class::LockWait | Class::StatementTimeout | Class::Interrupted
+                    ) =>
+                {
+                    return Ok(Try::Busy(None));
+                }
+                Err(error) => {
+                    return Err(LockError::from(Error::new(
+                        format!("acquiring `{name}`"),
+                        error,
+                    )));
+                }
+            };
+            if taken == 0 {
+                queued.store(true, Ordering::Relaxed);
+                return match self.busy(request, token, turns, until).await? {
+                    Try::Next if first => {
+                        first = false;
+                        continue;
+                    }
+                    outcome => Ok(outcome),
+                };
             }
-            Err(error) => {
-                return Err(LockError::from(Error::new(
-                    format!("acquiring `{name}`"),
-                    error,
-                )));
+            let grant = Lease::new(
+                name.clone(),
+                token.clone(),
+                Fence::new(taken),
+                request.ttl(),
+            );
+            if Instant::now() >= local_deadline(sent, request.ttl()) {
+                // The answer came too late to be of use: the caller's hold would be over
+                // before it began. Give the row back and try again (or time out).
+                tracing::debug!(lock = %name, "a grant came back past its local deadline; releasing it");
+                let _ = self.release(&grant).await;
+                return Ok(Try::Busy(Some(Duration::ZERO)));
             }
-        };
-        if taken == 0 {
-            queued.store(true, Ordering::Relaxed);
-            return self.busy(request, token, turns, until).await;
+            return Ok(Try::Granted(Grant::new(grant, sent)));
         }
-        let grant = Lease::new(
-            name.clone(),
-            token.clone(),
-            Fence::new(taken),
-            request.ttl(),
-        );
-        if Instant::now() >= local_deadline(sent, request.ttl()) {
-            // The answer came too late to be of use: the caller's hold would be over before it
-            // began. Give the row back and try again (or time out).
-            tracing::debug!(lock = %name, "a grant came back past its local deadline; releasing it");
-            let _ = self.release(&grant).await;
-            return Ok(Try::Busy(Some(Duration::ZERO)));
-        }
-        Ok(Try::Granted(Grant::new(grant, sent)))
     }
 
-    /// The acquire statement of one try, stopped by the server after `limit` when that is
-    /// shorter than the sessions' own lock-wait limit, its answer awaited until `until`.
+    /// The acquire statement of one try (a `first` one or not, see [`Self::try_once`]),
+    /// stopped by the server after `limit` when that is shorter than the sessions' own
+    /// lock-wait limit, its answer awaited until `until`.
     async fn send_acquire(
         &self,
         request: &AcquireRequest,
         token: &LeaseToken,
+        first: bool,
         limit: Duration,
         until: Instant,
     ) -> Result<MySqlQueryResult, sqlx::Error> {
@@ -237,11 +256,12 @@ impl LeaseStrategy {
             let k = token.as_str().as_bytes();
             let mut conn = within(until, self.pool.acquire()).await?;
             let result = if server_bound {
-                let sql = self.bounded_acquire(name.as_str().as_bytes(), k, ttl, limit);
+                let sql = self.bounded_acquire(first, (name.as_str().as_bytes(), k), ttl, limit);
                 within(until, sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *conn)).await
             } else {
-                let mut query = sqlx::query(AssertSqlSafe(self.sql.acquire.clone()));
-                for arg in &self.sql.acquire_args {
+                let (statement, args) = self.sql.acquire(first);
+                let mut query = sqlx::query(AssertSqlSafe(statement.clone()));
+                for arg in args {
                     query = match arg {
                         Arg::Name => query.bind(name.as_str().as_bytes()),
                         Arg::Token => query.bind(k),
@@ -295,7 +315,7 @@ impl LeaseStrategy {
                 Try::Busy(Some(Duration::ZERO))
             }
             None => Try::Busy(Some(Duration::ZERO)),
-            Some(LeaseState::Held { remaining_us, .. }) => {
+            Some(LeaseState::Held { remaining_us, .. }) if remaining_us > 0 => {
                 let left = Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0));
                 // The park ends when this lease runs out (see `queue::park_refresh`).
                 if self.park((name, token), budget, max_delay, far).await {
@@ -304,8 +324,9 @@ impl LeaseStrategy {
                     busy(Some(left))
                 }
             }
-            // Free, and this caller is next: come again at once.
-            Some(_) if ahead == 0 => Try::Busy(Some(Duration::ZERO)),
+            // Free (released, or its lease ran out), and this caller is next: come again at
+            // once.
+            Some(_) if ahead == 0 => Try::Next,
             // Free, but someone else is next: wait for its turn.
             Some(_) => {
                 if self.park((name, token), budget, max_delay, far).await {

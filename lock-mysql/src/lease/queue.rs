@@ -200,7 +200,7 @@ pub(crate) fn busy_batch(
          WHERE name = {n} AND token = @lm_first AND @lm_first <> {k} AND @lm_free; \
          SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
          SELECT 'ahead', {ahead}",
-        ahead = ahead(&q, &n, &k, NEAR),
+        ahead = ahead((&t, &q), &n, &k, NEAR),
     )
 }
 
@@ -239,12 +239,14 @@ fn token_text(token: &[u8]) -> String {
 /// How many live places of the queue `q` come before the caller's (`k`) on the name `n`,
 /// counted from the head along `by_arrival` up to `limit` (which stands for that many or
 /// more): a few index entries, whatever the length of the queue. 0 when the caller has no
-/// place. One parenthesised SQL expression.
-fn ahead(q: &str, n: &str, k: &str, limit: i64) -> String {
+/// place. The place of the lease's own holder (the token of the row in `t`, read without a
+/// lock) does not count, as in [`allowed`]. One parenthesised SQL expression.
+fn ahead((t, q): (&str, &str), n: &str, k: &str, limit: i64) -> String {
     format!(
         "(SELECT COUNT(*) FROM (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) \
          WHERE o.name = {n} AND o.until_at > NOW(6) \
          AND (o.arrived_at, o.token) < (SELECT arrived_at, token FROM {q} WHERE name = {n} AND token = {k}) \
+         AND NOT (o.token <=> (SELECT l.token FROM {t} l WHERE l.name = {n})) \
          ORDER BY o.arrived_at, o.token LIMIT {limit}) AS ahead)"
     )
 }
@@ -364,7 +366,7 @@ pub(crate) fn park_refresh(
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
         park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
-        ahead = ahead(&q, &n, &k, NEAR),
+        ahead = ahead((&t, &q), &n, &k, NEAR),
         short = marker(token, false),
         long = marker(token, true),
     )
@@ -411,7 +413,7 @@ pub(crate) fn park_wait(
     let seconds = format!(
         "IF({} AND {} >= {NEAR}, {}.{:06}, @lm_sleep)",
         u8::from(park.long),
-        ahead(&q, &n, &k, NEAR),
+        ahead((&t, &q), &n, &k, NEAR),
         park.length.as_secs(),
         park.length.subsec_micros()
     );
@@ -435,7 +437,7 @@ pub(crate) fn park_wait(
          '{PARK_MARK}{kind}{}' AS mark",
         token_text(token),
         again = u8::from(park.again),
-        first = ahead(&q, &n, &k, 1),
+        first = ahead((&t, &q), &n, &k, 1),
         kind = if park.long { LONG_MARK } else { "" },
     )
 }
@@ -503,12 +505,15 @@ impl Parked {
 
 /// The release when nobody queues: one prepared statement that frees the lease only if it is
 /// current and no live place exists (placeholders: name, token, fence, name); else nothing
-/// changes and [`release_batch`] runs. A place of the releasing holder counts too: it queued
+/// changes and [`release_batch`] runs. It leaves the row released while nobody queued
+/// (`acquired_at` NULL too, [`LEASE_RELEASED_ALONE`](crate::rows::LEASE_RELEASED_ALONE)),
+/// which the first try of the next `acquire` takes without reading the queue. A place of the releasing holder counts too: it queued
 /// before its grant and takes its place out in the background, so the place may outlive the
 /// hold, and a newcomer would find it ahead of itself; [`release_batch`] takes it out.
 pub(crate) fn release_alone(table: &TableName) -> String {
     format!(
-        "UPDATE {} SET token = NULL, expires_at = NULL, fence = LAST_INSERT_ID(fence) \
+        "UPDATE {} SET token = NULL, expires_at = NULL, acquired_at = NULL, \
+         fence = LAST_INSERT_ID(fence) \
          WHERE name = ? AND {} AND NOT EXISTS (SELECT 1 FROM {} q \
          WHERE q.name = ? AND q.until_at > NOW(6))",
         table.quoted(),
@@ -519,7 +524,8 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 
 /// Release with hand-off: take the releasing holder's own place out (see [`release_alone`]);
 /// if the lease of `token` with `fence` is current, give it to the first live waiter (its
-/// token, the fence plus one, its turn), or free it if nobody waits; cut that waiter's place
+/// token, the fence plus one, its turn), or free it if nobody waits (released while nobody
+/// queued, as [`release_alone`] leaves it); cut that waiter's place
 /// to its turn; then wake it with `KILL QUERY` on the session that holds its park's marker
 /// (see [`park_wait`]), and wake the next live waiters up to the [`NEAR`]th too if they wait
 /// in a long park: they are near the head now (once the first takes its place out), and a
@@ -559,7 +565,7 @@ pub(crate) fn release_batch(
          WHERE name = {n} AND until_at > NOW(6) AND token <> {k} ORDER BY arrived_at, token LIMIT 1; \
          UPDATE {t} SET token = IF({give}, @lm_next, NULL), \
          expires_at = IF({give}, NOW(6) + INTERVAL @lm_turn MICROSECOND, NULL), \
-         acquired_at = IF({give}, NOW(6), acquired_at), \
+         acquired_at = IF({give}, NOW(6), IF(@lm_next IS NULL, NULL, acquired_at)), \
          fence = LAST_INSERT_ID(fence) + {bump} + IF({give}, 1, 0) \
          WHERE name = {n} AND {current}; \
          SET @lm_done = ROW_COUNT(), @lm_fence = LAST_INSERT_ID(); \

@@ -268,7 +268,10 @@ pub(super) async fn lease_parks_leave_the_connection_to_renewals() -> Outcome {
 
 /// A free lease with a dead waiter first in line (its place planted live, with a turn of
 /// 600 ms): the waiter behind it cuts that place to its turn and sleeps until it lapses, then
-/// takes the lease; it does not spin meanwhile. (A version of parking again skipped every
+/// takes the lease; it does not spin meanwhile. The lease is one freed while someone queued
+/// (as a waiter that leaves frees a lease handed to it: `acquired_at` stays); a lease
+/// released while nobody queued goes to whoever comes first, a place written after that
+/// release included (see `lease::acquire`). (A version of parking again skipped every
 /// park while the lease was free, and the waiter sent 13 queue batches in that turn, each
 /// locking the first waiter's place: a helper's review found it.)
 pub(super) async fn lease_free_lease_behind_a_dead_first() -> Outcome {
@@ -278,8 +281,8 @@ pub(super) async fn lease_free_lease_behind_a_dead_first() -> Outcome {
     let other = client(store.config()).await?;
     let name = unique_name("free-behind-dead")?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    // A free lease row (without one, the waiter's insert would take the lock whatever the
-    // queue says), then a dead waiter's place ahead.
+    // A lease row freed while someone queued (without one, the waiter's first try would take
+    // the lock whatever the queue says), then a dead waiter's place ahead.
     other
         .lock_with(&name, &options)
         .await
@@ -287,6 +290,7 @@ pub(super) async fn lease_free_lease_behind_a_dead_first() -> Outcome {
         .release()
         .await
         .map_err(err)?;
+    lease_queue::freed_while_queued(&store, &name).await?;
     lease_queue::plant_place(&store, &name, "0123456789abcdef0123456789abcdef", TURN).await?;
     let started = Instant::now();
     let next = waiter

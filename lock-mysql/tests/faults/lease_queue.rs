@@ -73,6 +73,22 @@ pub(super) async fn plant_place(
     plant_place_for(store, name, token, turn, Duration::from_secs(60)).await
 }
 
+/// Makes the released lease row of `name` one freed while someone queued (`acquired_at`
+/// kept, as a waiter that leaves frees a lease handed to it), where a row released while
+/// nobody queued goes to whoever comes first (see `lease::acquire`): then the places planted
+/// ahead of a newcomer count.
+pub(super) async fn freed_while_queued(store: &MySqlStore, name: &LockName) -> Outcome {
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE `{}` SET acquired_at = NOW(6) WHERE name = ? AND token IS NULL",
+        store.config().table_name().as_str()
+    )))
+    .bind(name.as_str().as_bytes())
+    .execute(store.admin())
+    .await
+    .map_err(|e| Failure(format!("marking the lease freed while someone queued: {e}")))?;
+    Ok(())
+}
+
 /// [`plant_place`], the place kept for `lasts`.
 async fn plant_place_for(
     store: &MySqlStore,
@@ -271,7 +287,8 @@ pub(super) async fn lease_own_place_after_release() -> Outcome {
 }
 
 /// A grant of a lock whose row does not exist yet takes one statement: the insert's reply says
-/// it took the row. Before, the reply carried nothing for a new row, and the grant was judged
+/// it took the row; so does the grant of a lease released while nobody queued, with a
+/// statement that does not read the queue. Before, the reply carried nothing for a new row, and the grant was judged
 /// by a queue batch (a second round trip) that took a place in the waiters' queue, removed in
 /// the background after the grant (a third); a removal that came after the lease was over
 /// left the place in the next acquirer's way (`lease/own_place_blocks_nobody_after_expiry`).
@@ -311,7 +328,25 @@ pub(super) async fn lease_new_row_in_one_statement() -> Outcome {
         "the grant of a new row sent {} statements (expected 1, the acquire): {sent:?}",
         sent.len()
     );
+    // A lease released while nobody queued: the next grant is one statement too, and one
+    // that does not read the waiters' queue (a second table costs the server about twice
+    // as much).
     backend.release(&grant.lease).await.map_err(err)?;
+    let before = recording.commands().0.len();
+    let again = backend.acquire(&request).await.map_err(err)?;
+    let sent: Vec<String> = recording.commands().0.split_off(before);
+    ensure!(
+        again.lease.fence().get() == 2,
+        "the grant after the release has fence {}, expected 2",
+        again.lease.fence()
+    );
+    ensure!(
+        sent.len() == 1 && !sent.iter().any(|s| s.contains("_queue")),
+        "the grant of a lease released while nobody queued sent {} statements (expected 1, \
+         not reading the waiters' queue): {sent:?}",
+        sent.len()
+    );
+    backend.release(&again.lease).await.map_err(err)?;
     Ok(())
 }
 
@@ -371,14 +406,16 @@ pub(super) async fn lease_lapsing_place_ahead() -> Outcome {
     let (a, c) = (client(store.config()).await?, client(store.config()).await?);
     let name = unique_name("lapsing-place")?;
     let options = LockOptions::new().ttl(Duration::from_secs(1));
-    // A free lease row (without one, the newcomer's insert would take the lock whatever the
-    // queue says).
+    // A lease row freed while someone queued (without one, the newcomer's insert would take
+    // the lock whatever the queue says; so would its first try of a lease released while
+    // nobody queued).
     a.lock_with(&name, &options)
         .await
         .map_err(err)?
         .release()
         .await
         .map_err(err)?;
+    freed_while_queued(&store, &name).await?;
     let planted = Instant::now();
     plant_place_for(
         &store,

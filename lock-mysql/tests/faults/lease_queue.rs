@@ -8,7 +8,9 @@ use conformance_tests::{
     Failure, Outcome, ensure,
     faults::{err, unique_name},
 };
-use lock_core::{LockBackend, LockName, LockOptions, backend::AcquireRequest};
+use lock_core::{
+    LockBackend, LockClient, LockGuard, LockName, LockOptions, backend::AcquireRequest,
+};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 use sqlx::AssertSqlSafe;
 
@@ -267,15 +269,13 @@ pub(super) async fn lease_locked_head_stalls_no_newcomer() -> Outcome {
 /// may land first. The place must then stop no one: after the release a newcomer's single
 /// try gets the lease (the holder's own place is planted, as if its removal were late).
 pub(super) async fn lease_own_place_after_release() -> Outcome {
-    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
-    let name = unique_name("own-place")?;
-    let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = a.lock_with(&name, &options).await.map_err(err)?;
-    let token = held.lease().token().as_str().to_owned();
-    plant_place(&store, &name, &token, Duration::from_millis(300)).await?;
-    held.release().await.map_err(err)?;
-    let next = b.try_lock_with(&name, &options).await.map_err(err)?;
+    let own = OwnPlace::new("own-place").await?;
+    own.held.release().await.map_err(err)?;
+    let next = own
+        .next
+        .try_lock_with(&own.name, &own.options)
+        .await
+        .map_err(err)?;
     ensure!(
         next.is_some(),
         "after its holder released it, a single try found the lease busy: the released holder's own place in the queue stood in the way"
@@ -286,12 +286,51 @@ pub(super) async fn lease_own_place_after_release() -> Outcome {
     Ok(())
 }
 
+/// A holder whose own place is in the queue (planted, as if its removal in the background
+/// were late), and another client.
+struct OwnPlace {
+    store: MySqlStore,
+    /// The other client.
+    next: LockClient,
+    name: LockName,
+    options: LockOptions,
+    held: LockGuard,
+}
+
+impl OwnPlace {
+    /// A lease of 30 s on a new name tagged `tag`, taken over from a released row (in one
+    /// statement, with no place of its own whose removal could race the planted one).
+    async fn new(tag: &str) -> Result<Self, Failure> {
+        let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+        let (a, next) = (client(store.config()).await?, client(store.config()).await?);
+        let name = unique_name(tag)?;
+        let options = LockOptions::new().ttl(Duration::from_secs(30));
+        a.lock_with(&name, &options)
+            .await
+            .map_err(err)?
+            .release()
+            .await
+            .map_err(err)?;
+        let held = a.lock_with(&name, &options).await.map_err(err)?;
+        let token = held.lease().token().as_str().to_owned();
+        plant_place(&store, &name, &token, Duration::from_millis(300)).await?;
+        Ok(Self {
+            store,
+            next,
+            name,
+            options,
+            held,
+        })
+    }
+}
+
 /// A grant of a lock whose row does not exist yet takes one statement: the insert's reply says
 /// it took the row; so does the grant of a lease released while nobody queued, with a
-/// statement that does not read the queue. Before, the reply carried nothing for a new row, and the grant was judged
-/// by a queue batch (a second round trip) that took a place in the waiters' queue, removed in
-/// the background after the grant (a third); a removal that came after the lease was over
-/// left the place in the next acquirer's way (`lease/own_place_blocks_nobody_after_expiry`).
+/// statement that does not read the queue. Before, the reply carried nothing for a new row,
+/// and the grant was judged by a queue batch (a second round trip) that took a place in the
+/// waiters' queue, removed in the background after the grant (a third); a removal that came
+/// after the lease was over left the place in the next acquirer's way
+/// (`lease/own_place_blocks_nobody_after_expiry`).
 /// The commands the client sends for the grant are read off a recording proxy.
 pub(super) async fn lease_new_row_in_one_statement() -> Outcome {
     let url = support::url().map_err(Failure)?;
@@ -358,39 +397,28 @@ pub(super) async fn lease_new_row_in_one_statement() -> Outcome {
 /// expired lease that a single try found held, 9 times in 120 runs under load, when the
 /// removal of a new row's place came after the expiry).
 pub(super) async fn lease_own_place_after_expiry() -> Outcome {
-    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let (a, b) = (client(store.config()).await?, client(store.config()).await?);
-    let name = unique_name("own-place-expired")?;
-    let options = LockOptions::new().ttl(Duration::from_secs(30));
-    // A released row first: the holder then takes it over in one statement, with no place of
-    // its own whose removal could race the planted one.
-    a.lock_with(&name, &options)
-        .await
-        .map_err(err)?
-        .release()
-        .await
-        .map_err(err)?;
-    let held = a.lock_with(&name, &options).await.map_err(err)?;
-    let token = held.lease().token().as_str().to_owned();
-    plant_place(&store, &name, &token, Duration::from_millis(300)).await?;
+    let own = OwnPlace::new("own-place-expired").await?;
     sqlx::query(AssertSqlSafe(format!(
         "UPDATE `{}` SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE name = ?",
-        store.config().table_name().as_str()
+        own.store.config().table_name().as_str()
     )))
-    .bind(name.as_str().as_bytes())
-    .execute(store.admin())
+    .bind(own.name.as_str().as_bytes())
+    .execute(own.store.admin())
     .await
     .map_err(|e| Failure(format!("expiring the lease: {e}")))?;
-    let next = b.try_lock_with(&name, &options).await.map_err(err)?;
+    let next = own
+        .next
+        .try_lock_with(&own.name, &own.options)
+        .await
+        .map_err(err)?;
     ensure!(
         next.as_ref()
-            .is_some_and(|next| next.fence() > held.fence()),
+            .is_some_and(|next| next.fence() > own.held.fence()),
         "after its holder's lease ran out, a single try found the lease busy: the holder's own place in the queue stood in the way"
     );
     if let Some(next) = next {
         next.release().await.map_err(err)?;
     }
-    drop(held);
     Ok(())
 }
 

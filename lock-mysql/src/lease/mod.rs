@@ -1,17 +1,20 @@
 //! The lease strategy: one row per lock with the holder's token, fence and expiry.
 //!
-//! - **Acquire** is one statement: `INSERT ... ON DUPLICATE KEY UPDATE` inserts the row, or
-//!   locks the existing one exclusively (the X lock a `SELECT ... FOR UPDATE` takes) for the
-//!   statement's transaction and takes it over only if the server finds it released or
-//!   expired by `NOW(6)`, bumping its fence.
+//! - **Acquire** is one statement per try: `INSERT ... ON DUPLICATE KEY UPDATE` inserts the
+//!   row, or locks the existing one exclusively (the X lock a `SELECT ... FOR UPDATE` takes)
+//!   for the statement's transaction and takes it over only if the server finds it released
+//!   or expired by `NOW(6)` (and the waiters' queue allows, see [`queue`]), bumping its
+//!   fence. A call's first try takes only a new row or one released while nobody queued;
+//!   a lease that ran out, or one freed while someone queued, is taken by a later try, after
+//!   the caller's place in the queue is written (three round trips).
 //! - **Outcome**: the server's reply carries the fence the caller now holds, or 0: a new row
 //!   gets its fence from `LAST_INSERT_ID(1)` in the inserted values; on an existing row
 //!   (whose inserted values were computed all the same) the update sets it again, to
 //!   `LAST_INSERT_ID(fence + 1)` when it takes the row over, else to `LAST_INSERT_ID(0)`.
 //!   The reply's value is the last one set in the statement: on a takeover the row's fence
 //!   read inside the locked statement. It is not the `rows_affected` count that
-//!   `CLIENT_FOUND_ROWS` makes ambiguous for upserts; a grant is one round trip, whether the row is new or taken
-//!   over (fault case `lease/a_new_row_is_granted_in_one_statement`). Every other outcome (a
+//!   `CLIENT_FOUND_ROWS` makes ambiguous for upserts; a grant of a new row, or of one released while nobody
+//!   queued, is one round trip (fault case `lease/a_new_row_is_granted_in_one_statement`). Every other outcome (a
 //!   busy or foreign row) is judged by reading the row back.
 //!   Release and the renewal of one lease work the same way with `LAST_INSERT_ID(fence)`.
 //!   Renewals of several leases are batched in one transaction and judged by reading the rows

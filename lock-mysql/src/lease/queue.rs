@@ -18,8 +18,14 @@
 //!   `arrived_at`, then token) may take it; anybody else, including the client that just
 //!   released, finds it busy and takes a place at the back (the place of the lease's own
 //!   holder, whose removal may come late, counts for nothing). The condition ([`allowed`]) is
-//!   part of the one acquire statement, so a client nobody waits behind still acquires in
-//!   one round trip.
+//!   part of the acquire statement of a caller that has a place. A call's first try (no place
+//!   yet) does not read the queue: it takes only a lease released while nobody queued (a
+//!   release that saw no live place leaves `acquired_at` NULL, and a busy try that writes a
+//!   place and then finds the lease so marks it, see [`busy_batch`]), so a client nobody
+//!   waits behind still acquires in one round trip. The order so holds among waiters whose
+//!   places the release could see; a place written while a release that saw none was
+//!   committing (the release read the queue, then its commit took a moment) may be passed
+//!   once by a newcomer; every later release sees it.
 //! - **Direct hand-off**: release gives the lease to the first live waiter in the same step
 //!   ([`release_batch`]): its token, a fence one higher, and an expiry of that waiter's turn;
 //!   then it wakes the waiter (below). The waiter's next try finds the lease held by its own
@@ -75,7 +81,11 @@
 
 use std::time::Duration;
 
-use crate::{TableName, rows::LEASE_TAKEABLE, sql::hex};
+use crate::{
+    TableName,
+    rows::{LEASE_RELEASED_ALONE, LEASE_TAKEABLE},
+    sql::hex,
+};
 
 /// The margin of a waiter's turn beyond its longest sleep.
 pub(crate) const HANDOFF: Duration = Duration::from_millis(100);
@@ -166,6 +176,10 @@ pub(crate) fn allowed(table: &TableName) -> String {
 ///   that one row lock, and the server, at 193 % CPU, took minutes to get through them:
 ///   fault case `lease/a_locked_head_stalls_no_newcomer`);
 /// - take or keep the caller's place for `place` with its `turn`;
+/// - if the lease was released while nobody queued (a release that ran just before the place
+///   was written, [`LEASE_RELEASED_ALONE`]), mark it freed while someone queues
+///   (`acquired_at` set), so the first try of a newcomer, which does not read the queue, no
+///   longer takes it (read first without a lock: the lease row is locked only then);
 /// - cut the first waiter's place to its own turn when the lease is free and the first is
 ///   someone else;
 /// - read the lease row (`'row'`, [`LEASE_COLUMNS`](crate::rows::LEASE_COLUMNS)) and how
@@ -193,6 +207,9 @@ pub(crate) fn busy_batch(
          INSERT INTO {q} (name, token, arrived_at, until_at, turn_us) \
          VALUES ({n}, {k}, NOW(6), NOW(6) + INTERVAL {place} MICROSECOND, {turn}) \
          ON DUPLICATE KEY UPDATE until_at = NOW(6) + INTERVAL {place} MICROSECOND; \
+         SET @lm_alone = 0; \
+         SELECT 1 INTO @lm_alone FROM {t} WHERE name = {n} AND {LEASE_RELEASED_ALONE}; \
+         UPDATE {t} SET acquired_at = NOW(6) WHERE name = {n} AND @lm_alone AND {LEASE_RELEASED_ALONE}; \
          SELECT token INTO @lm_first FROM {q} FORCE INDEX (by_arrival) \
          WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1; \
          SELECT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}) INTO @lm_free; \
@@ -565,7 +582,8 @@ pub(crate) fn release_batch(
          WHERE name = {n} AND until_at > NOW(6) AND token <> {k} ORDER BY arrived_at, token LIMIT 1; \
          UPDATE {t} SET token = IF({give}, @lm_next, NULL), \
          expires_at = IF({give}, NOW(6) + INTERVAL @lm_turn MICROSECOND, NULL), \
-         acquired_at = IF({give}, NOW(6), IF(@lm_next IS NULL, NULL, acquired_at)), \
+         acquired_at = IF({give}, NOW(6), IF(@lm_next IS NULL AND NOT EXISTS (SELECT 1 FROM {q} w \
+         WHERE w.name = {n} AND w.until_at > NOW(6) AND w.token <> {k}), NULL, acquired_at)), \
          fence = LAST_INSERT_ID(fence) + {bump} + IF({give}, 1, 0) \
          WHERE name = {n} AND {current}; \
          SET @lm_done = ROW_COUNT(), @lm_fence = LAST_INSERT_ID(); \

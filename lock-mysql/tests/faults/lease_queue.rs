@@ -267,10 +267,14 @@ pub(super) async fn lease_locked_head_stalls_no_newcomer() -> Outcome {
 
 /// A holder that queued before its grant takes its place out in the background; its release
 /// may land first. The place must then stop no one: after the release a newcomer's single
-/// try gets the lease (the holder's own place is planted, as if its removal were late).
+/// try gets the lease (the holder's own place is planted, as if its removal were late; the
+/// released lease is marked freed while someone queued, so that the newcomer's try reads the
+/// queue: a lease released while nobody queued is taken without reading it).
 pub(super) async fn lease_own_place_after_release() -> Outcome {
     let own = OwnPlace::new("own-place").await?;
     own.held.release().await.map_err(err)?;
+    // So that the newcomer's try is one that reads the queue.
+    freed_while_queued(&own.store, &own.name).await?;
     let next = own
         .next
         .try_lock_with(&own.name, &own.options)

@@ -3,14 +3,14 @@
 
 use std::{sync::Arc, time::Instant};
 
-use lock_core::{Lease, LockError};
+use lock_core::{Lease, LockError, LockName};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{LeaseStrategy, changed_current, queue};
 use crate::{
     error::{Class, Error, classify},
     rows::lease_token_is_ours,
-    sql::{broken, execute_within, retry_deadlocks, within},
+    sql::{broken, execute_within, retry_deadlocks, run_pooled, within},
 };
 
 impl LeaseStrategy {
@@ -62,7 +62,7 @@ impl LeaseStrategy {
         // answer was lost: the first error stands (nothing is claimed).
         let mut tries = self.pool.options().get_max_connections();
         let released = loop {
-            match retry_deadlocks(|| self.release_once(sql.clone(), until)).await {
+            match retry_deadlocks(|| self.release_once(name, sql.clone(), until)).await {
                 Err(error) if tries > 0 && broken(&error) => {
                     tries -= 1;
                     first.get_or_insert(error);
@@ -83,11 +83,51 @@ impl LeaseStrategy {
 
     /// Runs one release batch: the fence it released (`None` when the lease was not current).
     /// An error after the `'released'` answer (the wake-up) is logged, not returned: the
-    /// release itself is done.
+    /// release itself is done. A hand-off's [follow-up](queue::release_followup) runs in the
+    /// background once the batch has answered.
     pub(super) async fn release_once(
+        &self,
+        name: &LockName,
+        sql: Arc<str>,
+        until: Instant,
+    ) -> Result<Option<u64>, sqlx::Error> {
+        let mut handed = None;
+        let released = self.release_batch(sql, until, &mut handed).await;
+        if let (Ok(Some(_)), Some((next, turn_us))) = (&released, handed) {
+            self.follow_up(name, &next, turn_us);
+        }
+        released
+    }
+
+    /// Runs a hand-off's follow-up ([`queue::release_followup`]) in the background: the
+    /// release and the waiter need not wait for it. If it is lost (the process ends first),
+    /// the waiter's place lapses by itself, and a long parker brought near the head wakes at
+    /// the end of its park.
+    fn follow_up(&self, name: &LockName, next: &[u8], turn_us: u64) {
+        let sql = queue::release_followup(
+            &self.table,
+            name.as_str().as_bytes(),
+            next,
+            turn_us,
+            self.limits.mariadb,
+        );
+        let (pool, until, name) = (self.pool.clone(), self.statement_until(), name.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn(async move {
+                if let Err(error) = run_pooled(&pool, sql, until).await {
+                    tracing::debug!(lock = %name, %error, "a hand-off's follow-up failed");
+                }
+            }));
+        }
+    }
+
+    /// Runs the release batch `sql` on a pooled connection (see [`Self::release_once`]);
+    /// `handed` gets the waiter handed the lease and its turn, if any.
+    async fn release_batch(
         &self,
         sql: Arc<str>,
         until: Instant,
+        handed: &mut Option<(Vec<u8>, u64)>,
     ) -> Result<Option<u64>, sqlx::Error> {
         let mut conn = within(until, self.pool.acquire()).await?;
         let mut released: Option<Option<u64>> = None;
@@ -104,6 +144,9 @@ impl LeaseStrategy {
                         let done: i64 = row.try_get(1)?;
                         let fence: Option<u64> = row.try_get(2)?;
                         released = Some(fence.filter(|_| done > 0));
+                        let next: Option<Vec<u8>> = row.try_get(3).ok().flatten();
+                        let turn: Option<u64> = row.try_get(4).ok().flatten();
+                        *handed = next.zip(turn);
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => break,

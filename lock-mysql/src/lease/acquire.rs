@@ -59,8 +59,11 @@ enum Try {
     Granted(Grant),
     /// Busy; the holder's time left, when known.
     Busy(Option<Duration>),
-    /// Busy; the caller parked until woken or its park ended: try again at once.
-    Parked,
+    /// Busy; the caller parked until woken (`woken`: by the release that handed it the lease,
+    /// as a rule) or its park ended: try again at once.
+    Parked {
+        woken: bool,
+    },
     /// Busy, and the caller is first in line: try again soon (or, if the holder's time left is
     /// shorter, then).
     First(Option<Duration>),
@@ -91,17 +94,19 @@ impl LeaseStrategy {
         };
         let result = poll_until_acquired(request, || async {
             let mut outcome = self
-                .try_once(request, &token, (place, turn), &queued)
+                .try_once(request, &token, (place, turn), (&queued, false))
                 .await?;
             // After a park (woken, or its time up) try again at once, while the budget lasts.
-            while matches!(outcome, Try::Parked) && Instant::now() < request.deadline() {
+            while let Try::Parked { woken } = outcome
+                && Instant::now() < request.deadline()
+            {
                 outcome = self
-                    .try_once(request, &token, (place, turn), &queued)
+                    .try_once(request, &token, (place, turn), (&queued, woken))
                     .await?;
             }
             Ok(match outcome {
                 Try::Granted(grant) => Attempt::Acquired(grant),
-                Try::Parked | Try::Next => Attempt::Busy {
+                Try::Parked { .. } | Try::Next => Attempt::Busy {
                     expires_in: Some(Duration::ZERO),
                 },
                 Try::Busy(expires_in) => {
@@ -169,8 +174,10 @@ impl LeaseStrategy {
     /// A busy try takes (or keeps) the caller's place in the queue and tells whether it is
     /// first (`queued` is set once it may have one).
     ///
-    /// The call's first try (no place yet) takes only a new row or one released while nobody
-    /// queued, without reading the queue (see [`Statements::acquire_first`](super)); if it
+    /// The call's first try (no place yet), and a try right after a park a release woke (it
+    /// handed the caller the lease, which the statement's "taken" rule covers: the row holds
+    /// the caller's token), takes only a new row, one released while nobody queued or one
+    /// handed to the caller, without reading the queue (see [`Statements::acquire_first`](super)); if it
     /// finds the row free otherwise (expired, or freed while someone queued) and, its place
     /// taken, the caller first in line, it tries again at once with the statement that reads
     /// the queue, whatever is left of the budget: a free lock is not busy to a single try.
@@ -179,10 +186,10 @@ impl LeaseStrategy {
         request: &AcquireRequest,
         token: &LeaseToken,
         turns: (Duration, Duration),
-        queued: &AtomicBool,
+        (queued, woken): (&AtomicBool, bool),
     ) -> Result<Try, LockError> {
         let name = request.name();
-        let mut first = !queued.load(Ordering::Relaxed);
+        let mut first = woken || !queued.load(Ordering::Relaxed);
         loop {
             let sent = Instant::now();
             let limit = request
@@ -318,23 +325,19 @@ impl LeaseStrategy {
             Some(LeaseState::Held { remaining_us, .. }) if remaining_us > 0 => {
                 let left = Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0));
                 // The park ends when this lease runs out (see `queue::park_refresh`).
-                if self.park((name, token), budget, max_delay, far).await {
-                    Try::Parked
-                } else {
-                    busy(Some(left))
+                match self.park((name, token), budget, max_delay, far).await {
+                    Some(woken) => Try::Parked { woken },
+                    None => busy(Some(left)),
                 }
             }
             // Free (released, or its lease ran out), and this caller is next: come again at
             // once.
             Some(_) if ahead == 0 => Try::Next,
             // Free, but someone else is next: wait for its turn.
-            Some(_) => {
-                if self.park((name, token), budget, max_delay, far).await {
-                    Try::Parked
-                } else {
-                    busy(None)
-                }
-            }
+            Some(_) => match self.park((name, token), budget, max_delay, far).await {
+                Some(woken) => Try::Parked { woken },
+                None => busy(None),
+            },
         })
     }
 
@@ -346,15 +349,16 @@ impl LeaseStrategy {
     /// ([`queue::LONG_PARK`]); woken from a long park (a release brought it near the head, or
     /// handed it the lease) it parks short at once, without a try: that park does not wait if
     /// the lease is the waiter's. At most half the pool parks (see [`LeaseStrategy::new`]),
-    /// so the client's renewals and releases find the other half. False when it did not park:
-    /// no park permit free, no time to park, or no connection from the pool in time.
+    /// so the client's renewals and releases find the other half. `None` when it did not park:
+    /// no park permit free, no time to park, or no connection from the pool in time; else
+    /// whether its last park was a short one a release woke.
     async fn park(
         &self,
         (name, token): (&LockName, &LeaseToken),
         at_most: Duration,
         max_delay: Duration,
         far: bool,
-    ) -> bool {
+    ) -> Option<bool> {
         let end = Instant::now() + at_most;
         let next = |far: bool| {
             let longest = if far {
@@ -365,13 +369,14 @@ impl LeaseStrategy {
             end.saturating_duration_since(Instant::now()).min(longest)
         };
         if next(false) < Duration::from_millis(1) {
-            return false;
+            return None;
         }
         let Ok(_permit) = self.parking.clone().try_acquire_owned() else {
-            return false;
+            return None;
         };
-        // Whether a park ran (else the caller backs off as if it had found no permit).
-        let mut parked = false;
+        // Whether a park ran (else the caller backs off as if it had found no permit), and
+        // whether the last was a short one a release woke.
+        let (mut parked, mut woken_short) = (false, false);
         let (mut again, mut far) = (false, far);
         loop {
             // Each park takes its connection from the pool (and its length is set once it has
@@ -422,12 +427,13 @@ impl LeaseStrategy {
                 queue::Parked::Skipped | queue::Parked::TookAnchor => false,
             };
             if !(woken && long) {
+                woken_short = woken;
                 break;
             }
             // Woken from a long park: near the head now (or handed the lease).
             (again, far) = (false, false);
         }
-        parked
+        parked.then_some(woken_short)
     }
 
     /// One park on `conn` (see [`queue::park_refresh`] and [`queue::park_wait`]): how it

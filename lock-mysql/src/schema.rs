@@ -78,7 +78,7 @@ pub fn create_table_sql(table: &TableName, strategy: Strategy) -> Vec<String> {
                  token VARBINARY(64) NULL DEFAULT NULL COMMENT 'the holder''s owner token, 32 lowercase hex digits; NULL once released', \
                  fence BIGINT UNSIGNED NOT NULL DEFAULT 0 COMMENT 'the fence of the latest acquisition; never decreases', \
                  expires_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the lease ends, by the server clock, in UTC; NULL once released', \
-                 acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the latest acquisition was granted, by the server clock, in UTC; NULL once released while nobody queued', \
+                 acquired_at DATETIME(6) NULL DEFAULT NULL COMMENT 'when the latest acquisition was granted, by the server clock, in UTC; NULL once released while nobody queued (a waiter that queues then sets it)', \
                  PRIMARY KEY (name)",
                 comment(strategy, Part::Locks),
             ),

@@ -13,7 +13,9 @@
 //! - **Locks**: a busy try's statements lock only places found by their key (the head of the
 //!   queue, its own place, and the first waiter's when it cuts that to its turn), never the
 //!   lease and then a place, so tries of many waiters do not wait on each other's refreshes
-//!   or deadlock (fault case `lease/a_locked_place_behind_stalls_no_waiter`).
+//!   or deadlock (fault case `lease/a_locked_place_behind_stalls_no_waiter`). The lease row
+//!   only in one case, in a statement of its own: a lease released while nobody queued,
+//!   which the try marks (see [`busy_batch`]).
 //! - **Who may take a free lease**: while any live place exists, only the first (by
 //!   `arrived_at`, then token) may take it; anybody else, including the client that just
 //!   released, finds it busy and takes a place at the back (the place of the lease's own
@@ -28,11 +30,14 @@
 //!   once by a newcomer; every later release sees it.
 //! - **Direct hand-off**: release gives the lease to the first live waiter in the same step
 //!   ([`release_batch`]): its token, a fence one higher, and an expiry of that waiter's turn;
-//!   then it wakes the waiter (below). The waiter's next try finds the lease held by its own
+//!   then it wakes the waiter (below); the rest of the hand-off (cutting the waiter's place to
+//!   its turn, waking long parkers now near the head) is a second batch the release runs
+//!   after the wake-up ([`release_followup`]). The waiter's next try finds the lease held by its own
 //!   token and takes it for its TTL with a fence one higher again (the acquire statement's
 //!   "taken" rule covers its own token). A waiter that died or is paused lets the handed
 //!   lease expire after its turn (1.1 s with the default back-off), and its place lapses
-//!   with it.
+//!   with it (once the release's follow-up cut it; should that fail, when the place lapses:
+//!   up to about 2 s after its last refresh, 6 s after a long park).
 //! - **Waking the waiter**: between tries a waiter parks on a pooled connection: one batch
 //!   refreshes its place ([`park_refresh`]; it records the connection, for operators), then
 //!   one statement waits, only if the lease has not been handed to it yet ([`park_wait`]): in
@@ -98,7 +103,7 @@ pub(crate) const FIRST_POLL_MAX: Duration = Duration::from_millis(40);
 pub(crate) const PARK_MAX: Duration = Duration::from_secs(1);
 
 /// The longest one park lasts for a waiter far back ([`NEAR`] or more live places ahead): the
-/// release that brings it near the head wakes it (see [`release_batch`]), so its length costs
+/// release that brings it near the head wakes it (see [`release_followup`]), so its length costs
 /// no waiting; it sets how often a thousand waiters far back keep their places alive.
 pub(crate) const LONG_PARK: Duration = Duration::from_secs(5);
 
@@ -333,8 +338,9 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// and how long it may wait, and cut its place to a lease handed to it. Leaves its readings
 /// in session variables for [`park_wait`], on the same connection. A place cut to the turn of
 /// a lease handed to it stays cut: after the refresh the park reads the waiter's own lease and
-/// cuts the place to that lease's expiry (a release commits its hand-off before it cuts the
-/// place, so either the park sees the hand-off or the release's cut comes after the refresh).
+/// cuts the place to that lease's expiry (a release commits its hand-off before its
+/// follow-up cuts the place, so either the park sees the hand-off or the release's cut comes
+/// after the refresh).
 /// It also reads how many live places are ahead (0 up to [`NEAR`]). For a waiter near the
 /// head the wait lasts at most `park` (and [`PARK_MAX`]) and ends sooner when the lease of
 /// another holder runs out (a holder that died) and when the first live place of someone else
@@ -401,8 +407,8 @@ pub(crate) fn park_refresh(
 /// A `long` park (the waiter was far back when last seen, see [`Park`]) of a waiter still
 /// far back waits its whole `length` (up to [`LONG_PARK`]): the waiters near the head see to
 /// dead holders and dead waiters, and a thousand waiters far back must not all wake when one
-/// lease runs out; the release that brings it near the head wakes it ([`release_batch`]); its
-/// statement says it is long, so that release can tell. Other parks wait what
+/// lease runs out; the release that brings it near the head wakes it
+/// ([`release_followup`]); its statement says it is long, so that release can tell. Other parks wait what
 /// [`park_refresh`] found.
 ///
 /// It waits in `GET_LOCK` on the client's `anchor` (see [`crate::anchor`]: a `SLEEP` is slow

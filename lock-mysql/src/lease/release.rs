@@ -83,8 +83,8 @@ impl LeaseStrategy {
 
     /// Runs one release batch: the fence it released (`None` when the lease was not current).
     /// An error after the `'released'` answer (the wake-up) is logged, not returned: the
-    /// release itself is done. A hand-off's [follow-up](queue::release_followup) runs in the
-    /// background once the batch has answered.
+    /// release itself is done. A hand-off's [follow-up](queue::release_followup) runs once
+    /// the batch has answered (see [`Self::follow_up`]).
     pub(super) async fn release_once(
         &self,
         name: &LockName,
@@ -94,16 +94,18 @@ impl LeaseStrategy {
         let mut handed = None;
         let released = self.release_batch(sql, until, &mut handed).await;
         if let (Ok(Some(_)), Some((next, turn_us))) = (&released, handed) {
-            self.follow_up(name, &next, turn_us);
+            self.follow_up(name, &next, turn_us).await;
         }
         released
     }
 
-    /// Runs a hand-off's follow-up ([`queue::release_followup`]) in the background: the
-    /// release and the waiter need not wait for it. If it is lost (the process ends first),
-    /// the waiter's place lapses by itself, and a long parker brought near the head wakes at
-    /// the end of its park.
-    fn follow_up(&self, name: &LockName, next: &[u8], turn_us: u64) {
+    /// Runs a hand-off's follow-up ([`queue::release_followup`]) once the release batch has
+    /// woken the waiter: the waiter does not wait for it; the release does (not in the
+    /// background: a follow-up lost with a process that ends right after its release, as
+    /// `lockctl release --force` does, would let a dead waiter hold the lock for its place's
+    /// life rather than its turn). If it fails, the waiter's place lapses by itself, and a
+    /// long parker brought near the head wakes at the end of its park.
+    async fn follow_up(&self, name: &LockName, next: &[u8], turn_us: u64) {
         let sql = queue::release_followup(
             &self.table,
             name.as_str().as_bytes(),
@@ -111,13 +113,8 @@ impl LeaseStrategy {
             turn_us,
             self.limits.mariadb,
         );
-        let (pool, until, name) = (self.pool.clone(), self.statement_until(), name.clone());
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            drop(runtime.spawn(async move {
-                if let Err(error) = run_pooled(&pool, sql, until).await {
-                    tracing::debug!(lock = %name, %error, "a hand-off's follow-up failed");
-                }
-            }));
+        if let Err(error) = run_pooled(&self.pool, sql, self.statement_until()).await {
+            tracing::debug!(lock = %name, %error, "a hand-off's follow-up failed");
         }
     }
 
@@ -144,9 +141,14 @@ impl LeaseStrategy {
                         let done: i64 = row.try_get(1)?;
                         let fence: Option<u64> = row.try_get(2)?;
                         released = Some(fence.filter(|_| done > 0));
-                        let next: Option<Vec<u8>> = row.try_get(3).ok().flatten();
-                        let turn: Option<u64> = row.try_get(4).ok().flatten();
-                        *handed = next.zip(turn);
+                        let next: Result<Option<Vec<u8>>, _> = row.try_get(3);
+                        let turn: Result<Option<u64>, _> = row.try_get(4);
+                        match (next, turn) {
+                            (Ok(next), Ok(turn)) => *handed = next.zip(turn),
+                            (Err(error), _) | (_, Err(error)) => {
+                                tracing::debug!(%error, "unreadable hand-off; no follow-up");
+                            }
+                        }
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => break,

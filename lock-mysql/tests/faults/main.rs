@@ -57,7 +57,7 @@ fn main() -> ExitCode {
         return skewed::child(&role);
     }
     let cases = Cases::<Failure>::new("faults").limit(Duration::from_secs(120));
-    lease_long_parks::cases(lease_parks::cases(cases))
+    lease_queue::cases(lease_long_parks::cases(lease_parks::cases(cases)))
         .case("row_lock/kill_holder_connection", || {
             Box::pin(connections::row_lock_kill_holder())
         })
@@ -67,31 +67,6 @@ fn main() -> ExitCode {
         .case("lease/row_locked_by_long_transaction", || {
             Box::pin(foreign_transactions::lease_lock_wait_timeout())
         })
-        .case("lease/a_dead_waiter_stalls_the_lease_briefly", || {
-            Box::pin(lease_queue::lease_dead_waiter())
-        })
-        .case("lease/own_place_blocks_nobody_after_release", || {
-            Box::pin(lease_queue::lease_own_place_after_release())
-        })
-        .case("lease/a_new_row_is_granted_in_one_statement", || {
-            Box::pin(lease_queue::lease_new_row_in_one_statement())
-        })
-        .case("lease/own_place_blocks_nobody_after_expiry", || {
-            Box::pin(lease_queue::lease_own_place_after_expiry())
-        })
-        .case("lease/a_leaving_waiter_leaves_the_lease_row_alone", || {
-            Box::pin(lease_queue::lease_leaving_waiter_leaves_the_lease_row_alone())
-        })
-        .case("lease/a_locked_head_stalls_no_newcomer", || {
-            Box::pin(lease_queue::lease_locked_head_stalls_no_newcomer())
-        })
-        .case("lease/a_locked_place_behind_stalls_no_waiter", || {
-            Box::pin(lease_queue::lease_locked_place_behind())
-        })
-        .case(
-            "lease/a_lapsing_place_ahead_stalls_only_until_it_lapses",
-            || Box::pin(lease_queue::lease_lapsing_place_ahead()),
-        )
         .case("lease/renewal_batch_deadlock_is_retried", || {
             Box::pin(foreign_transactions::lease_deadlock_retried())
         })

@@ -94,7 +94,7 @@ impl LeaseStrategy {
             )
             .into();
             let until = self.statement_until();
-            let released = retry_deadlocks(|| self.release_once(name, sql.clone(), until))
+            let released = retry_deadlocks(|| self.release_once(sql.clone(), until))
                 .await
                 .map_err(|e| {
                     LockError::from(Error::new(format!("releasing `{name}` by force"), e))

@@ -30,14 +30,11 @@
 //!   once by a newcomer; every later release sees it.
 //! - **Direct hand-off**: release gives the lease to the first live waiter in the same step
 //!   ([`release_batch`]): its token, a fence one higher, and an expiry of that waiter's turn;
-//!   then it wakes the waiter (below); the rest of the hand-off (cutting the waiter's place to
-//!   its turn, waking long parkers now near the head) is a second batch the release runs
-//!   after the wake-up ([`release_followup`]). The waiter's next try finds the lease held by its own
+//!   then it wakes the waiter (below). The waiter's next try finds the lease held by its own
 //!   token and takes it for its TTL with a fence one higher again (the acquire statement's
 //!   "taken" rule covers its own token). A waiter that died or is paused lets the handed
 //!   lease expire after its turn (1.1 s with the default back-off), and its place lapses
-//!   with it (once the release's follow-up cut it; should that fail, when the place lapses:
-//!   up to about 2 s after its last refresh, 6 s after a long park).
+//!   with it.
 //! - **Waking the waiter**: between tries a waiter parks on a pooled connection: one batch
 //!   refreshes its place ([`park_refresh`]; it records the connection, for operators), then
 //!   one statement waits, only if the lease has not been handed to it yet ([`park_wait`]): in
@@ -103,7 +100,7 @@ pub(crate) const FIRST_POLL_MAX: Duration = Duration::from_millis(40);
 pub(crate) const PARK_MAX: Duration = Duration::from_secs(1);
 
 /// The longest one park lasts for a waiter far back ([`NEAR`] or more live places ahead): the
-/// release that brings it near the head wakes it (see [`release_followup`]), so its length costs
+/// release that brings it near the head wakes it (see [`release_batch`]), so its length costs
 /// no waiting; it sets how often a thousand waiters far back keep their places alive.
 pub(crate) const LONG_PARK: Duration = Duration::from_secs(5);
 
@@ -338,9 +335,8 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// and how long it may wait, and cut its place to a lease handed to it. Leaves its readings
 /// in session variables for [`park_wait`], on the same connection. A place cut to the turn of
 /// a lease handed to it stays cut: after the refresh the park reads the waiter's own lease and
-/// cuts the place to that lease's expiry (a release commits its hand-off before its
-/// follow-up cuts the place, so either the park sees the hand-off or the release's cut comes
-/// after the refresh).
+/// cuts the place to that lease's expiry (a release commits its hand-off before it cuts the
+/// place, so either the park sees the hand-off or the release's cut comes after the refresh).
 /// It also reads how many live places are ahead (0 up to [`NEAR`]). For a waiter near the
 /// head the wait lasts at most `park` (and [`PARK_MAX`]) and ends sooner when the lease of
 /// another holder runs out (a holder that died) and when the first live place of someone else
@@ -407,8 +403,8 @@ pub(crate) fn park_refresh(
 /// A `long` park (the waiter was far back when last seen, see [`Park`]) of a waiter still
 /// far back waits its whole `length` (up to [`LONG_PARK`]): the waiters near the head see to
 /// dead holders and dead waiters, and a thousand waiters far back must not all wake when one
-/// lease runs out; the release that brings it near the head wakes it
-/// ([`release_followup`]); its statement says it is long, so that release can tell. Other parks wait what
+/// lease runs out; the release that brings it near the head wakes it ([`release_batch`]);
+/// its statement says it is long, so that release can tell. Other parks wait what
 /// [`park_refresh`] found.
 ///
 /// It waits in `GET_LOCK` on the client's `anchor` (see [`crate::anchor`]: a `SLEEP` is slow
@@ -548,17 +544,16 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 /// Release with hand-off: take the releasing holder's own place out (see [`release_alone`]);
 /// if the lease of `token` with `fence` is current, give it to the first live waiter (its
 /// token, the fence plus one, its turn), or free it if nobody waits (released while nobody
-/// queued, as [`release_alone`] leaves it, if no live place exists by then); then wake that
-/// waiter with `KILL QUERY` on the session that holds its park's marker (see [`park_wait`]).
-/// Answers `'released'` with the number of rows released (0 or 1), the fence released
-/// (`LAST_INSERT_ID(fence)`), and the waiter handed the lease with its turn (NULL when none),
-/// before the wake-up, whose failure does not undo it.
-///
-/// The rest of a hand-off, which the waiter need not wait for, is [`release_followup`]: a
-/// separate batch, so that the wake-up comes as early as it can (before, this batch cut the
-/// waiter's place and looked up the next two waiters first: about 0.5 ms of the server's
-/// time, measured from its slow log with 16 clients), and so that a wake-up that fails (its
-/// session just ended, or it is another user's) does not keep it from running.
+/// queued, as [`release_alone`] leaves it); cut that waiter's place
+/// to its turn; then wake it with `KILL QUERY` on the session that holds its park's marker
+/// (see [`park_wait`]), and wake the next live waiters up to the [`NEAR`]th too if they wait
+/// in a long park: they are near the head now (once the first takes its place out), and a
+/// park near the head must end when the lease just handed over runs out, should its waiter
+/// be dead (so that two dead waiters in a row stall the lock for their two turns, not for a
+/// long park: fault case `lease/a_long_parker_near_the_head_wakes_at_the_release`). Each
+/// release brings one waiter near, so that costs one wake-up and one park per hand-off.
+/// Answers `'released'` with the number of rows released (0 or 1) and the fence released
+/// (`LAST_INSERT_ID(fence)`), before the wake-ups, whose failure does not undo it.
 ///
 /// `bump` (1 for a forced release, else 0) raises the fence counter past the released fence
 /// in the same statement, before the hand-off takes the next fence: the waiter's fence is then
@@ -582,7 +577,8 @@ pub(crate) fn release_batch(
         u64::MAX - u64::from(bump)
     );
     format!(
-        "SET @lm_next = NULL, @lm_turn = NULL, @lm_id = LAST_INSERT_ID(0); \
+        "SET @lm_next = NULL, @lm_turn = NULL, @lm_second = NULL, @lm_third = NULL, \
+         @lm_id = LAST_INSERT_ID(0); \
          DELETE FROM {q} WHERE name = {n} AND token = {k}; \
          SELECT token, turn_us INTO @lm_next, @lm_turn FROM {q} \
          WHERE name = {n} AND until_at > NOW(6) AND token <> {k} ORDER BY arrived_at, token LIMIT 1; \
@@ -593,58 +589,27 @@ pub(crate) fn release_batch(
          fence = LAST_INSERT_ID(fence) + {bump} + IF({give}, 1, 0) \
          WHERE name = {n} AND {current}; \
          SET @lm_done = ROW_COUNT(), @lm_fence = LAST_INSERT_ID(); \
-         SELECT 'released', @lm_done, @lm_fence, \
-         IF(@lm_done > 0 AND {give_done}, @lm_next, NULL), CAST(@lm_turn AS UNSIGNED); \
+         SELECT 'released', @lm_done, @lm_fence; \
+         UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL @lm_turn MICROSECOND) \
+         WHERE name = {n} AND token = @lm_next AND @lm_done > 0; \
+         SELECT token INTO @lm_second FROM {q} FORCE INDEX (by_arrival) \
+         WHERE name = {n} AND until_at > NOW(6) AND @lm_done > 0 \
+         ORDER BY arrived_at, token LIMIT 1 OFFSET 1; \
+         SELECT token INTO @lm_third FROM {q} FORCE INDEX (by_arrival) \
+         WHERE name = {n} AND until_at > NOW(6) AND @lm_done > 0 \
+         ORDER BY arrived_at, token LIMIT 1 OFFSET 2; \
          SET @lm_conn = IF(@lm_done > 0, IS_USED_LOCK(CONCAT('{MARKER}', CAST(@lm_next AS CHAR))), NULL), \
          @lm_long = IF(@lm_done > 0, \
-         IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_next AS CHAR))), NULL); \
-         {kills}",
-        // Whether the row now holds the waiter's token: the rule of `give` on the fence
-        // released.
-        give_done = format_args!(
-            "@lm_next IS NOT NULL AND @lm_fence < {}",
-            u64::MAX - u64::from(bump)
-        ),
-        // The waiter handed the lease first: a kill that fails (its session just ended, or
-        // another user's) ends the batch.
-        kills = kills(
-            &[("@lm_conn", "FALSE"), ("@lm_long", "@lm_long = @lm_conn")],
-            mariadb
-        ),
-    )
-}
-
-/// The rest of a hand-off to the waiter `next` (whose turn is `turn_us`), after
-/// [`release_batch`], in a batch of its own: cut that waiter's place to its turn (so that a
-/// dead waiter stalls the lock for its turn, not for its place's life), then wake the next
-/// live waiters up to the [`NEAR`]th if they wait in a long park: they are near the head now
-/// (once the first takes its place out), and a park near the head must end when the lease
-/// just handed over runs out, should its waiter be dead (so that two dead waiters in a row
-/// stall the lock for their two turns, not for a long park: fault case
-/// `lease/a_long_parker_near_the_head_wakes_at_the_release`). Each release brings one waiter
-/// near, so that costs one wake-up and one park per hand-off.
-pub(crate) fn release_followup(
-    table: &TableName,
-    name: &[u8],
-    next: &[u8],
-    turn_us: u64,
-    mariadb: bool,
-) -> String {
-    let q = table.queue().quoted();
-    let (n, w) = (hex(name), hex(next));
-    format!(
-        "UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL {turn_us} MICROSECOND) \
-         WHERE name = {n} AND token = {w}; \
-         SET @lm_second = NULL, @lm_third = NULL; \
-         SELECT token INTO @lm_second FROM {q} FORCE INDEX (by_arrival) \
-         WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1 OFFSET 1; \
-         SELECT token INTO @lm_third FROM {q} FORCE INDEX (by_arrival) \
-         WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1 OFFSET 2; \
-         SET @lm_near = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_second AS CHAR))), \
+         IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_next AS CHAR))), NULL), \
+         @lm_near = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_second AS CHAR))), \
          @lm_nearer = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_third AS CHAR))); \
          {kills}",
+        // The waiter handed the lease first: a kill that fails (its session just ended, or
+        // another user's) ends the batch, and the others' wake-ups matter less.
         kills = kills(
             &[
+                ("@lm_conn", "FALSE"),
+                ("@lm_long", "@lm_long = @lm_conn"),
                 ("@lm_near", "FALSE"),
                 ("@lm_nearer", "@lm_nearer = @lm_near"),
             ],
@@ -707,17 +672,10 @@ mod tests {
         let token = b"0123456789abcdef0123456789abcdef";
         let mysql = release_batch(&t, b"n", token, 7, 0, false);
         assert!(!mysql.contains("EXECUTE IMMEDIATE"), "{mysql}");
-        assert_eq!(mysql.matches("PREPARE lm_kill FROM").count(), 2);
+        assert_eq!(mysql.matches("PREPARE lm_kill FROM").count(), 4);
         let mariadb = release_batch(&t, b"n", token, 7, 0, true);
-        assert_eq!(mariadb.matches("EXECUTE IMMEDIATE").count(), 2);
+        assert_eq!(mariadb.matches("EXECUTE IMMEDIATE").count(), 4);
         assert!(!mariadb.trim_end().ends_with(';'), "{mariadb}");
-        // The long parkers brought near are woken by the follow-up.
-        let mysql_more = release_followup(&t, b"n", token, 1_000, false);
-        assert!(!mysql_more.contains("EXECUTE IMMEDIATE"), "{mysql_more}");
-        assert_eq!(mysql_more.matches("PREPARE lm_kill FROM").count(), 2);
-        let mariadb_more = release_followup(&t, b"n", token, 1_000, true);
-        assert_eq!(mariadb_more.matches("EXECUTE IMMEDIATE").count(), 2);
-        assert!(!mariadb_more.trim_end().ends_with(';'), "{mariadb_more}");
         // The waiter handed the lease is woken first: a failed kill ends the batch (a
         // helper's review found it last, after kills that can fail).
         for sql in [&mysql, &mariadb] {

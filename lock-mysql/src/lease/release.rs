@@ -3,14 +3,14 @@
 
 use std::{sync::Arc, time::Instant};
 
-use lock_core::{Lease, LockError, LockName};
+use lock_core::{Lease, LockError};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{LeaseStrategy, changed_current, queue};
 use crate::{
     error::{Class, Error, classify},
     rows::lease_token_is_ours,
-    sql::{broken, execute_within, retry_deadlocks, run_pooled, within},
+    sql::{broken, execute_within, retry_deadlocks, within},
 };
 
 impl LeaseStrategy {
@@ -62,7 +62,7 @@ impl LeaseStrategy {
         // answer was lost: the first error stands (nothing is claimed).
         let mut tries = self.pool.options().get_max_connections();
         let released = loop {
-            match retry_deadlocks(|| self.release_once(name, sql.clone(), until)).await {
+            match retry_deadlocks(|| self.release_once(sql.clone(), until)).await {
                 Err(error) if tries > 0 && broken(&error) => {
                     tries -= 1;
                     first.get_or_insert(error);
@@ -83,48 +83,11 @@ impl LeaseStrategy {
 
     /// Runs one release batch: the fence it released (`None` when the lease was not current).
     /// An error after the `'released'` answer (the wake-up) is logged, not returned: the
-    /// release itself is done. A hand-off's [follow-up](queue::release_followup) runs once
-    /// the batch has answered (see [`Self::follow_up`]).
+    /// release itself is done.
     pub(super) async fn release_once(
         &self,
-        name: &LockName,
         sql: Arc<str>,
         until: Instant,
-    ) -> Result<Option<u64>, sqlx::Error> {
-        let mut handed = None;
-        let released = self.release_batch(sql, until, &mut handed).await;
-        if let (Ok(Some(_)), Some((next, turn_us))) = (&released, handed) {
-            self.follow_up(name, &next, turn_us).await;
-        }
-        released
-    }
-
-    /// Runs a hand-off's follow-up ([`queue::release_followup`]) once the release batch has
-    /// woken the waiter: the waiter does not wait for it; the release does (not in the
-    /// background: a follow-up lost with a process that ends right after its release, as
-    /// `lockctl release --force` does, would let a dead waiter hold the lock for its place's
-    /// life rather than its turn). If it fails, the waiter's place lapses by itself, and a
-    /// long parker brought near the head wakes at the end of its park.
-    async fn follow_up(&self, name: &LockName, next: &[u8], turn_us: u64) {
-        let sql = queue::release_followup(
-            &self.table,
-            name.as_str().as_bytes(),
-            next,
-            turn_us,
-            self.limits.mariadb,
-        );
-        if let Err(error) = run_pooled(&self.pool, sql, self.statement_until()).await {
-            tracing::debug!(lock = %name, %error, "a hand-off's follow-up failed");
-        }
-    }
-
-    /// Runs the release batch `sql` on a pooled connection (see [`Self::release_once`]);
-    /// `handed` gets the waiter handed the lease and its turn, if any.
-    async fn release_batch(
-        &self,
-        sql: Arc<str>,
-        until: Instant,
-        handed: &mut Option<(Vec<u8>, u64)>,
     ) -> Result<Option<u64>, sqlx::Error> {
         let mut conn = within(until, self.pool.acquire()).await?;
         let mut released: Option<Option<u64>> = None;
@@ -141,14 +104,6 @@ impl LeaseStrategy {
                         let done: i64 = row.try_get(1)?;
                         let fence: Option<u64> = row.try_get(2)?;
                         released = Some(fence.filter(|_| done > 0));
-                        let next: Result<Option<Vec<u8>>, _> = row.try_get(3);
-                        let turn: Result<Option<u64>, _> = row.try_get(4);
-                        match (next, turn) {
-                            (Ok(next), Ok(turn)) => *handed = next.zip(turn),
-                            (Err(error), _) | (_, Err(error)) => {
-                                tracing::debug!(%error, "unreadable hand-off; no follow-up");
-                            }
-                        }
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => break,

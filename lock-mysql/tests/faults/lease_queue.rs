@@ -99,9 +99,9 @@ pub(super) async fn lease_dead_waiter() -> Outcome {
 /// An operator's forced release hands the lease to a dead waiter (a place planted with a turn
 /// of 300 ms) from a process that ends right after (`lockctl release --force` does: its
 /// runtime ends with its command): the dead waiter's place must be cut to its turn by then,
-/// or it stalls the lock for the place's life rather than the turn. (The cut ran in the
-/// background after the release's wake-up, in 6fe9500: lost with the runtime, the place
-/// kept its minute.)
+/// or it stalls the lock for the place's life rather than the turn. (6fe9500 moved the cut to
+/// a batch run in the background after the wake-up: lost with the runtime, the place kept
+/// its minute. That split is undone; the release batch cuts the place again.)
 pub(super) async fn lease_forced_release_cuts_a_dead_waiters_place() -> Outcome {
     const TURN: Duration = Duration::from_millis(300);
     const DEAD: &str = "0123456789abcdef0123456789abcdef";

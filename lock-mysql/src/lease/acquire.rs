@@ -174,13 +174,13 @@ impl LeaseStrategy {
     /// A busy try takes (or keeps) the caller's place in the queue and tells whether it is
     /// first (`queued` is set once it may have one).
     ///
-    /// The call's first try (no place yet), and a try right after a park a release woke (it
-    /// handed the caller the lease, which the statement's "taken" rule covers: the row holds
-    /// the caller's token), takes only a new row, one released while nobody queued or one
-    /// handed to the caller, without reading the queue (see [`Statements::acquire_first`](super)); if it
-    /// finds the row free otherwise (expired, or freed while someone queued) and, its place
-    /// taken, the caller first in line, it tries again at once with the statement that reads
-    /// the queue, whatever is left of the budget: a free lock is not busy to a single try.
+    /// The call's first try (no place yet), and a try right after a park a release woke (it handed
+    /// the caller the lease, which the statement's "taken" rule covers: the row holds the caller's
+    /// token), takes only a new row, one released while nobody queued or one handed to the caller,
+    /// without reading the queue (see [`Statements::acquire_first`](super)); if it finds the row
+    /// free otherwise (expired, or freed while someone queued) and, its place taken, the caller
+    /// first in line, it tries again at once with the statement that reads the queue, whatever is
+    /// left of the budget: a free lock is not busy to a single try.
     async fn try_once(
         &self,
         request: &AcquireRequest,

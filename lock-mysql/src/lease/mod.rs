@@ -13,9 +13,10 @@
 //!   `LAST_INSERT_ID(fence + 1)` when it takes the row over, else to `LAST_INSERT_ID(0)`.
 //!   The reply's value is the last one set in the statement: on a takeover the row's fence
 //!   read inside the locked statement. It is not the `rows_affected` count that
-//!   `CLIENT_FOUND_ROWS` makes ambiguous for upserts; a grant of a new row, or of one released while nobody
-//!   queued, is one round trip (fault case `lease/a_new_row_is_granted_in_one_statement`). Every other outcome (a
-//!   busy or foreign row) is judged by reading the row back.
+//!   `CLIENT_FOUND_ROWS` makes ambiguous for upserts; a grant of a new row, or of one
+//!   released while nobody queued, is one round trip (fault case
+//!   `lease/a_new_row_is_granted_in_one_statement`). Every other outcome (a busy or foreign
+//!   row) is judged by reading the row back.
 //!   Release and the renewal of one lease work the same way with `LAST_INSERT_ID(fence)`.
 //!   Renewals of several leases are batched in one transaction and judged by reading the rows
 //!   back in it.

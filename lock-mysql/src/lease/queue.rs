@@ -137,13 +137,13 @@ pub(crate) fn first_delay(streak: u32) -> Duration {
 /// queues, or its place is the first live one. Four placeholders: name, token, token, token.
 ///
 /// The place of the lease's own holder (the row's token) counts for nothing, unless it is the
-/// caller's: that waiter was served. (The caller's own place always counts: once the
-/// statement has written the caller's token into the row, later assignments that test this
-/// condition again must stop at the caller's place, not read, and lock, the places behind
-/// it; fault case `lease/a_locked_place_behind_stalls_no_waiter`.) A holder that queued before its grant takes its place out in the background (or
-/// its release does); if its lease ends first (it ran out, or the holder died before the
-/// removal ran), the place must not keep the lease from the next acquirer (fault case
-/// `lease/own_place_blocks_nobody_after_expiry`).
+/// caller's: that waiter was served. (The caller's own place always counts: once the statement has
+/// written the caller's token into the row, later assignments that test this condition again must
+/// stop at the caller's place, not read, and lock, the places behind it; fault case
+/// `lease/a_locked_place_behind_stalls_no_waiter`.) A holder that queued before its grant takes its
+/// place out in the background (or its release does); if its lease ends first (it ran out, or the
+/// holder died before the removal ran), the place must not keep the lease from the next acquirer
+/// (fault case `lease/own_place_blocks_nobody_after_expiry`).
 ///
 /// It reads the queue from its head (index `by_arrival`) to the first live place, no further:
 /// in the acquire statement it is a locking read, and a condition that read every place (as
@@ -523,11 +523,11 @@ impl Parked {
 }
 
 /// The release when nobody queues: one prepared statement that frees the lease only if it is
-/// current and no live place exists (placeholders: name, token, fence, name); else nothing
-/// changes and [`release_batch`] runs. It leaves the row released while nobody queued
-/// (`acquired_at` NULL too, [`LEASE_RELEASED_ALONE`](crate::rows::LEASE_RELEASED_ALONE)),
-/// which the first try of the next `acquire` takes without reading the queue. A place of the releasing holder counts too: it queued
-/// before its grant and takes its place out in the background, so the place may outlive the
+/// current and no live place exists (placeholders: name, token, fence, name); else nothing changes
+/// and [`release_batch`] runs. It leaves the row released while nobody queued (`acquired_at` NULL
+/// too, [`LEASE_RELEASED_ALONE`](crate::rows::LEASE_RELEASED_ALONE)), which the first try of the
+/// next `acquire` takes without reading the queue. A place of the releasing holder counts too: it
+/// queued before its grant and takes its place out in the background, so the place may outlive the
 /// hold, and a newcomer would find it ahead of itself; [`release_batch`] takes it out.
 pub(crate) fn release_alone(table: &TableName) -> String {
     format!(

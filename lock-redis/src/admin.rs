@@ -57,6 +57,7 @@ fn name_of(key_prefix: &str, key: &str) -> Option<LockName> {
 }
 
 /// The lock names `SCAN` finds on one server.
+///
 /// Every `SCAN` call is bounded by `each` when given (Redlock's per-server time-out: a whole
 /// scan of a large keyspace takes longer than one request may).
 async fn scan<C: ConnectionLike + Send>(
@@ -75,14 +76,12 @@ async fn scan<C: ConnectionLike + Send>(
             .arg(&pattern)
             .arg("COUNT")
             .arg(1000);
-        let sent = call.query_async::<(u64, Vec<String>)>(conn);
-        let answer = match each {
-            Some(limit) => tokio::time::timeout(limit, sent)
-                .await
-                .map_err(|_| crate::error::timed_out("scan for locks"))?,
-            None => sent.await,
-        };
-        let (next, keys) = answer.map_err(|e| Error::new("scan for locks", e))?;
+        let (next, keys): (u64, Vec<String>) = crate::error::within_limit(
+            each,
+            "scan for locks",
+            call.query_async::<(u64, Vec<String>)>(conn),
+        )
+        .await?;
         names.extend(keys.iter().filter_map(|k| name_of(key_prefix, k)));
         if next == 0 {
             break;

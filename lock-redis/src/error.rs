@@ -74,3 +74,19 @@ pub(crate) fn timed_out(what: &str) -> LockError {
         "redis: {what} timed out; the server may come back, retry"
     ))
 }
+
+/// The reply of `call` (`what`, for errors), within `limit` when one is given: a call that
+/// takes longer is [`timed_out`].
+pub(crate) async fn within_limit<T>(
+    limit: Option<std::time::Duration>,
+    what: &str,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, LockError> {
+    let reply = match limit {
+        Some(limit) => tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| timed_out(what))?,
+        None => call.await,
+    };
+    reply.map_err(|e| Error::new(what, e).into())
+}

@@ -7,7 +7,7 @@ use lock_core::{Fence, Lease, LockError, LockInfo, LockName, backend::LeaseToken
 use redis::{Value, aio::ConnectionLike};
 
 use crate::{
-    error::{Error, timed_out},
+    error::Error,
     eval::Call,
     keys::RedisKeys as Keys,
     scripts::{self, Mark},
@@ -347,15 +347,12 @@ impl Renewals {
     ) -> Result<Vec<Value>, LockError> {
         let mut replies = Vec::with_capacity(self.calls.iter().map(|(_, n)| n).sum());
         for (call, leases) in &self.calls {
-            let sent = call.invoke_async::<Vec<Value>>(conn);
-            let reply = match timeout {
-                Some(timeout) => match tokio::time::timeout(timeout, sent).await {
-                    Ok(reply) => reply,
-                    Err(_) => return Err(timed_out("batched renew")),
-                },
-                None => sent.await,
-            }
-            .map_err(|e| Error::new("batched renew", e))?;
+            let reply = crate::error::within_limit(
+                timeout,
+                "batched renew",
+                call.invoke_async::<Vec<Value>>(conn),
+            )
+            .await?;
             if reply.len() != *leases {
                 return Err(LockError::backend_msg(format!(
                     "redis answered {leases} batched renewals with {} replies",

@@ -96,6 +96,8 @@ struct Statements {
     /// A try of a caller that may have a place in the queue: takes a row that is free (or
     /// expired) if nobody queues ahead of the caller.
     acquire: Arc<str>,
+    /// What each `?` of `acquire` stands for, in order.
+    acquire_args: Vec<Arg>,
     /// The first try of an `acquire` call (it has no place): takes only a row released while
     /// nobody queued ([`LEASE_RELEASED_ALONE`]), or inserts a new one. It does not read the
     /// queue: a statement that reads a second table costs the server about twice as much
@@ -105,8 +107,6 @@ struct Statements {
     acquire_first_args: Vec<Arg>,
     /// Release when nobody queues ([`queue::release_alone`]).
     release_alone: Arc<str>,
-    /// What each `?` of `acquire` stands for, in order.
-    acquire_args: Vec<Arg>,
     read: Arc<str>,
     renew: Arc<str>,
 }
@@ -183,9 +183,7 @@ impl Statements {
             .into(),
         }
     }
-}
 
-impl Statements {
     /// The acquire statement of a `first` try (see [`Statements::acquire_first`]) or of a
     /// later one, with what its placeholders stand for.
     fn acquire(&self, first: bool) -> (&Arc<str>, &[Arg]) {

@@ -225,7 +225,8 @@ pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 /// waiter (the one whose turn it is), and the first's turn starts now: it keeps its place for
 /// at most `ARGV[3]` ms more. The client of the second retries when that turn ends, unless
 /// another release reaches it first, so a first waiter that died or is paused stalls the lock
-/// for one turn. Waiters with no client named (Redlock's, which poll) get no message.
+/// for one turn. Waiters with no client named (those without a confirmed subscription, which
+/// poll) get no message.
 ///
 /// With `ARGV[4]` other than `1` (a cluster), the message goes once to the lock's channel
 /// `ARGV[2]`, which every waiting client listens on: on a cluster every `PUBLISH` crosses the

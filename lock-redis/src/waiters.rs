@@ -90,8 +90,19 @@ impl Waiters {
     /// by `timeout`; `per_client`: releases tell this client on a channel of its own (see
     /// [`Self::channel`]).
     pub(crate) fn new(client: redis::Client, timeout: Duration, per_client: bool) -> Arc<Self> {
+        Self::with_id(client, timeout, per_client, rand::random::<u64>().max(1))
+    }
+
+    /// Like [`Self::new`], under the client id `id` (never 0): Redlock's waiters have one
+    /// pub/sub connection per server and give every server the same id.
+    pub(crate) fn with_id(
+        client: redis::Client,
+        timeout: Duration,
+        per_client: bool,
+        id: u64,
+    ) -> Arc<Self> {
         Arc::new(Self {
-            id: rand::random::<u64>().max(1),
+            id: id.max(1),
             per_client,
             client,
             timeout,

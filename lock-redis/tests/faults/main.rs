@@ -83,6 +83,7 @@ async fn marked(conn: &mut MultiplexedConnection, keys: &RedisKeys) -> Result<bo
 
 fn main() -> ExitCode {
     let cases = renewals::cases(conformance_tests::Cases::<Failure>::new("redis faults"));
+    let cases = wakeups::cases(cases);
     outages::list_cases(cases)
         .case("a_dead_waiter_stalls_the_lock_briefly", || {
             Box::pin(queue::a_dead_waiter_stalls_the_lock_briefly())
@@ -95,15 +96,6 @@ fn main() -> ExitCode {
         })
         .case("redlock_dead_waiter_stalls_the_lock_briefly", || {
             Box::pin(queue::redlock_dead_waiter_stalls_the_lock_briefly())
-        })
-        .case("lost_release_message_strands_no_waiter", || {
-            Box::pin(wakeups::lost_release_message_strands_no_waiter())
-        })
-        .case("releases_publish_only_for_waiters", || {
-            Box::pin(wakeups::releases_publish_only_for_waiters())
-        })
-        .case("siblings_in_one_client_are_all_woken", || {
-            Box::pin(wakeups::siblings_in_one_client_are_all_woken())
         })
         .case("waiters_share_one_pubsub_connection", || {
             Box::pin(pubsub::waiters_share_one_pubsub_connection())

@@ -20,7 +20,12 @@ use crate::{
     error::timed_out,
     keys::RedisKeys as Keys,
     ops::{self, Queueing, Try},
+    scripts::Mark,
 };
+
+mod wakeups;
+
+use wakeups::Wakeups;
 
 /// Redlock: a lock is held when a majority (N/2 + 1) of N independent servers granted it
 /// within its validity.
@@ -49,16 +54,23 @@ use crate::{
 ///   locks it granted, so it must stay down for at least the longest TTL in use before it
 ///   rejoins (a *delayed restart*). Otherwise a majority made of it and the servers that never
 ///   granted can grant a lock that is still held elsewhere.
-/// - **Waiting is in line, by polling** (capabilities say `Poll` and [`WaitOrder::Fair`]). A
-///   waiter whose first vote is refused queues on every server under one ticket, its clock
-///   in µs at that moment, so every server orders the same waiters alike; a lock that is free
-///   is granted only to the first in line on that server, so a majority goes to the oldest
-///   waiter, and a client that releases and votes again goes behind the others. The first
-///   and second in line vote every `backoff.min` (jittered), the ones further back more
-///   slowly, at most every 250 ms. A place lasts 3 s without another vote, and the first
-///   in line has 400 ms to come once the lock is free: a waiter that died or is paused holds
-///   the lock back for at most that long. The order is the waiters' clocks' order, so
-///   clients whose clocks disagree by `d` can pass each other within `d` (fair, not FIFO).
+/// - **Waiting is in line, woken by the servers** (capabilities say `Push` and
+///   [`WaitOrder::Fair`]). A waiter whose first vote is refused queues on every server under
+///   one ticket, its clock in µs at that moment, so every server orders the same waiters alike;
+///   a lock that is free is granted only to the first in line on that server, so a majority
+///   goes to the oldest waiter, and a client that releases and votes again goes behind the
+///   others. The waiter subscribes to its release channel on every server (one pub/sub
+///   connection per server and client, see [`wakeups`]); each server's release names its
+///   first two waiters, and the first votes as soon as one server's message reaches it. While
+///   a majority of its subscriptions is confirmed, a waiter polls only to keep its place (when
+///   the holder's time or the first waiter's turn runs out, at most every 250 ms); without
+///   them, the first and second in line vote every `backoff.min` (jittered), the ones further
+///   back more slowly, at most every 250 ms. A place lasts 3 s without another vote, and the
+///   first in line has 100 ms after a release that named it (400 ms after a turn a vote
+///   started) to come once the lock is free: a waiter that died or is paused holds the lock
+///   back for at most that long (the second in line, named too, votes when that turn is
+///   over). The order is the waiters' clocks' order, so clients whose clocks disagree by `d`
+///   can pass each other within `d` (fair, not FIFO).
 #[derive(Debug, Clone)]
 pub struct RedlockBackend {
     inner: Arc<Inner>,
@@ -68,6 +80,8 @@ pub struct RedlockBackend {
 struct Inner {
     nodes: Vec<Conn>,
     config: RedlockConfig,
+    /// Release messages from every server (see [`wakeups`]).
+    wakeups: Wakeups,
 }
 
 /// The answer of one server to one request.
@@ -86,6 +100,10 @@ const PLACE: Duration = Duration::from_secs(3);
 /// so a waiter that became first while asleep still comes within its turn (and well inside
 /// [`PLACE`]). Close to the head it votes much more often (see [`Wait::delay`]).
 const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
+
+/// The shortest wait for a majority of pub/sub subscriptions in a waiter's first round (the
+/// per-server time-out is shorter than a connection takes to open).
+const SUBSCRIBE_MIN: Duration = Duration::from_millis(200);
 
 /// This waiter's place in line: the client's clock in µs when it starts to queue, the same on
 /// every server (see [`crate::scripts::ACQUIRE`]).
@@ -118,10 +136,19 @@ impl Wait {
     /// How long to wait before the next vote. A queued waiter polls at `base` when first or
     /// second in line, and `rank` times slower further back (up to [`QUEUED_POLL_MAX`]), so
     /// the one whose turn comes next notices the release soon while a long queue costs the
-    /// servers little; with jitter, so waiters do not vote in step. A waiter that did not
-    /// queue (no server took its place) backs off by `step`, up to the holder's expiry.
-    fn delay(&self, step: Duration, base: Duration) -> Duration {
+    /// servers little; with jitter, so waiters do not vote in step. With `push` (releases
+    /// tell this waiter), every queued waiter polls only to keep its place: when the holder's
+    /// time or the first waiter's turn runs out, and at least every [`QUEUED_POLL_MAX`]. A
+    /// waiter that did not queue (no server took its place) backs off by `step`, up to the
+    /// holder's expiry.
+    fn delay(&self, step: Duration, base: Duration, push: bool) -> Duration {
         match self.rank {
+            Some(_) if push => self
+                .holder_left
+                .map_or(QUEUED_POLL_MAX, |left| {
+                    (left + Duration::from_millis(1)).min(QUEUED_POLL_MAX)
+                })
+                .mul_f64(rand::random_range(0.75..1.25)),
             Some(rank) => {
                 let slower = u32::try_from(rank.max(1)).unwrap_or(u32::MAX);
                 let poll = base.saturating_mul(slower).min(QUEUED_POLL_MAX);
@@ -192,18 +219,23 @@ impl RedlockBackend {
             }
         }))
         .await;
+        let wakeups = Wakeups::new(&config.urls, connecting)?;
         Ok(Self {
-            inner: Arc::new(Inner { nodes, config }),
+            inner: Arc::new(Inner {
+                nodes,
+                config,
+                wakeups,
+            }),
         })
     }
 
     /// What every Redlock backend declares (its [`LockBackend::capabilities`]): best-effort
-    /// fences, TTL expiry judged by the clients' clocks, polling waiters served fairly, a
-    /// quorum.
+    /// fences, TTL expiry judged by the clients' clocks, waiters woken by the servers and
+    /// served fairly, a quorum.
     pub const DECLARED: Capabilities = Capabilities::new(
         Fencing::BestEffort,
         Expiry::Ttl,
-        Wakeup::Poll,
+        Wakeup::Push,
         WaitOrder::Fair,
         Clock::Client,
     )
@@ -277,7 +309,7 @@ impl RedlockBackend {
         token: &LeaseToken,
     ) -> Vec<Vote<bool>> {
         self.everywhere("release", |mut conn| async move {
-            // Redlock's waiters poll: no client is named, nothing is published.
+            // Each server tells the clients of the first two waiters it names (see `wakeups`).
             ops::release(&mut conn, keys, token, ops::Tell::Clients).await
         })
         .await
@@ -431,6 +463,15 @@ impl LockBackend for RedlockBackend {
             keys: &keys,
             token: &token,
         };
+        // Declared after the place, so dropped (unsubscribed) before it is taken out. The
+        // subscriptions start now, during the first back-off; the first queued vote waits for
+        // a majority of them, within the connection time-out and the budget; later votes only
+        // look whether they came through since.
+        let listening = self.inner.wakeups.listen(&keys.channel, token.as_str());
+        listening.ensure(self.quorum(), Instant::now()).await;
+        let mut subscribe_wait = Some(self.inner.config.node_timeout.max(SUBSCRIBE_MIN));
+        let mut armed = None;
+        let mut push = false;
         let mut delays = request.backoff().delays();
         loop {
             let now = Instant::now();
@@ -439,8 +480,28 @@ impl LockBackend for RedlockBackend {
                 return Err(request.timeout_error());
             }
             let step = delays.next().unwrap_or(request.backoff().max);
-            let delay = wait.delay(step, request.backoff().min);
-            tokio::time::sleep_until((now + delay).min(deadline).into()).await;
+            let until = (now + wait.delay(step, request.backoff().min, push)).min(deadline);
+            match armed.take() {
+                Some(armed) => wakeups::Armed::sleep(armed, until, deadline).await,
+                None => tokio::time::sleep_until(until.into()).await,
+            }
+            let subscribe_by = match subscribe_wait.take() {
+                Some(wait) => Instant::now()
+                    .checked_add(wait)
+                    .map_or(deadline, |by| by.min(deadline)),
+                None => Instant::now(),
+            };
+            push = listening.ensure(self.quorum(), subscribe_by).await;
+            armed = Some(listening.arm());
+            let queueing = if push {
+                Queueing {
+                    mark: Mark::WhenBusy,
+                    client: self.inner.wakeups.id(),
+                    ..queueing
+                }
+            } else {
+                queueing
+            };
             match self.vote(request, &keys, &token, queueing).await? {
                 // The places on the servers that did not grant go with `_queue`.
                 Ok(grant) => return Ok(grant),

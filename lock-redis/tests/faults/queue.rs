@@ -153,19 +153,7 @@ pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
         }
     });
     // The waiter has queued behind the dead one once it is on the queue of every server.
-    poll_until(
-        Duration::from_secs(5),
-        "the waiter queueing on every server",
-        async || {
-            let mut everywhere = true;
-            for raw in &mut raws {
-                let queued: usize = raw.zcard(&keys.queue).await.map_err(fail("ZCARD queue"))?;
-                everywhere &= queued == 2;
-            }
-            Ok(everywhere)
-        },
-    )
-    .await?;
+    until_queued_everywhere(&mut raws, &keys, 2).await?;
     let released = Instant::now();
     held.release().await.map_err(fail("release"))?;
     let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
@@ -177,6 +165,28 @@ pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
     );
     guard.release().await.map_err(fail("release"))?;
     dead_places_over(&mut raws, &keys, dead).await
+}
+
+/// Waits until each Redlock server's queue of `keys` holds `waiters` places (a waiter is in
+/// line once it is queued on every server).
+pub(super) async fn until_queued_everywhere(
+    raws: &mut [MultiplexedConnection],
+    keys: &RedisKeys,
+    waiters: usize,
+) -> Outcome {
+    poll_until(
+        Duration::from_secs(5),
+        "the waiters queueing on every server",
+        async || {
+            let mut everywhere = true;
+            for raw in raws.iter_mut() {
+                let queued: usize = raw.zcard(&keys.queue).await.map_err(fail("ZCARD queue"))?;
+                everywhere &= queued == waiters;
+            }
+            Ok(everywhere)
+        },
+    )
+    .await
 }
 
 /// After a Redlock release behind the planted `dead` waiter: a majority granted, and took the

@@ -5,13 +5,16 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{
     Cases, Failure, Outcome, ensure,
-    faults::{env_var, fail, poll_until, unique_name},
+    faults::{env_var, fail, unique_name},
 };
 use lock_core::{Backoff, LockError, LockOptions};
 use lock_redis::RedisKeys;
 use redis::AsyncCommands;
 
-use super::{marked, raw_conn, redlock_client, redlock_urls, single_client, until_marked};
+use super::{
+    marked, queue::until_queued_everywhere, raw_conn, redlock_client, redlock_urls, single_client,
+    until_marked,
+};
 
 /// The release messages' cases.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
@@ -240,9 +243,11 @@ pub(super) async fn redlock_release_wakes_the_first_waiter() -> Outcome {
     for url in redlock_urls()? {
         raws.push(raw_conn(&url).await?);
     }
+    // A back-off above the queued poll's cap, so no vote comes sooner than that poll.
+    let step = Duration::from_millis(300);
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
-        .backoff(Backoff::new(Duration::from_secs(1), Duration::from_secs(1)));
+        .backoff(Backoff::new(step, step));
     let mut took = Vec::new();
     for _ in 0..ROUNDS {
         let held = holder
@@ -257,20 +262,7 @@ pub(super) async fn redlock_release_wakes_the_first_waiter() -> Outcome {
                 (guard, Instant::now())
             }
         });
-        // The waiter is in line once it is queued on every server.
-        poll_until(
-            Duration::from_secs(5),
-            "the waiter queueing on every server",
-            async || {
-                let mut everywhere = true;
-                for raw in &mut raws {
-                    let queued: usize = raw.zcard(&keys.queue).await.map_err(fail("ZCARD"))?;
-                    everywhere &= queued == 1;
-                }
-                Ok(everywhere)
-            },
-        )
-        .await?;
+        until_queued_everywhere(&mut raws, &keys, 1).await?;
         let released = Instant::now();
         held.release().await.map_err(fail("holder's release"))?;
         let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;

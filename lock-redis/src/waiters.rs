@@ -28,6 +28,12 @@ use futures::{
 use redis::{RedisError, aio::PubSubSink};
 use tokio::{sync::Notify, task::AbortHandle};
 
+/// How long after a failed subscription (a refused `SUBSCRIBE`, a connection that could not
+/// be opened or stopped answering) no new one is tried: waiters retry on their own meanwhile.
+/// Without it, every waiter woken by the failure subscribed again at once, over a new
+/// connection each time (fault case `a_denied_subscribe_is_retried_slowly`).
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 pub(crate) struct Waiters {
     /// This client's id: its waiters' release messages come on `<channel>:<id>`.
@@ -50,6 +56,8 @@ struct State {
     reader: Option<AbortHandle>,
     subscribed: HashSet<String>,
     generation: u64,
+    /// No subscription is tried before this, after one failed.
+    retry_after: Option<Instant>,
 }
 
 impl std::fmt::Debug for State {
@@ -165,13 +173,15 @@ impl Waiters {
         if state.sink.is_some() && state.subscribed.contains(channel) {
             return None;
         }
+        if let Some(after) = state.retry_after.filter(|after| Instant::now() < *after) {
+            let left = after.saturating_duration_since(Instant::now());
+            return Some(failed(format!(
+                "a subscription failed just now; the next is tried in {left:?}"
+            )));
+        }
         let Some(entry) = state.channels.get_mut(channel) else {
             // Not registered (cannot happen while a `Registration` lives): no push.
-            return Some(
-                futures::future::ready(Err(format!("`{channel}` is not registered")))
-                    .boxed()
-                    .shared(),
-            );
+            return Some(failed(format!("`{channel}` is not registered")));
         };
         let pending = entry.pending.get_or_insert_with(|| {
             let task = tokio::spawn(self.clone().subscribe(channel.to_owned()));
@@ -192,8 +202,12 @@ impl Waiters {
     /// drops the connection.
     async fn subscribe(self: Arc<Self>, channel: String) -> Result<(), RedisError> {
         let outcome = self.subscribe_queued(&channel).await;
-        if let Some(entry) = self.state().channels.get_mut(&channel) {
+        let mut state = self.state();
+        if let Some(entry) = state.channels.get_mut(&channel) {
             entry.pending = None;
+        }
+        if outcome.is_err() {
+            state.retry_after = Instant::now().checked_add(RESUBSCRIBE_AFTER);
         }
         outcome
     }
@@ -268,6 +282,7 @@ impl Waiters {
         if let Some(old) = state.reader.replace(reader.abort_handle()) {
             old.abort();
         }
+        state.retry_after = None;
         state.sink = Some(sink.clone());
         state.subscribed.clear();
         Ok((sink, generation))
@@ -332,6 +347,24 @@ impl Waiters {
             }
         });
     }
+}
+
+impl Drop for Waiters {
+    /// Closes the pub/sub connection, which outlives every waiter (for the next one): its
+    /// reader owns the connection's stream and, holding only a weak handle, would otherwise
+    /// wait for a message that never comes, keeping the connection open after the client is
+    /// gone (fault case `a_dropped_client_closes_its_pubsub_connection`).
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(reader) = state.reader.take() {
+            reader.abort();
+        }
+    }
+}
+
+/// A subscription that failed before it began.
+fn failed(why: String) -> Pending {
+    futures::future::ready(Err(why)).boxed().shared()
 }
 
 /// What one release message asks of this client.

@@ -97,6 +97,12 @@ fn main() -> ExitCode {
         .case("redlock_dead_waiter_stalls_the_lock_briefly", || {
             Box::pin(queue::redlock_dead_waiter_stalls_the_lock_briefly())
         })
+        .case("a_denied_subscribe_is_retried_slowly", || {
+            Box::pin(pubsub::a_denied_subscribe_is_retried_slowly())
+        })
+        .case("a_dropped_client_closes_its_pubsub_connection", || {
+            Box::pin(pubsub::a_dropped_client_closes_its_pubsub_connection())
+        })
         .case("waiters_share_one_pubsub_connection", || {
             Box::pin(pubsub::waiters_share_one_pubsub_connection())
         })

@@ -174,3 +174,162 @@ fn tcp_address(url: &str) -> Result<SocketAddr, Failure> {
         ))),
     }
 }
+
+/// A server that refuses a waiter's `SUBSCRIBE` (an ACL user without channel permissions)
+/// costs the waiter its push wake-ups, not a loop: the subscription is tried again at most
+/// about once a second.
+pub(super) async fn a_denied_subscribe_is_retried_slowly() -> Outcome {
+    const WAIT: Duration = Duration::from_secs(2);
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let mut admin = raw_conn(&url).await?;
+    let user = AclUser::create(&mut admin, &url, "resetchannels").await?;
+    let outcome = async {
+        let (_holder, waiter, lock) = waiting_behind_a_holder(&url, &user).await?;
+        let outcome = waiter
+            .lock_with(&lock, &LockOptions::new().wait(WAIT))
+            .await;
+        ensure!(outcome.is_err(), "the waiter got a lock held elsewhere");
+        let denied = user.denials(&mut admin).await?;
+        ensure!(
+            denied <= 4,
+            "the waiter's SUBSCRIBE was denied {denied} times in {WAIT:?}: it tried again in a loop"
+        );
+        Ok(())
+    }
+    .await;
+    user.delete(&mut admin).await;
+    outcome
+}
+
+/// A client that is dropped closes its pub/sub connection, which it keeps open between waits.
+pub(super) async fn a_dropped_client_closes_its_pubsub_connection() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let mut admin = raw_conn(&url).await?;
+    let user = AclUser::create(&mut admin, &url, "allchannels").await?;
+    let outcome = async {
+        let (_holder, waiter, lock) = waiting_behind_a_holder(&url, &user).await?;
+        let options = LockOptions::new().wait(Duration::from_millis(300));
+        ensure!(
+            waiter.lock_with(&lock, &options).await.is_err(),
+            "the waiter got a lock held elsewhere"
+        );
+        let opened = user.connections(&mut admin).await?;
+        ensure!(
+            opened == 2,
+            "a client that waited has {opened} connections; expected 2 (commands, pub/sub)"
+        );
+        drop(waiter);
+        let mut left = opened;
+        let closed = poll_until(
+            Duration::from_secs(3),
+            "the dropped client's connections closing",
+            async || {
+                left = user.connections(&mut admin).await?;
+                Ok(left == 0)
+            },
+        )
+        .await;
+        closed.map_err(|Failure(why)| Failure(format!("{why}: {left} left open")))
+    }
+    .await;
+    user.delete(&mut admin).await;
+    outcome
+}
+
+/// A holder's client holding a new lock, and a client of `user` to wait for it.
+async fn waiting_behind_a_holder(
+    url: &str,
+    user: &AclUser,
+) -> Result<
+    (
+        lock_core::LockGuard,
+        lock_core::LockClient,
+        lock_core::LockName,
+    ),
+    Failure,
+> {
+    let holder = single_client(url).await?;
+    let lock = unique_name("pubsub-user")?;
+    let held = holder
+        .lock_with(&lock, &LockOptions::new())
+        .await
+        .map_err(fail("holder's acquire"))?;
+    Ok((held, single_client(&user.url).await?, lock))
+}
+
+/// A Redis ACL user of its own for one case, so that its connections can be told apart.
+struct AclUser {
+    name: String,
+    /// The server's URL, logged in as this user.
+    url: String,
+}
+
+impl AclUser {
+    /// Creates a user allowed every key and command, with the channel rule `channels`.
+    async fn create(
+        admin: &mut MultiplexedConnection,
+        url: &str,
+        channels: &str,
+    ) -> Result<Self, Failure> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(fail("clock"))?
+            .subsec_nanos();
+        let name = format!("faults-{}-{nanos}", std::process::id());
+        let password = "faults-acl-password";
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&name)
+            .arg("on")
+            .arg(format!(">{password}"))
+            .arg("~*")
+            .arg("+@all")
+            .arg(channels)
+            .query_async::<()>(admin)
+            .await
+            .map_err(fail("ACL SETUSER"))?;
+        let address = url.trim_start_matches("redis://");
+        let url = format!("redis://{name}:{password}@{address}");
+        Ok(Self { name, url })
+    }
+
+    /// Deletes the user (the server closes its connections).
+    async fn delete(&self, admin: &mut MultiplexedConnection) {
+        let _: Result<(), _> = redis::cmd("ACL")
+            .arg("DELUSER")
+            .arg(&self.name)
+            .query_async(admin)
+            .await;
+    }
+
+    /// How many connections the server has logged in as this user.
+    async fn connections(&self, admin: &mut MultiplexedConnection) -> Result<usize, Failure> {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(admin)
+            .await
+            .map_err(fail("CLIENT LIST"))?;
+        let mine = format!(" user={} ", self.name);
+        Ok(list.lines().filter(|line| line.contains(&mine)).count())
+    }
+
+    /// How many of this user's commands the server's ACL log recorded as denied.
+    async fn denials(&self, admin: &mut MultiplexedConnection) -> Result<i64, Failure> {
+        let entries: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
+            .arg("LOG")
+            .query_async(admin)
+            .await
+            .map_err(fail("ACL LOG"))?;
+        let mut denied = 0;
+        for entry in entries {
+            let by_user = matches!(
+                entry.get("username"),
+                Some(redis::Value::BulkString(name)) if name.as_slice() == self.name.as_bytes()
+            );
+            if let (true, Some(redis::Value::Int(count))) = (by_user, entry.get("count")) {
+                denied += count;
+            }
+        }
+        Ok(denied)
+    }
+}

@@ -202,7 +202,7 @@ pub(crate) const RENEW_MANY_CHUNK: usize = 500;
 /// Whether an acquisition try sets the waiter mark (see [`ACQUIRE`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mark {
-    /// Not waiting (a first try, Redlock, or no subscription): never.
+    /// Not waiting (a first try, or no confirmed subscription): never.
     No = 0,
     /// A subscribed waiter: when the lock is busy.
     WhenBusy = 1,

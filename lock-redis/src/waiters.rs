@@ -420,6 +420,11 @@ impl Registration {
         }
     }
 
+    /// Starts the subscription if needed, without waiting for it.
+    pub(crate) fn start(&self) {
+        drop(self.waiters.subscription(&self.channel));
+    }
+
     /// True when other waiters of this client wait on the same channel: a release message
     /// wakes only one of them, so whoever of them wins must mark the lock again.
     pub(crate) fn others_wait(&self) -> bool {

@@ -63,14 +63,17 @@ use wakeups::Wakeups;
 ///   connection per server and client, see [`wakeups`]); each server's release names its
 ///   first two waiters, and the first votes as soon as one server's message reaches it. While
 ///   a majority of its subscriptions is confirmed, a waiter polls only to keep its place (when
-///   the holder's time or the first waiter's turn runs out, at most every 250 ms); without
+///   the holder's time or the first waiter's turn runs out, else every 187-250 ms); without
 ///   them, the first and second in line vote every `backoff.min` (jittered), the ones further
-///   back more slowly, at most every 250 ms. A place lasts 3 s without another vote, and the
-///   first in line has 100 ms after a release that named it (400 ms after a turn a vote
-///   started) to come once the lock is free: a waiter that died or is paused holds the lock
-///   back for at most that long (the second in line, named too, votes when that turn is
-///   over). The order is the waiters' clocks' order, so clients whose clocks disagree by `d`
-///   can pass each other within `d` (fair, not FIFO).
+///   back more slowly, about every 250 ms at most (jittered up to 312 ms). A place lasts 3 s
+///   without another vote, and the first in line has 100 ms after a release that named it
+///   (400 ms after a turn a vote started) to come once the lock is free: a waiter that died
+///   or is paused holds the lock back for at most that long (the second in line, named too,
+///   votes when that turn is over). The order is the waiters' clocks' order, so clients whose
+///   clocks disagree by `d` can pass each other within `d` (fair, not FIFO). Two waiters of
+///   one client on one lock share its messages: one may wake the other of the two, and the
+///   one whose turn it is then comes at its next poll, so within one client the order can
+///   swap (the single-server backend passes such a wake-up on; this one does not).
 #[derive(Debug, Clone)]
 pub struct RedlockBackend {
     inner: Arc<Inner>,
@@ -96,9 +99,10 @@ const TURN: Duration = Duration::from_millis(400);
 /// [`TURN`]).
 const PLACE: Duration = Duration::from_secs(3);
 
-/// The longest a queued waiter sleeps between votes, far back in the line: inside [`TURN`],
-/// so a waiter that became first while asleep still comes within its turn (and well inside
-/// [`PLACE`]). Close to the head it votes much more often (see [`Wait::delay`]).
+/// About the longest a queued waiter sleeps between votes (see [`Wait::delay`]; polling
+/// without push, jitter takes it up to 1.25 times this): inside [`TURN`], so a waiter that
+/// became first while asleep still comes within a turn a vote started (and well inside
+/// [`PLACE`]). Without push, the first two in line vote much more often.
 const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
 
 /// The shortest wait for a majority of pub/sub subscriptions in a waiter's first round (the
@@ -137,18 +141,17 @@ impl Wait {
     /// second in line, and `rank` times slower further back (up to [`QUEUED_POLL_MAX`]), so
     /// the one whose turn comes next notices the release soon while a long queue costs the
     /// servers little; with jitter, so waiters do not vote in step. With `push` (releases
-    /// tell this waiter), every queued waiter polls only to keep its place: when the holder's
-    /// time or the first waiter's turn runs out, and at least every [`QUEUED_POLL_MAX`]. A
-    /// waiter that did not queue (no server took its place) backs off by `step`, up to the
-    /// holder's expiry.
+    /// tell this waiter), every queued waiter polls only to keep its place: right after the
+    /// holder's time or the first waiter's turn runs out, else every 0.75 to 1 times
+    /// [`QUEUED_POLL_MAX`]. A waiter that did not queue (no server took its place) backs off
+    /// by `step`, up to the holder's expiry.
     fn delay(&self, step: Duration, base: Duration, push: bool) -> Duration {
         match self.rank {
-            Some(_) if push => self
-                .holder_left
-                .map_or(QUEUED_POLL_MAX, |left| {
-                    (left + Duration::from_millis(1)).min(QUEUED_POLL_MAX)
-                })
-                .mul_f64(rand::random_range(0.75..1.25)),
+            Some(_) if push => match self.holder_left {
+                // Not later than the expiry it was told: nobody tells it of that.
+                Some(left) if left < QUEUED_POLL_MAX => left + Duration::from_millis(1),
+                _ => QUEUED_POLL_MAX.mul_f64(rand::random_range(0.75..1.0)),
+            },
             Some(rank) => {
                 let slower = u32::try_from(rank.max(1)).unwrap_or(u32::MAX);
                 let poll = base.saturating_mul(slower).min(QUEUED_POLL_MAX);
@@ -452,6 +455,10 @@ impl LockBackend for RedlockBackend {
             Ok(grant) => return Ok(grant),
             Err(wait) => wait,
         };
+        // A single try (or a budget spent already) neither queues nor subscribes.
+        if Instant::now() >= request.deadline() {
+            return Err(request.timeout_error());
+        }
         // From here on every vote keeps this waiter's place, under one ticket on every server.
         let queueing = Queueing {
             place: PLACE,
@@ -468,7 +475,7 @@ impl LockBackend for RedlockBackend {
         // a majority of them, within the connection time-out and the budget; later votes only
         // look whether they came through since.
         let listening = self.inner.wakeups.listen(&keys.channel, token.as_str());
-        listening.ensure(self.quorum(), Instant::now()).await;
+        listening.start();
         let mut subscribe_wait = Some(self.inner.config.node_timeout.max(SUBSCRIBE_MIN));
         let mut armed = None;
         let mut push = false;

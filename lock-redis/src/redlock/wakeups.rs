@@ -7,8 +7,8 @@
 //! client of its first two waiters (see [`crate::scripts::RELEASE`]). A waiter counts on push
 //! only while a majority of servers confirmed its subscription; its votes then mark the lock
 //! as waited for, so that releases publish. Polling goes on as the fallback, slower while push
-//! works: a lost message costs at most one poll, never the place in line (see
-//! [`super::QUEUED_POLL_MAX`]).
+//! works: a lost message costs at most one poll (see [`super::QUEUED_POLL_MAX`]); the place in
+//! line is kept (the ticket is), but the turn may go to the second in line meanwhile.
 
 use std::{
     pin::Pin,
@@ -18,7 +18,7 @@ use std::{
 
 use futures::{StreamExt, future::select_all, stream::FuturesUnordered};
 use lock_core::LockError;
-use tokio::sync::futures::Notified;
+use tokio::sync::{Notify, futures::Notified};
 
 use crate::{
     connection::{self, TlsRoots},
@@ -77,8 +77,16 @@ pub(super) struct Listening {
 }
 
 impl Listening {
+    /// Starts the subscriptions, without waiting for them.
+    pub(super) fn start(&self) {
+        for registration in &self.registrations {
+            registration.start();
+        }
+    }
+
     /// Subscribes where needed and waits, until `by` at most, for `quorum` servers to confirm
-    /// (subscriptions still under way go on in the background). True when push wake-ups work.
+    /// (subscriptions still under way go on in the background). True when push wake-ups work;
+    /// false as soon as too few can still confirm.
     pub(super) async fn ensure(&self, quorum: usize, by: Instant) -> bool {
         let mut pending: FuturesUnordered<_> = self
             .registrations
@@ -91,6 +99,9 @@ impl Listening {
             if confirmed >= quorum {
                 return true;
             }
+            if confirmed + pending.len() < quorum {
+                return false;
+            }
         }
         false
     }
@@ -99,24 +110,32 @@ impl Listening {
     /// before a vote, so that a release between the vote's answer and the sleep is not missed.
     pub(super) fn arm(&self) -> Armed<'_> {
         Armed {
-            listening: self,
             first: self
                 .registrations
                 .iter()
-                .map(|registration| {
-                    let mut notified = Box::pin(registration.notify().notified());
-                    notified.as_mut().enable();
-                    notified
-                })
+                .map(|registration| armed(registration.notify()))
+                .collect(),
+            second: self
+                .registrations
+                .iter()
+                .map(|registration| armed(registration.second()))
                 .collect(),
         }
     }
 }
 
-/// Armed wake-ups (see [`Listening::arm`]).
+/// A wake-up from `notify`, enabled now: a notification from then on is not missed.
+fn armed(notify: &Notify) -> Pin<Box<Notified<'_>>> {
+    let mut notified = Box::pin(notify.notified());
+    notified.as_mut().enable();
+    notified
+}
+
+/// Armed wake-ups (see [`Listening::arm`]): release messages that name the waiter first, and
+/// those that name it second.
 pub(super) struct Armed<'a> {
-    listening: &'a Listening,
     first: Vec<Pin<Box<Notified<'a>>>>,
+    second: Vec<Pin<Box<Notified<'a>>>>,
 }
 
 impl Armed<'_> {
@@ -129,18 +148,18 @@ impl Armed<'_> {
             tokio::time::sleep_until(until.min(deadline).into()).await;
             return;
         }
+        let mut second = select_all(self.second.iter_mut().map(Pin::as_mut));
+        let mut stepping_in = false;
         loop {
-            let seconds: Vec<_> = self
-                .listening
-                .registrations
-                .iter()
-                .map(|registration| Box::pin(registration.second().notified()))
-                .collect();
             let first = select_all(self.first.iter_mut().map(Pin::as_mut));
             tokio::select! {
                 _ = first => return,
                 () = tokio::time::sleep_until(until.min(deadline).into()) => return,
-                _ = select_all(seconds) => until = until.min(Instant::now() + SECOND_STEPS_IN),
+                _ = &mut second, if !stepping_in => {
+                    // Named second: step in once the first one's turn could be over.
+                    stepping_in = true;
+                    until = until.min(Instant::now() + SECOND_STEPS_IN);
+                }
             }
         }
     }

@@ -78,8 +78,8 @@ struct Channel {
     /// when the first one's turn ends, unless woken before.
     second: Arc<Notify>,
     /// The owner tokens of this client's waiters on the channel, one per waiter (a release
-    /// names the first two waiters of the queue by token).
-    tokens: HashSet<String>,
+    /// names the first two waiters of the queue by token), each with its own notifiers.
+    tokens: HashMap<String, Named>,
     /// The subscription under way for this channel, shared by its waiters, so a waiter that
     /// loops while the connection does not answer does not queue one more per turn.
     pending: Option<Pending>,
@@ -143,7 +143,7 @@ impl Waiters {
     /// Registers the waiter whose owner token is `token` on `channel`; the registration
     /// subscribes on the shared connection.
     pub(crate) fn register(self: &Arc<Self>, channel: &str, token: &str) -> Registration {
-        let (notify, second) = {
+        let (notify, second, named) = {
             let mut state = self.state();
             let entry = state
                 .channels
@@ -151,11 +151,11 @@ impl Waiters {
                 .or_insert_with(|| Channel {
                     notify: Arc::new(Notify::new()),
                     second: Arc::new(Notify::new()),
-                    tokens: HashSet::new(),
+                    tokens: HashMap::new(),
                     pending: None,
                 });
-            entry.tokens.insert(token.to_owned());
-            (entry.notify.clone(), entry.second.clone())
+            let named = entry.tokens.entry(token.to_owned()).or_default().clone();
+            (entry.notify.clone(), entry.second.clone(), named)
         };
         Registration {
             waiters: self.clone(),
@@ -163,6 +163,7 @@ impl Waiters {
             token: token.to_owned(),
             notify,
             second,
+            named,
         }
     }
 
@@ -268,9 +269,16 @@ impl Waiters {
                 // One waiter per release: the first in line if it is one of ours (a sibling
                 // that is not passes the wake-up on). (A woken waiter dropped before its retry answered passes the wake-up
                 // on: see `WakeUp`.) The second in line only learns when to step in.
+                // Each named waiter's own notifier is told too (Redlock's waiters wait on theirs).
                 match wake {
-                    Some(Wake::First(notify)) => notify.notify_one(),
-                    Some(Wake::Second(second)) => second.notify_waiters(),
+                    Some(Wake::First(notify, named)) => {
+                        notify.notify_one();
+                        named.first.notify_one();
+                    }
+                    Some(Wake::Second(second, named)) => {
+                        second.notify_waiters();
+                        named.second.notify_waiters();
+                    }
                     None => {}
                 }
             }
@@ -369,23 +377,31 @@ fn failed(why: String) -> Pending {
 
 /// What one release message asks of this client.
 enum Wake {
-    /// Wake one waiter: the first in line is ours.
-    First(Arc<Notify>),
+    /// Wake one waiter: the first in line is ours (the channel's notifier, and the named
+    /// waiter's own).
+    First(Arc<Notify>, Named),
     /// Our waiter is second in line: it steps in if the first does not take its turn.
-    Second(Arc<Notify>),
+    Second(Arc<Notify>, Named),
+}
+
+/// One waiter's own notifiers, told when a release message names it first or second.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Named {
+    first: Arc<Notify>,
+    second: Arc<Notify>,
 }
 
 /// What a release message `payload` (see `scripts::RELEASE`) asks of `channel`'s waiters.
 fn wake_for(channel: &Channel, payload: &str) -> Option<Wake> {
     let mut named = payload.split(' ');
     let first = named.next().unwrap_or_default();
-    if channel.tokens.contains(first) {
-        return Some(Wake::First(channel.notify.clone()));
+    if let Some(waiter) = channel.tokens.get(first) {
+        return Some(Wake::First(channel.notify.clone(), waiter.clone()));
     }
     named
         .next()
-        .filter(|second| channel.tokens.contains(*second))
-        .map(|_| Wake::Second(channel.second.clone()))
+        .and_then(|second| channel.tokens.get(second))
+        .map(|waiter| Wake::Second(channel.second.clone(), waiter.clone()))
 }
 
 /// A waiter's interest in one channel; dropping it unsubscribes when it was the last.
@@ -396,6 +412,7 @@ pub(crate) struct Registration {
     token: String,
     notify: Arc<Notify>,
     second: Arc<Notify>,
+    named: Named,
 }
 
 impl Registration {
@@ -453,6 +470,17 @@ impl Registration {
     /// in line.
     pub(crate) fn second(&self) -> &Notify {
         &self.second
+    }
+
+    /// The notifier woken (`notify_one`) on a release message that names this waiter first in
+    /// line, and only then: unlike [`notify`](Self::notify), no sibling takes its wake-up.
+    pub(crate) fn named_first(&self) -> &Notify {
+        &self.named.first
+    }
+
+    /// The notifier woken on a release message that names this waiter second in line.
+    pub(crate) fn named_second(&self) -> &Notify {
+        &self.named.second
     }
 }
 

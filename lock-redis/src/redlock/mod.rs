@@ -70,10 +70,8 @@ use wakeups::Wakeups;
 ///   (400 ms after a turn a vote started) to come once the lock is free: a waiter that died
 ///   or is paused holds the lock back for at most that long (the second in line, named too,
 ///   votes when that turn is over). The order is the waiters' clocks' order, so clients whose
-///   clocks disagree by `d` can pass each other within `d` (fair, not FIFO). Two waiters of
-///   one client on one lock share its messages: one may wake the other of the two, and the
-///   one whose turn it is then comes at its next poll, so within one client the order can
-///   swap (the single-server backend passes such a wake-up on; this one does not).
+///   clocks disagree by `d` can pass each other within `d` (fair, not FIFO). A message wakes
+///   the waiter it names, not another waiter of the same client on the same lock.
 #[derive(Debug, Clone)]
 pub struct RedlockBackend {
     inner: Arc<Inner>,

@@ -113,12 +113,12 @@ impl Listening {
             first: self
                 .registrations
                 .iter()
-                .map(|registration| armed(registration.notify()))
+                .map(|registration| armed(registration.named_first()))
                 .collect(),
             second: self
                 .registrations
                 .iter()
-                .map(|registration| armed(registration.second()))
+                .map(|registration| armed(registration.named_second()))
                 .collect(),
         }
     }

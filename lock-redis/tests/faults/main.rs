@@ -41,6 +41,15 @@ async fn redlock_client() -> Result<LockClient, Failure> {
     Ok(LockClient::new(backend))
 }
 
+/// A plain connection to each Redlock server.
+async fn redlock_raw_conns() -> Result<Vec<MultiplexedConnection>, Failure> {
+    let mut raws = Vec::new();
+    for url in redlock_urls()? {
+        raws.push(raw_conn(&url).await?);
+    }
+    Ok(raws)
+}
+
 /// A plain connection to the server at `url`, for what the test does behind the library's back.
 async fn raw_conn(url: &str) -> Result<MultiplexedConnection, Failure> {
     redis::Client::open(url)

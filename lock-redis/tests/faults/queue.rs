@@ -11,7 +11,7 @@ use lock_redis::RedisKeys;
 use redis::{AsyncCommands, aio::MultiplexedConnection};
 
 use super::{
-    raw_conn, redlock_client, redlock_urls, single_client, until_marked,
+    raw_conn, redlock_client, redlock_raw_conns, single_client, until_marked,
     wakeups::{next_message, release_listener},
 };
 
@@ -130,10 +130,7 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
 pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
     let name = unique_name("redlock-dead-waiter")?;
     let keys = RedisKeys::new("faults", &name);
-    let mut raws = Vec::new();
-    for url in redlock_urls()? {
-        raws.push(raw_conn(&url).await?);
-    }
+    let mut raws = redlock_raw_conns().await?;
     let holder = redlock_client().await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     let held = holder

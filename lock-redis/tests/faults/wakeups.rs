@@ -12,8 +12,8 @@ use lock_redis::RedisKeys;
 use redis::AsyncCommands;
 
 use super::{
-    marked, queue::until_queued_everywhere, raw_conn, redlock_client, redlock_urls, single_client,
-    until_marked,
+    marked, queue::until_queued_everywhere, raw_conn, redlock_client, redlock_raw_conns,
+    single_client, until_marked,
 };
 
 /// The release messages' cases.
@@ -242,10 +242,7 @@ pub(super) async fn redlock_release_wakes_the_first_waiter() -> Outcome {
     let waiter = redlock_client().await?;
     let lock = unique_name("redlock-push")?;
     let keys = RedisKeys::new("faults", &lock);
-    let mut raws = Vec::new();
-    for url in redlock_urls()? {
-        raws.push(raw_conn(&url).await?);
-    }
+    let mut raws = redlock_raw_conns().await?;
     // A back-off above the queued poll's cap, so no vote comes sooner than that poll.
     let step = Duration::from_millis(300);
     let options = LockOptions::new()
@@ -296,10 +293,7 @@ pub(super) async fn redlock_siblings_are_woken_by_name() -> Outcome {
     let waiters = redlock_client().await?;
     let lock = unique_name("redlock-siblings")?;
     let keys = RedisKeys::new("faults", &lock);
-    let mut raws = Vec::new();
-    for url in redlock_urls()? {
-        raws.push(raw_conn(&url).await?);
-    }
+    let mut raws = redlock_raw_conns().await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     let held = holder
         .lock_with(&lock, &options)

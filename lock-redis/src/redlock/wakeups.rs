@@ -106,8 +106,9 @@ impl Listening {
         false
     }
 
-    /// Starts listening for the release messages that name this client's waiter first: armed
-    /// before a vote, so that a release between the vote's answer and the sleep is not missed.
+    /// Starts listening for the release messages that name this waiter (first or second in
+    /// line): armed before a vote, so that a release between the vote's answer and the sleep is
+    /// not missed.
     pub(super) fn arm(&self) -> Armed<'_> {
         Armed {
             first: self
@@ -139,9 +140,9 @@ pub(super) struct Armed<'a> {
 }
 
 impl Armed<'_> {
-    /// Sleeps until `until` (or the `deadline`), or until a server's release names this
-    /// client's waiter first in line; when one names it second, until [`SECOND_STEPS_IN`]
-    /// after that at the latest.
+    /// Sleeps until `until` (or the `deadline`), or until a server's release names this waiter
+    /// first in line; when one names it second, until [`SECOND_STEPS_IN`] after that at the
+    /// latest.
     pub(super) async fn sleep(mut self, mut until: Instant, deadline: Instant) {
         if self.first.is_empty() {
             // No server (a configuration the backend refuses): nothing to listen to.

@@ -9,7 +9,8 @@
 //! Subscribes and unsubscribes go through one queue so that a late unsubscribe can never undo
 //! a newer subscribe. Every network step in that queue (connect, subscribe, unsubscribe) is
 //! bounded by the response time-out; one that fails or times out drops the connection, so the
-//! next subscription reconnects. A waiter waits for its subscription no longer than its own
+//! next subscription reconnects. A subscription that failed (connecting, or `SUBSCRIBE`) is
+//! not tried again for [`RESUBSCRIBE_AFTER`], whatever the channel. A waiter waits for its subscription no longer than its own
 //! wait budget. Waiters without a confirmed subscription (the connection dropped, or not
 //! subscribed in time) fall back to retrying on a back-off bounded by the holder's TTL, and
 //! subscribe again at their next turn.
@@ -203,12 +204,8 @@ impl Waiters {
     /// drops the connection.
     async fn subscribe(self: Arc<Self>, channel: String) -> Result<(), RedisError> {
         let outcome = self.subscribe_queued(&channel).await;
-        let mut state = self.state();
-        if let Some(entry) = state.channels.get_mut(&channel) {
+        if let Some(entry) = self.state().channels.get_mut(&channel) {
             entry.pending = None;
-        }
-        if outcome.is_err() {
-            state.retry_after = Instant::now().checked_add(RESUBSCRIBE_AFTER);
         }
         outcome
     }
@@ -224,28 +221,44 @@ impl Waiters {
             if state.sink.is_some() && state.subscribed.contains(channel) {
                 return Ok(());
             }
+            // A subscription queued behind one that failed does not try again before its time.
+            if state.sink.is_none() && state.retry_after.is_some_and(|t| Instant::now() < t) {
+                return Err(io::Error::other(
+                    "a pub/sub subscription failed just now; the next waits a second",
+                )
+                .into());
+            }
             state.sink.clone().map(|sink| (sink, state.generation))
         };
         let (mut sink, generation) = match existing {
             Some(existing) => existing,
-            None => tokio::time::timeout(self.timeout, self.connect())
-                .await
-                .map_err(|_| timed_out("connect"))??,
+            None => match tokio::time::timeout(self.timeout, self.connect()).await {
+                Ok(Ok(connected)) => connected,
+                Ok(Err(error)) => return Err(self.failed(None, error)),
+                Err(_) => return Err(self.failed(None, timed_out("connect"))),
+            },
         };
         match tokio::time::timeout(self.timeout, sink.subscribe(channel)).await {
             Ok(Ok(())) => {
-                self.state().subscribed.insert(channel.to_owned());
+                let mut state = self.state();
+                state.subscribed.insert(channel.to_owned());
+                state.retry_after = None;
                 Ok(())
             }
-            Ok(Err(error)) => {
-                self.disconnect(generation);
-                Err(error)
-            }
-            Err(_) => {
-                self.disconnect(generation);
-                Err(timed_out("subscribe"))
-            }
+            Ok(Err(error)) => Err(self.failed(Some(generation), error)),
+            Err(_) => Err(self.failed(Some(generation), timed_out("subscribe"))),
         }
+    }
+
+    /// A subscription failed with `error`: none is tried again for [`RESUBSCRIBE_AFTER`], and
+    /// the connection of `generation`, if any, is closed (its waiters woken). Returns `error`.
+    fn failed(&self, generation: Option<u64>, error: RedisError) -> RedisError {
+        // Set before the waiters are woken, so none of them tries again at once.
+        self.state().retry_after = Instant::now().checked_add(RESUBSCRIBE_AFTER);
+        if let Some(generation) = generation {
+            self.disconnect(generation);
+        }
+        error
     }
 
     /// Opens the pub/sub connection and starts its reader. Called under `ops`.
@@ -266,10 +279,11 @@ impl Waiters {
                     .channels
                     .get(message.get_channel_name())
                     .and_then(|c| wake_for(c, &payload));
-                // One waiter per release: the first in line if it is one of ours (a sibling
-                // that is not passes the wake-up on). (A woken waiter dropped before its retry answered passes the wake-up
-                // on: see `WakeUp`.) The second in line only learns when to step in.
-                // Each named waiter's own notifier is told too (Redlock's waiters wait on theirs).
+                // One waiter per release: the first in line if it is one of ours (in the single
+                // server's backend a sibling that is not passes the wake-up on, and so does a
+                // woken waiter dropped before its retry answered: see `WakeUp`). The second in
+                // line only learns when to step in. Each named waiter's own notifier is told
+                // too (Redlock's waiters wait on theirs).
                 match wake {
                     Some(Wake::First(notify, named)) => {
                         notify.notify_one();
@@ -290,7 +304,6 @@ impl Waiters {
         if let Some(old) = state.reader.replace(reader.abort_handle()) {
             old.abort();
         }
-        state.retry_after = None;
         state.sink = Some(sink.clone());
         state.subscribed.clear();
         Ok((sink, generation))
@@ -306,7 +319,15 @@ impl Waiters {
             }
             state.sink = None;
             state.subscribed.clear();
-            let notifies: Vec<_> = state.channels.values().map(|c| c.notify.clone()).collect();
+            // The channels' notifiers, and each waiter's own (Redlock's waiters wait on those).
+            let notifies: Vec<_> = state
+                .channels
+                .values()
+                .flat_map(|c| {
+                    let named = c.tokens.values().map(|named| named.first.clone());
+                    std::iter::once(c.notify.clone()).chain(named)
+                })
+                .collect();
             (state.reader.take(), notifies)
         };
         // The reader owns the stream: ending it closes the connection.

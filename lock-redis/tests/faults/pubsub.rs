@@ -176,23 +176,46 @@ fn tcp_address(url: &str) -> Result<SocketAddr, Failure> {
 }
 
 /// A server that refuses a waiter's `SUBSCRIBE` (an ACL user without channel permissions)
-/// costs the waiter its push wake-ups, not a loop: the subscription is tried again at most
-/// about once a second.
+/// costs the waiters their push wake-ups, not a loop: a subscription is tried again at most
+/// about once a second, whatever the channel (here one client waits on four locks at once).
 pub(super) async fn a_denied_subscribe_is_retried_slowly() -> Outcome {
     const WAIT: Duration = Duration::from_secs(2);
+    const LOCKS: usize = 4;
     let url = env_var("LOCK_TEST_REDIS_URL")?;
     let mut admin = raw_conn(&url).await?;
     let user = AclUser::create(&mut admin, &url, "resetchannels").await?;
     let outcome = async {
-        let (_holder, waiter, lock) = waiting_behind_a_holder(&url, &user).await?;
-        let outcome = waiter
-            .lock_with(&lock, &LockOptions::new().wait(WAIT))
-            .await;
-        ensure!(outcome.is_err(), "the waiter got a lock held elsewhere");
+        let holder = single_client(&url).await?;
+        let waiter = single_client(&user.url).await?;
+        let mut held = Vec::new();
+        let mut waiting = Vec::new();
+        for i in 0..LOCKS {
+            let lock = unique_name(&format!("denied-subscribe-{i}"))?;
+            held.push(
+                holder
+                    .lock_with(&lock, &LockOptions::new())
+                    .await
+                    .map_err(fail("holder's acquire"))?,
+            );
+            let waiter = waiter.clone();
+            waiting.push(tokio::spawn(async move {
+                let options = LockOptions::new().wait(WAIT);
+                waiter.lock_with(&lock, &options).await.is_err()
+            }));
+        }
+        for wait in waiting {
+            let refused = wait.await.map_err(fail("waiter task"))?;
+            ensure!(refused, "a waiter got a lock held elsewhere");
+        }
         let denied = user.denials(&mut admin).await?;
         ensure!(
+            denied >= 1,
+            "the server never refused a SUBSCRIBE: the case tests nothing"
+        );
+        ensure!(
             denied <= 4,
-            "the waiter's SUBSCRIBE was denied {denied} times in {WAIT:?}: it tried again in a loop"
+            "SUBSCRIBE was denied {denied} times in {WAIT:?} ({LOCKS} waiting locks): \
+             subscriptions were tried again in a loop"
         );
         Ok(())
     }

@@ -2,18 +2,17 @@
 //!
 //! A waiter registers for its lock's release channel *of this client* (`<stem>:<client id>`,
 //! subscribing on the shared connection if no other waiter of this client already did), then
-//! retries when a release message arrives. A release publishes only to the clients of the
-//! waiters it names, so its cost does not grow with the number of waiting clients.
-//! Each message wakes one waiter of this client, not all of them: only one can win, and the
-//! others would only queue their scripts in front of the winner's.
-//! Subscribes and unsubscribes go through one queue so that a late unsubscribe can never undo
-//! a newer subscribe. Every network step in that queue (connect, subscribe, unsubscribe) is
-//! bounded by the response time-out; one that fails or times out drops the connection, so the
-//! next subscription reconnects. A subscription that failed (connecting, or `SUBSCRIBE`) is
-//! not tried again for [`RESUBSCRIBE_AFTER`], whatever the channel. A waiter waits for its subscription no longer than its own
-//! wait budget. Waiters without a confirmed subscription (the connection dropped, or not
-//! subscribed in time) fall back to retrying on a back-off bounded by the holder's TTL, and
-//! subscribe again at their next turn.
+//! retries when a release message arrives. A release publishes only to the clients of the waiters
+//! it names, so its cost does not grow with the number of waiting clients. Each message wakes one
+//! waiter of this client, not all of them: only one can win, and the others would only queue their
+//! scripts in front of the winner's. Subscribes and unsubscribes go through one queue so that a
+//! late unsubscribe can never undo a newer subscribe. Every network step in that queue (connect,
+//! subscribe, unsubscribe) is bounded by the response time-out; one that fails or times out drops
+//! the connection, so the next subscription reconnects. A subscription that failed (connecting, or
+//! `SUBSCRIBE`) is not tried again for [`RESUBSCRIBE_AFTER`], whatever the channel. A waiter waits
+//! for its subscription no longer than its own wait budget. Waiters without a confirmed
+//! subscription (the connection dropped, or not subscribed in time) fall back to retrying on a
+//! back-off bounded by the holder's TTL, and subscribe again at their next turn.
 
 use std::{
     collections::{HashMap, HashSet},

@@ -60,8 +60,8 @@ use wakeups::Wakeups;
 ///   a lock that is free is granted only to the first in line on that server, so a majority
 ///   goes to the oldest waiter, and a client that releases and votes again goes behind the
 ///   others. The waiter subscribes to its release channel on every server (one pub/sub
-///   connection per server and client, see [`wakeups`]); each server's release names its
-///   first two waiters, and the first votes as soon as one server's message reaches it. While
+///   connection per server and client: `redlock/wakeups.rs`); each server's release names
+///   its first two waiters, and the first votes as soon as one server's message reaches it. While
 ///   a majority of its subscriptions is confirmed, a waiter polls only to keep its place (when
 ///   the holder's time or the first waiter's turn runs out, else every 187-250 ms); without
 ///   them, the first and second in line vote every `backoff.min` (jittered), the ones further

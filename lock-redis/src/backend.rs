@@ -430,18 +430,9 @@ impl LockBackend for RedisBackend {
         &self,
         leases: &[Lease],
     ) -> Result<Vec<Result<Grant, LockError>>, LockError> {
-        if leases
-            .iter()
-            .any(|l| lock_core::backend::validate_ttl(l.ttl()).is_err())
-        {
-            // One by one: each renewal answers its own TTL's error, and nothing of a bad one
-            // is sent (a TTL of zero would delete the key).
+        let Some(batch) = ops::renewal_batch(leases, |name| self.keys(name)) else {
             return lock_core::backend::renew_concurrently(self, leases).await;
-        }
-        let batch: Vec<_> = leases
-            .iter()
-            .map(|l| (self.keys(l.name()), l.token(), l.ttl()))
-            .collect();
+        };
         let sent = Instant::now();
         if let Conn::Cluster(cluster) = &self.inner.conn {
             // Pipelines by node; a renewal a node did not run goes again on its own.

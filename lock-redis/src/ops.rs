@@ -305,6 +305,28 @@ pub(crate) async fn renew<C: ConnectionLike + Send>(
     }
 }
 
+/// What a batched renewal of `leases` sends for each (its keys as `keys` makes them, its token,
+/// its TTL), or `None` when a lease has a TTL the server must not see (zero would delete its
+/// key): such a batch goes one renewal at a time, so each answers its own TTL's error and
+/// nothing of a bad one is sent.
+pub(crate) fn renewal_batch(
+    leases: &[Lease],
+    keys: impl Fn(&LockName) -> Keys,
+) -> Option<Vec<(Keys, &LeaseToken, Duration)>> {
+    if leases
+        .iter()
+        .any(|l| lock_core::backend::validate_ttl(l.ttl()).is_err())
+    {
+        return None;
+    }
+    Some(
+        leases
+            .iter()
+            .map(|l| (keys(l.name()), l.token(), l.ttl()))
+            .collect(),
+    )
+}
+
 /// Renewals of many leases, ready to send to a server: calls of [`scripts::RENEW_MANY`] of
 /// up to [`scripts::RENEW_MANY_CHUNK`] leases each. Built once, they can go to several
 /// servers (Redlock's). They are sent one call after the other, each a request of its own

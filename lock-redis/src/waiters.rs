@@ -60,6 +60,16 @@ struct State {
     retry_after: Option<Instant>,
 }
 
+impl State {
+    /// Why no subscription is tried now (one failed less than [`RESUBSCRIBE_AFTER`] ago).
+    fn resting(&self) -> Option<String> {
+        let left = self.retry_after?.checked_duration_since(Instant::now())?;
+        Some(format!(
+            "a pub/sub subscription failed just now; the next is tried in {left:?}"
+        ))
+    }
+}
+
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
@@ -174,11 +184,8 @@ impl Waiters {
         if state.sink.is_some() && state.subscribed.contains(channel) {
             return None;
         }
-        if let Some(after) = state.retry_after.filter(|after| Instant::now() < *after) {
-            let left = after.saturating_duration_since(Instant::now());
-            return Some(failed(format!(
-                "a subscription failed just now; the next is tried in {left:?}"
-            )));
+        if let Some(why) = state.resting() {
+            return Some(failed(why));
         }
         let Some(entry) = state.channels.get_mut(channel) else {
             // Not registered (cannot happen while a `Registration` lives): no push.
@@ -221,11 +228,8 @@ impl Waiters {
                 return Ok(());
             }
             // A subscription queued behind one that failed does not try again before its time.
-            if state.sink.is_none() && state.retry_after.is_some_and(|t| Instant::now() < t) {
-                return Err(io::Error::other(
-                    "a pub/sub subscription failed just now; the next waits a second",
-                )
-                .into());
+            if let Some(why) = state.resting() {
+                return Err(io::Error::other(why).into());
             }
             state.sink.clone().map(|sink| (sink, state.generation))
         };

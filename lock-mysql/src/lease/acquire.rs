@@ -220,7 +220,7 @@ impl LeaseStrategy {
             };
             if taken == 0 {
                 queued.store(true, Ordering::Relaxed);
-                return match self.busy(request, token, turns, until).await? {
+                return match self.busy(request, token, turns, until, queued).await? {
                     Try::Next if first => {
                         first = false;
                         continue;
@@ -284,17 +284,23 @@ impl LeaseStrategy {
     }
 
     /// Nothing taken: the row is someone else's, or nobody's but someone queues ahead (or it
-    /// was handed to the caller since). Takes (or keeps) a place in the queue and judges the
-    /// row: what the try says (parking on the way when it may).
+    /// was handed to the caller since, or it is free and nobody queues: a lease that ran out).
+    /// Takes (or keeps) a place in the queue unless there is nothing to wait for, and judges
+    /// the row: what the try says (parking on the way when it may). Clears `queued` when the
+    /// caller has no place after all.
     async fn busy(
         &self,
         request: &AcquireRequest,
         token: &LeaseToken,
         turns: (Duration, Duration),
         until: Instant,
+        queued: &AtomicBool,
     ) -> Result<Try, LockError> {
         let name = request.name();
-        let (state, ahead) = self.queue_up(name, token, turns, until).await?;
+        let (state, ahead, placed) = self.queue_up(name, token, turns, until).await?;
+        if !placed {
+            queued.store(false, Ordering::Relaxed);
+        }
         // Without a park, the first two poll fast: the second is first once the first is
         // served.
         let first = ahead <= 1;
@@ -491,15 +497,16 @@ impl LeaseStrategy {
     }
 
     /// A busy try's queue work in one round trip (see [`queue::busy_batch`]): the judged
-    /// lease row of `name` (`None` when there is none) and how many waiters are ahead of
-    /// `token` (0 up to [`queue::NEAR`], which stands for that many or more).
+    /// lease row of `name` (`None` when there is none), how many waiters are ahead of
+    /// `token` (0 up to [`queue::NEAR`], which stands for that many or more), and whether
+    /// `token` has a place now.
     async fn queue_up(
         &self,
         name: &LockName,
         token: &LeaseToken,
         (place, turn): (Duration, Duration),
         until: Instant,
-    ) -> Result<(Option<LeaseState>, i64), LockError> {
+    ) -> Result<(Option<LeaseState>, i64, bool), LockError> {
         let what = || format!("queueing for `{name}`");
         let sql = queue::busy_batch(
             &self.table,
@@ -525,12 +532,13 @@ impl LeaseStrategy {
                     .judge(&self.table, name)
             })
             .transpose()?;
-        let ahead = tagged(&rows, "ahead")
+        let (ahead, placed) = tagged(&rows, "ahead")
             .next()
-            .map(|row| row.try_get::<i64, _>(1))
+            .map(|row| Ok::<_, sqlx::Error>((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?)))
             .transpose()
             .map_err(|e| LockError::from(Error::new(what(), e)))?
-            .unwrap_or(0);
-        Ok((state, ahead))
+            // No answer to read: count the caller as placed, so its place is cleaned up.
+            .unwrap_or((0, 1));
+        Ok((state, ahead, placed != 0))
     }
 }

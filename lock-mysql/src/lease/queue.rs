@@ -177,7 +177,12 @@ pub(crate) fn allowed(table: &TableName) -> String {
 ///   whether it lapsed or not; with a thousand waiters, every try of every waiter queued on
 ///   that one row lock, and the server, at 193 % CPU, took minutes to get through them:
 ///   fault case `lease/a_locked_head_stalls_no_newcomer`);
-/// - take or keep the caller's place for `place` with its `turn`;
+/// - take or keep the caller's place for `place` with its `turn`, unless there is nothing to
+///   wait for: the lease is free and no live place other than its holder's exists (a lease
+///   that ran out, or one freed while someone queued who has gone; a call's first try does
+///   not take these, see above): then the caller takes it with its next try, which
+///   reads the queue, without having written a place (outcome case
+///   `lease/acquire_answer_matches_the_row`). Read first without a lock, like the head;
 /// - if the lease was released while nobody queued (a release that ran just before the place
 ///   was written, [`LEASE_RELEASED_ALONE`]), mark it freed while someone queues
 ///   (`acquired_at` set), so the first try of a newcomer, which does not read the queue, no
@@ -187,7 +192,7 @@ pub(crate) fn allowed(table: &TableName) -> String {
 /// - read the lease row (`'row'`, [`LEASE_COLUMNS`](crate::rows::LEASE_COLUMNS)) and how
 ///   many live places come before the caller's (`'ahead'`: 0 up to [`NEAR`], which stands for
 ///   that many or more; counted from the head, so a try reads a few places whatever the
-///   length of the queue).
+///   length of the queue), and whether the caller has a place (live or not) now.
 pub(crate) fn busy_batch(
     table: &TableName,
     name: &[u8],
@@ -202,15 +207,19 @@ pub(crate) fn busy_batch(
     let place = place.as_micros();
     let turn = turn.as_micros();
     format!(
-        "SET @lm_head = NULL, @lm_lapsed = 0, @lm_first = NULL; \
+        "SET @lm_head = NULL, @lm_lapsed = 0, @lm_first = NULL, @lm_wait = 1; \
          SELECT token, until_at <= NOW(6) INTO @lm_head, @lm_lapsed FROM {q} FORCE INDEX (by_arrival) \
          WHERE name = {n} ORDER BY arrived_at, token LIMIT 1; \
          DELETE FROM {q} WHERE name = {n} AND token = @lm_head AND @lm_lapsed AND until_at <= NOW(6); \
+         SELECT NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}) \
+         OR EXISTS (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) WHERE o.name = {n} \
+         AND o.until_at > NOW(6) AND NOT (o.token <=> (SELECT l.token FROM {t} l WHERE l.name = {n}))) \
+         INTO @lm_wait; \
          INSERT INTO {q} (name, token, arrived_at, until_at, turn_us) \
-         VALUES ({n}, {k}, NOW(6), NOW(6) + INTERVAL {place} MICROSECOND, {turn}) \
+         SELECT {n}, {k}, NOW(6), NOW(6) + INTERVAL {place} MICROSECOND, {turn} FROM DUAL WHERE @lm_wait \
          ON DUPLICATE KEY UPDATE until_at = NOW(6) + INTERVAL {place} MICROSECOND; \
          SET @lm_alone = 0; \
-         SELECT 1 INTO @lm_alone FROM {t} WHERE name = {n} AND {LEASE_RELEASED_ALONE}; \
+         SELECT 1 INTO @lm_alone FROM {t} WHERE name = {n} AND @lm_wait AND {LEASE_RELEASED_ALONE}; \
          UPDATE {t} SET acquired_at = NOW(6) WHERE name = {n} AND @lm_alone AND {LEASE_RELEASED_ALONE}; \
          SELECT token INTO @lm_first FROM {q} FORCE INDEX (by_arrival) \
          WHERE name = {n} AND until_at > NOW(6) ORDER BY arrived_at, token LIMIT 1; \
@@ -218,7 +227,7 @@ pub(crate) fn busy_batch(
          UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL turn_us MICROSECOND) \
          WHERE name = {n} AND token = @lm_first AND @lm_first <> {k} AND @lm_free; \
          SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
-         SELECT 'ahead', {ahead}",
+         SELECT 'ahead', {ahead}, EXISTS (SELECT 1 FROM {q} WHERE name = {n} AND token = {k})",
         ahead = ahead((&t, &q), &n, &k, NEAR),
     )
 }

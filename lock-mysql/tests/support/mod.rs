@@ -116,13 +116,14 @@ pub fn hex(text: &str) -> String {
     text.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Drops this run's tables.
+/// Drops this run's tables (and `<table>_placed`, the record a case may keep of the places
+/// written, see [`MySqlStore::record_places`]).
 pub async fn drop_run_tables() -> Result<(), String> {
     let admin = admin_pool().await?;
     for strategy in [Strategy::Lease, Strategy::RowLock] {
         let table = run_table(strategy)?;
         let sql = format!(
-            "DROP TABLE IF EXISTS `{0}`, `{0}_fences`, `{0}_holds`, `{0}_queue`",
+            "DROP TABLE IF EXISTS `{0}`, `{0}_fences`, `{0}_holds`, `{0}_queue`, `{0}_placed`",
             table.as_str()
         );
         sqlx::raw_sql(AssertSqlSafe(sql))
@@ -171,6 +172,37 @@ impl MySqlStore {
     /// The administrator's pool.
     pub fn admin(&self) -> &MySqlPool {
         &self.admin
+    }
+
+    /// From now on, records every place written in the waiters' queue (a trigger on
+    /// `<table>_queue` copies each inserted name to `<table>_placed`, in the inserting
+    /// statement's transaction), so a case can tell whether a call took a place at all, not
+    /// only whether one is left (a place taken and removed in the background is gone by the
+    /// time it looks, or not, by chance).
+    pub async fn record_places(&self) -> Result<(), String> {
+        let t = self.table.as_str();
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS `{t}_placed` (name VARBINARY(255) NOT NULL); \
+             CREATE TRIGGER IF NOT EXISTS `{t}_placed` AFTER INSERT ON `{t}_queue` \
+             FOR EACH ROW INSERT INTO `{t}_placed` (name) VALUES (NEW.name)"
+        );
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&self.admin)
+            .await
+            .map(drop)
+            .map_err(|e| format!("recording the places written: {e}"))
+    }
+
+    /// How many places were written for `name` since [`Self::record_places`].
+    pub async fn places_written(&self, name: &LockName) -> Result<i64, String> {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM `{}_placed` WHERE name = ?",
+            self.table.as_str()
+        )))
+        .bind(name.as_str().as_bytes())
+        .fetch_one(&self.admin)
+        .await
+        .map_err(|e| format!("counting the places written for `{name}`: {e}"))
     }
 
     /// The config clients are made with.

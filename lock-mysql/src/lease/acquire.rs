@@ -20,7 +20,9 @@ use crate::{
 };
 
 /// Takes an abandoned `acquire` call's place out of the queue, in the background, when the
-/// call is dropped before it answered (see [`LeaseStrategy::leave`]).
+/// call is dropped before it answered (see [`LeaseStrategy::leave`]); that also frees a lease
+/// a try in flight took for the call. A call dropped while it has no place (its first try,
+/// or the try after a queue batch that wrote none) leaves such a lease to its TTL.
 struct PlaceGuard<'a> {
     strategy: &'a LeaseStrategy,
     name: &'a LockName,
@@ -74,8 +76,8 @@ enum Try {
 impl LeaseStrategy {
     /// Acquires by polling: one statement per try, jittered back-off between tries bounded by
     /// the holder's remaining TTL as the server reports it.
-    /// A busy try takes a place in the waiters' queue (see [`queue`]); the first waiter
-    /// tries again at short intervals.
+    /// A busy try takes a place in the waiters' queue when there is something to wait for
+    /// (see [`queue`]); the first waiter tries again at short intervals.
     pub(crate) async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         // One token for every try of this call: it names the call's place in the queue.
         let token = LeaseToken::random();
@@ -171,16 +173,18 @@ impl LeaseStrategy {
     /// One try: insert the row, or take it over if it is released or expired and nobody
     /// queues ahead. The try ends by the wait budget (at least [`MIN_TRY`]): a row another
     /// transaction keeps locked makes it busy then, whatever `innodb_lock_wait_timeout` says.
-    /// A busy try takes (or keeps) the caller's place in the queue and tells whether it is
-    /// first (`queued` is set once it may have one).
+    /// A busy try takes (or keeps) the caller's place in the queue, unless the lease is free
+    /// and nobody else queues, and tells whether it is first (`queued` is set once it may have
+    /// a place, and cleared when its queue batch says it has none).
     ///
     /// The call's first try (no place yet), and a try right after a park a release woke (it handed
     /// the caller the lease, which the statement's "taken" rule covers: the row holds the caller's
     /// token), takes only a new row, one released while nobody queued or one handed to the caller,
     /// without reading the queue (see [`Statements::acquire_first`](super)); if it finds the row
-    /// free otherwise (expired, or freed while someone queued) and, its place taken, the caller
-    /// first in line, it tries again at once with the statement that reads the queue, whatever is
-    /// left of the budget: a free lock is not busy to a single try.
+    /// free otherwise (expired, or freed while someone queued) and the caller first in line (its
+    /// place taken, or none needed: nobody else queues), it tries again at once with the
+    /// statement that reads the queue, whatever is left of the budget: a free lock is not busy
+    /// to a single try.
     async fn try_once(
         &self,
         request: &AcquireRequest,
@@ -300,6 +304,11 @@ impl LeaseStrategy {
         let (state, ahead, placed) = self.queue_up(name, token, turns, until).await?;
         if !placed {
             queued.store(false, Ordering::Relaxed);
+            // The lease was free when the batch looked, and taken by someone else since: a
+            // park needs a place, so queue with the next try, at once.
+            if matches!(state, Some(LeaseState::Held { remaining_us, .. }) if remaining_us > 0) {
+                return Ok(Try::Busy(Some(Duration::ZERO)));
+            }
         }
         // Without a park, the first two poll fast: the second is first once the first is
         // served.
@@ -515,6 +524,7 @@ impl LeaseStrategy {
             place,
             turn,
             LEASE_COLUMNS,
+            self.limits.mariadb,
         );
         let batch = || retry_deadlocks(|| run_pooled(&self.pool, sql.clone(), until));
         // Once more if a release's wake-up meant for this client's park landed on the batch

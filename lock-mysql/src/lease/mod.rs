@@ -6,8 +6,9 @@
 //!   or expired by `NOW(6)` (and the waiters' queue allows, see [`queue`]), bumping its
 //!   fence. A call's first try takes only a new row or one released while nobody queued;
 //!   a lease that ran out, or one freed while someone queued, is taken by a later try, after
-//!   a queue batch (three round trips), which writes the caller's place only if someone else
-//!   queues (see [`queue::busy_batch`]).
+//!   a queue batch (three round trips), which writes the caller's place only if there is
+//!   something to wait for: the lease is held, or someone other than its holder queues (see
+//!   [`queue::busy_batch`]).
 //! - **Outcome**: the server's reply carries the fence the caller now holds, or 0: a new row
 //!   gets its fence from `LAST_INSERT_ID(1)` in the inserted values; on an existing row
 //!   (whose inserted values were computed all the same) the update sets it again, to

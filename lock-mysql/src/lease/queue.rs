@@ -3,8 +3,9 @@
 //! waiter at once.
 //!
 //! - **A place**: a waiter's busy try inserts `(name, token, arrived_at, until_at, turn_us)`
-//!   (the token is the one its `acquire` call uses for every try; `arrived_at` is the
-//!   server's `NOW(6)` at its first busy try) and every later try or park pushes `until_at`
+//!   when there is something to wait for, see [`busy_batch`] (the token is the one its
+//!   `acquire` call uses for every try; `arrived_at` is the server's `NOW(6)` at its first
+//!   busy try that writes a place) and every later try or park pushes `until_at`
 //!   on by [`place_for`]: the longest a waiter sleeps between tries plus a second. `turn_us`
 //!   is how long the waiter may take to come for a lease handed to it ([`turn_for`]). A
 //!   place that lapsed counts for nothing; busy tries delete lapsed places once they are at
@@ -20,14 +21,17 @@
 //!   `arrived_at`, then token) may take it; anybody else, including the client that just
 //!   released, finds it busy and takes a place at the back (the place of the lease's own
 //!   holder, whose removal may come late, counts for nothing). The condition ([`allowed`]) is
-//!   part of the acquire statement of a caller that has a place. A call's first try (no place
+//!   part of the acquire statement of every try after the first (a caller with a place, or
+//!   one whose queue batch found nothing to wait for). A call's first try (no place
 //!   yet) does not read the queue: it takes only a lease released while nobody queued (a
 //!   release that saw no live place leaves `acquired_at` NULL, and a busy try that writes a
 //!   place and then finds the lease so marks it, see [`busy_batch`]), so a client nobody
 //!   waits behind still acquires in one round trip. The order so holds among waiters whose
 //!   places the release could see; a place written while a release that saw none was
 //!   committing (the release read the queue, then its commit took a moment) may be passed
-//!   once by a newcomer; every later release sees it.
+//!   once by a newcomer; every later release sees it. So may a caller whose queue batch
+//!   wrote no place (the lease was free and nobody else queued: just released, or a waiter
+//!   back from a pause whose place lapsed), until its next batch finds the lease held.
 //! - **Direct hand-off**: release gives the lease to the first live waiter in the same step
 //!   ([`release_batch`]): its token, a fence one higher, and an expiry of that waiter's turn;
 //!   then it wakes the waiter (below). The waiter's next try finds the lease held by its own
@@ -200,6 +204,7 @@ pub(crate) fn busy_batch(
     place: Duration,
     turn: Duration,
     columns: &str,
+    mariadb: bool,
 ) -> String {
     let t = table.quoted();
     let q = table.queue().quoted();
@@ -215,9 +220,7 @@ pub(crate) fn busy_batch(
          OR EXISTS (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) WHERE o.name = {n} \
          AND o.until_at > NOW(6) AND NOT (o.token <=> (SELECT l.token FROM {t} l WHERE l.name = {n}))) \
          INTO @lm_wait; \
-         INSERT INTO {q} (name, token, arrived_at, until_at, turn_us) \
-         SELECT {n}, {k}, NOW(6), NOW(6) + INTERVAL {place} MICROSECOND, {turn} FROM DUAL WHERE @lm_wait \
-         ON DUPLICATE KEY UPDATE until_at = NOW(6) + INTERVAL {place} MICROSECOND; \
+         {insert}\
          SET @lm_alone = 0; \
          SELECT 1 INTO @lm_alone FROM {t} WHERE name = {n} AND @lm_wait AND {LEASE_RELEASED_ALONE}; \
          UPDATE {t} SET acquired_at = NOW(6) WHERE name = {n} AND @lm_alone AND {LEASE_RELEASED_ALONE}; \
@@ -229,7 +232,27 @@ pub(crate) fn busy_batch(
          SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
          SELECT 'ahead', {ahead}, EXISTS (SELECT 1 FROM {q} WHERE name = {n} AND token = {k})",
         ahead = ahead((&t, &q), &n, &k, NEAR),
+        // Sent only if there is something to wait for. Not `INSERT .. SELECT .. WHERE
+        // @lm_wait ON DUPLICATE KEY UPDATE`, which a server logging statements (binlog_format
+        // STATEMENT) takes as unsafe to replicate and warns of on every try.
+        insert = run_if(
+            "lm_place",
+            &format!(
+                "IF(@lm_wait, {}, 'DO 0')",
+                text_literal(&format!(
+                    "INSERT INTO {q} (name, token, arrived_at, until_at, turn_us) \
+                     VALUES ({n}, {k}, NOW(6), NOW(6) + INTERVAL {place} MICROSECOND, {turn}) \
+                     ON DUPLICATE KEY UPDATE until_at = NOW(6) + INTERVAL {place} MICROSECOND"
+                ))
+            ),
+            mariadb
+        ),
     )
+}
+
+/// `sql` as an SQL string literal (its quotes doubled).
+fn text_literal(sql: &str) -> String {
+    format!("'{}'", sql.replace('\'', "''"))
 }
 
 /// The label a park's waiting statement carries, followed by the waiter's token (for
@@ -638,16 +661,22 @@ fn kills(list: &[(&str, &str)], mariadb: bool) -> String {
 }
 
 /// `KILL QUERY` of the session in the variable `id`, unless it is NULL or `skip` holds,
-/// followed by `;`: one `EXECUTE IMMEDIATE` on MariaDB, a prepared statement elsewhere (MySQL
-/// has no `EXECUTE IMMEDIATE`).
+/// followed by `;` (see [`run_if`]).
 fn kill(id: &str, skip: &str, mariadb: bool) -> String {
     let sql = format!("IF({id} IS NULL OR {skip}, 'DO 0', CONCAT('KILL QUERY ', {id}))");
+    run_if("lm_kill", &sql, mariadb)
+}
+
+/// Runs the statement whose text the SQL expression `sql` yields (`'DO 0'` for none),
+/// followed by `;`: one `EXECUTE IMMEDIATE` on MariaDB, a prepared statement named `name`
+/// elsewhere (MySQL has no `EXECUTE IMMEDIATE`).
+fn run_if(name: &str, sql: &str, mariadb: bool) -> String {
     if mariadb {
         format!("EXECUTE IMMEDIATE {sql}; ")
     } else {
         format!(
-            "SET @lm_kill = {sql}; PREPARE lm_kill FROM @lm_kill; EXECUTE lm_kill; \
-             DEALLOCATE PREPARE lm_kill; "
+            "SET @{name} = {sql}; PREPARE {name} FROM @{name}; EXECUTE {name}; \
+             DEALLOCATE PREPARE {name}; "
         )
     }
 }
@@ -693,6 +722,42 @@ mod tests {
                 .nth(1)
                 .and_then(|rest| rest.split(')').next());
             assert_eq!(first, Some("@lm_conn"), "{sql}");
+        }
+    }
+
+    #[test]
+    fn a_place_is_written_only_if_there_is_something_to_wait_for() {
+        // Not `INSERT .. SELECT .. ON DUPLICATE KEY UPDATE` (unsafe for statement-based
+        // binary logs, a helper's review): a statement run only when `@lm_wait` holds.
+        let t = TableName::new("t").unwrap();
+        let token = b"0123456789abcdef0123456789abcdef";
+        let batch = |mariadb| {
+            busy_batch(
+                &t,
+                b"n",
+                token,
+                Duration::from_secs(2),
+                Duration::from_secs(1),
+                "token",
+                mariadb,
+            )
+        };
+        let (mysql, mariadb) = (batch(false), batch(true));
+        let insert = "IF(@lm_wait, 'INSERT INTO `t_queue` (name, token, arrived_at, until_at, \
+                      turn_us) VALUES (X''6e'', X''3031";
+        assert!(
+            mariadb.contains(&format!("EXECUTE IMMEDIATE {insert}")),
+            "{mariadb}"
+        );
+        assert!(
+            mysql.contains(&format!("SET @lm_place = {insert}")),
+            "{mysql}"
+        );
+        assert!(!mysql.contains("EXECUTE IMMEDIATE"), "{mysql}");
+        assert_eq!(mysql.matches("PREPARE lm_place FROM @lm_place").count(), 1);
+        for sql in [&mysql, &mariadb] {
+            assert!(!sql.contains("FROM DUAL"), "{sql}");
+            assert_eq!(sql.matches("INSERT INTO").count(), 1, "{sql}");
         }
     }
 

@@ -86,8 +86,9 @@ where
         ),
         None => (operations_before, fleet.acquisitions),
     };
-    fleet.operations_per_acquisition =
-        Some(operations_after.saturating_sub(from) as f64 / acquisitions.max(1) as f64);
+    // None without an acquisition: operations per nothing.
+    fleet.operations_per_acquisition = (acquisitions > 0)
+        .then(|| operations_after.saturating_sub(from) as f64 / acquisitions as f64);
     fleet.sessions_per_client =
         Some(most.saturating_sub(sessions_before) as f64 / clients.max(1) as f64);
     drained(counters, sessions_before).await;

@@ -298,12 +298,14 @@ impl Report {
             fleet: fleet.clone(),
         });
         self.rate(&format!("{label}: acquisitions"), fleet.per_second);
-        self.ratio(
-            &format!("{label}: hand-off to another client p50 / raw round trip"),
-            fleet.handoff.p50,
-            round_trip,
-            Some(2.0),
-        );
+        let handoff = format!("{label}: hand-off to another client p50 / raw round trip");
+        if fleet.handoff.samples == 0 {
+            // Nothing to set against the floor, and no target met.
+            let value = "not measured: no hand-off to another client".to_owned();
+            self.push(&handoff, value, None, None);
+        } else {
+            self.ratio(&handoff, fleet.handoff.p50, round_trip, Some(2.0));
+        }
         self.push(
             &format!("{label}: hand-off to another client"),
             format!(
@@ -348,6 +350,50 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run in which no client handed the lock to another has no hand-off to set against
+    /// the floor: its line states that, with no ratio and no target verdict (a run of 1,000
+    /// lease clients that granted nothing printed "0.00x (0ns / ..) [within target 2x]").
+    #[test]
+    fn a_run_without_hand_offs_claims_no_target() {
+        let none = Stats {
+            samples: 0,
+            mean: Duration::ZERO,
+            p50: Duration::ZERO,
+            p99: Duration::ZERO,
+            max: Duration::ZERO,
+        };
+        let fleet = Fleet {
+            clients: 1000,
+            hold: Duration::from_millis(1),
+            acquisitions: 0,
+            per_second: 0.0,
+            handoff: none,
+            self_retakes: 0,
+            min: 0,
+            max: 0,
+            jain: 0.0,
+            failures: 830,
+            first_failure: None,
+            overlaps: 0,
+            operations_per_acquisition: None,
+            sessions_per_client: None,
+            second_half: None,
+        };
+        let mut report = Report::new("s");
+        report.fleet("1000 clients", &fleet, Duration::from_micros(850));
+        let handoff = report
+            .lines
+            .iter()
+            .find(|line| line.metric.contains("hand-off to another client p50"))
+            .expect("a hand-off line");
+        assert_eq!((handoff.ratio, handoff.target), (None, None));
+        assert_eq!(
+            render_line(handoff),
+            "1000 clients: hand-off to another client p50 / raw round trip = \
+             not measured: no hand-off to another client"
+        );
+    }
 
     #[test]
     fn factors_show_at_most_three_decimals() {

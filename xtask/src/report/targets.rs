@@ -346,10 +346,15 @@ fn of_fleets(report: &bench::Report) -> Vec<Target> {
         "1,000 clients: operations per hand-off within 20 % of 16's",
     );
     let per = |r: Option<&FleetRun>| r.and_then(|r| r.fleet.operations_per_acquisition);
-    targets.push(match (per(sixteen), per(run(report, 1_000, 1))) {
+    let thousand = run(report, 1_000, 1);
+    targets.push(match (per(sixteen), per(thousand)) {
         (Some(a), Some(b)) => {
             let ratio = b / a.max(f64::MIN_POSITIVE);
             ops.judged(format!("{b:.1} vs {a:.1} ({ratio:.2}x)"), ratio <= 1.2)
+        }
+        // Operations, but no hand-off to spread them over.
+        _ if thousand.is_some_and(|r| r.fleet.acquisitions == 0) => {
+            ops.judged("no acquisition".to_owned(), false)
         }
         _ => ops,
     });
@@ -578,6 +583,58 @@ mod tests {
             }),
         );
         assert_eq!(judge(with_peer, &mut report), Some(true));
+    }
+
+    /// A run of 1,000 clients that granted nothing misses the operations target (it has no
+    /// operations per hand-off to compare, and is not "not measured").
+    #[test]
+    fn a_thousand_clients_granting_nothing_miss_the_operations_target() {
+        let ms = std::time::Duration::from_millis;
+        let fleet = |clients, acquisitions, operations| bench::Fleet {
+            clients,
+            hold: ms(1),
+            acquisitions,
+            per_second: acquisitions as f64,
+            handoff: bench::Stats {
+                samples: acquisitions,
+                mean: ms(1),
+                p50: ms(1),
+                p99: ms(1),
+                max: ms(1),
+            },
+            self_retakes: 0,
+            min: 0,
+            max: 0,
+            jain: 1.0,
+            failures: 0,
+            first_failure: None,
+            overlaps: 0,
+            operations_per_acquisition: operations,
+            sessions_per_client: None,
+            second_half: None,
+        };
+        let judged = |thousand: bench::Fleet| {
+            let mut report = bench::Report::new("mysql-lease");
+            for fleet in [fleet(16, 500, Some(40.0)), thousand] {
+                report.fleets.push(FleetRun {
+                    peer: None,
+                    round_trip: ms(1),
+                    fleet,
+                });
+            }
+            of_fleets(&report)
+                .into_iter()
+                .find(|t| t.goal.starts_with("1,000 clients: operations"))
+                .map(|t| (t.measured, t.met))
+        };
+        assert_eq!(
+            judged(fleet(1000, 0, None)),
+            Some((Some("no acquisition".to_string()), Some(false)))
+        );
+        assert_eq!(
+            judged(fleet(1000, 300, Some(44.0))),
+            Some((Some("44.0 vs 40.0 (1.10x)".to_string()), Some(true)))
+        );
     }
 
     #[test]

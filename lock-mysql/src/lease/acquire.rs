@@ -138,8 +138,11 @@ impl LeaseStrategy {
     /// Takes the place of `token` out of the queue: in the background after a grant (the
     /// grant need not wait for it: while the lease is held the place stands in nobody's way,
     /// and a release that comes first takes it out itself, see
-    /// [`queue::release_batch`]), else before answering. A place that cannot be deleted
-    /// lapses.
+    /// [`queue::release_batch`]), else before answering, for at most [`ANSWER_GRACE`] (so a
+    /// caller that tries again at once finds its old place gone, as a rule), then in the
+    /// background: a waiter whose budget ran out answers `Timeout` on time however busy the
+    /// server is (fault case `lease/a_slow_leaving_answers_on_time`). A place that cannot be
+    /// deleted lapses.
     async fn leave(&self, name: &LockName, token: &LeaseToken, granted: bool) {
         let pool = self.pool.clone();
         let sql = if granted {
@@ -166,7 +169,9 @@ impl LeaseStrategy {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) if granted => drop(runtime.spawn(leave)),
-            _ => leave.await,
+            // Dropping the task's handle when the wait is over leaves it running.
+            Ok(runtime) => drop(tokio::time::timeout(ANSWER_GRACE, runtime.spawn(leave)).await),
+            Err(_) => leave.await,
         }
     }
 

@@ -17,7 +17,7 @@ use super::{
     client,
     lease_parks::{PARK, plant_lease, recorded_client},
     lease_queue::plant_place,
-    spawn_acquire,
+    places, spawn_acquire,
     support::{
         MySqlStore, hex,
         proxy::{Proxy, Recording},
@@ -193,18 +193,6 @@ async fn lease_long_parker_wakes_at_the_release() -> Outcome {
         "behind two dead waiters with turns of {TURN:?}, the waiter took the lock {took:?} after the release (bound {bound:?}): its long park was not woken"
     );
     Ok(())
-}
-
-/// How many places (live or not) the queue of `store` holds for `name`.
-async fn places(store: &MySqlStore, name: &LockName) -> Result<i64, Failure> {
-    let queue = format!("`{}_queue`", store.config().table_name().as_str());
-    sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {queue} WHERE name = X'{}'",
-        hex(name.as_str())
-    )))
-    .fetch_one(store.admin())
-    .await
-    .map_err(|e| Failure(format!("counting places: {e}")))
 }
 
 /// Until the queue of `store` holds `count` places for `name` (10 s at most).

@@ -41,9 +41,6 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         .case("lease/own_place_blocks_nobody_after_expiry", || {
             Box::pin(lease_own_place_after_expiry())
         })
-        .case("lease/a_leaving_waiter_leaves_the_lease_row_alone", || {
-            Box::pin(lease_leaving_waiter_leaves_the_lease_row_alone())
-        })
         .case("lease/a_locked_head_stalls_no_newcomer", || {
             Box::pin(lease_locked_head_stalls_no_newcomer())
         })
@@ -557,48 +554,5 @@ pub(super) async fn lease_lapsing_place_ahead() -> Outcome {
         "the waiter got the lease {took:?} after a place ahead that lapsed at {LAPSES:?} was planted (bound {bound:?})"
     );
     next.release().await.map_err(err)?;
-    Ok(())
-}
-
-/// A queued waiter that gives up leaves without waiting for the lease row's lock: its leaving
-/// frees a lease handed to it, and must lock the lease row only then. Here a waiter (budget
-/// 1.5 s) queues and parks behind a holder of 30 s, then a foreign transaction locks the lease
-/// row (as a release or renewal in flight would, for longer) until after the budget; the
-/// waiter's `acquire` must answer `Timeout` soon after its budget. (Before, leaving ran an
-/// `UPDATE` of the lease row by its key whether or not the lease was the waiter's, which
-/// waited for the foreign lock.)
-pub(super) async fn lease_leaving_waiter_leaves_the_lease_row_alone() -> Outcome {
-    const BUDGET: Duration = Duration::from_millis(1500);
-    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let (holder, waiter) = (client(store.config()).await?, client(store.config()).await?);
-    let name = unique_name("leaves-row-alone")?;
-    let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder.lock_with(&name, &long).await.map_err(err)?;
-    let started = Instant::now();
-    let waiting = spawn_acquire(&waiter, &name, long.clone().wait(BUDGET));
-    until_waiting(&store, &name).await?;
-    let table = format!("`{}`", store.config().table_name().as_str());
-    let foreign = ForeignLocks::take(
-        &store,
-        "the lease row",
-        &[format!(
-            "SELECT token FROM {table} WHERE name = X'{}' FOR UPDATE",
-            hex(name.as_str())
-        )],
-    )
-    .await?;
-    let outcome = waiting.await.map_err(err)?;
-    let answered = started.elapsed();
-    foreign.rollback().await?;
-    held.release().await.map_err(err)?;
-    ensure!(
-        matches!(outcome, Err(lock_core::LockError::Timeout { .. })),
-        "the waiter's acquire answered {outcome:?}, expected Timeout"
-    );
-    let bound = BUDGET + Duration::from_millis(500);
-    ensure!(
-        answered <= bound,
-        "a waiter with a budget of {BUDGET:?} answered after {answered:?} (bound {bound:?}): leaving waited for the lease row's lock"
-    );
     Ok(())
 }

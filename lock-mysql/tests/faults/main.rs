@@ -13,6 +13,7 @@
 //!   statements of its batch (played by a proxy): the hold goes on; the anchor holds park on
 //!   killed: the hold goes on, a new anchor comes up, and the hold is still watched;
 //! - the lease's waiters' queue: a dead waiter, the holder's own place, places locked behind;
+//!   waiters that give up answer on time and wait for no one else's locks;
 //! - an unreachable server and a refused login: typed errors;
 //! - a server restart while locks are held and waited for: typed errors, then recovery with
 //!   no manual clean-up;
@@ -34,6 +35,7 @@ mod support;
 mod clock;
 mod connections;
 mod foreign_transactions;
+mod lease_leaving;
 mod lease_long_parks;
 mod lease_parks;
 mod lease_queue;
@@ -50,64 +52,66 @@ use conformance_tests::{Cases, Failure, Outcome, faults::err, holder_process};
 use lock_core::{LockClient, LockError, LockGuard, LockName, LockOptions};
 use lock_mysql::{MySqlBackend, MySqlConfig};
 use sqlx::{AssertSqlSafe, MySqlConnection};
-use support::MySqlStore;
+use support::{MySqlStore, hex};
 
 fn main() -> ExitCode {
     if let Some(role) = holder_process::role() {
         return skewed::child(&role);
     }
     let cases = Cases::<Failure>::new("faults").limit(Duration::from_secs(120));
-    lease_queue::cases(lease_long_parks::cases(lease_parks::cases(cases)))
-        .case("row_lock/kill_holder_connection", || {
-            Box::pin(connections::row_lock_kill_holder())
-        })
-        .case("lease/kill_holder_connection", || {
-            Box::pin(connections::lease_kill_holder())
-        })
-        .case("lease/row_locked_by_long_transaction", || {
-            Box::pin(foreign_transactions::lease_lock_wait_timeout())
-        })
-        .case("lease/renewal_batch_deadlock_is_retried", || {
-            Box::pin(foreign_transactions::lease_deadlock_retried())
-        })
-        .case("row_lock/sub_second_budgets", || {
-            Box::pin(row_lock_waits::row_lock_sub_second_budgets())
-        })
-        .case("row_lock/dropped_waiter_leaves_nothing", || {
-            Box::pin(row_lock_waits::row_lock_dropped_waiter())
-        })
-        .case("row_lock/one_waiter_per_name_per_client", || {
-            Box::pin(row_lock_waits::row_lock_one_waiter_per_client())
-        })
-        .case("row_lock/park_killed_between_statements", || {
-            Box::pin(row_lock_park::killed_between_statements())
-        })
-        .case("row_lock/park_anchor_killed", || {
-            Box::pin(row_lock_park::anchor_killed())
-        })
-        .case("row_lock/fence_bumped_between_grant_and_bump", || {
-            Box::pin(row_lock_fences::row_lock_fence_bumped_in_between())
-        })
-        .case("row_lock/fence_counter_at_maximum_is_foreign", || {
-            Box::pin(row_lock_fences::row_lock_fence_at_maximum())
-        })
-        .case("errors/unreachable_and_refused", || {
-            Box::pin(connections::unreachable_and_refused())
-        })
-        .case("restart/held_and_waited_locks", || {
-            Box::pin(restart::restart_with_locks())
-        })
-        .case("clock/client_sends_no_time", || {
-            Box::pin(clock::client_sends_no_time())
-        })
-        .case("clock/skewed_clients_never_double_grant", || {
-            Box::pin(skewed::never_double_grant())
-        })
-        .case("clock/source_never_reads_the_wall_clock", || {
-            Box::pin(clock::source_never_reads_wall_clock())
-        })
-        .finally(support::drop_tables_after_cases)
-        .main()
+    lease_leaving::cases(lease_queue::cases(lease_long_parks::cases(
+        lease_parks::cases(cases),
+    )))
+    .case("row_lock/kill_holder_connection", || {
+        Box::pin(connections::row_lock_kill_holder())
+    })
+    .case("lease/kill_holder_connection", || {
+        Box::pin(connections::lease_kill_holder())
+    })
+    .case("lease/row_locked_by_long_transaction", || {
+        Box::pin(foreign_transactions::lease_lock_wait_timeout())
+    })
+    .case("lease/renewal_batch_deadlock_is_retried", || {
+        Box::pin(foreign_transactions::lease_deadlock_retried())
+    })
+    .case("row_lock/sub_second_budgets", || {
+        Box::pin(row_lock_waits::row_lock_sub_second_budgets())
+    })
+    .case("row_lock/dropped_waiter_leaves_nothing", || {
+        Box::pin(row_lock_waits::row_lock_dropped_waiter())
+    })
+    .case("row_lock/one_waiter_per_name_per_client", || {
+        Box::pin(row_lock_waits::row_lock_one_waiter_per_client())
+    })
+    .case("row_lock/park_killed_between_statements", || {
+        Box::pin(row_lock_park::killed_between_statements())
+    })
+    .case("row_lock/park_anchor_killed", || {
+        Box::pin(row_lock_park::anchor_killed())
+    })
+    .case("row_lock/fence_bumped_between_grant_and_bump", || {
+        Box::pin(row_lock_fences::row_lock_fence_bumped_in_between())
+    })
+    .case("row_lock/fence_counter_at_maximum_is_foreign", || {
+        Box::pin(row_lock_fences::row_lock_fence_at_maximum())
+    })
+    .case("errors/unreachable_and_refused", || {
+        Box::pin(connections::unreachable_and_refused())
+    })
+    .case("restart/held_and_waited_locks", || {
+        Box::pin(restart::restart_with_locks())
+    })
+    .case("clock/client_sends_no_time", || {
+        Box::pin(clock::client_sends_no_time())
+    })
+    .case("clock/skewed_clients_never_double_grant", || {
+        Box::pin(skewed::never_double_grant())
+    })
+    .case("clock/source_never_reads_the_wall_clock", || {
+        Box::pin(clock::source_never_reads_wall_clock())
+    })
+    .finally(support::drop_tables_after_cases)
+    .main()
 }
 
 /// A waiter: `client` acquires `name` for a new holder in the background.
@@ -137,6 +141,18 @@ async fn kill_connection(id: u64) -> Outcome {
         .await
         .map_err(|e| Failure(format!("KILL CONNECTION {id}: {e}")))?;
     Ok(())
+}
+
+/// How many places (live or not) the queue of `store` holds for `name`.
+pub(crate) async fn places(store: &MySqlStore, name: &LockName) -> Result<i64, Failure> {
+    let queue = format!("`{}_queue`", store.config().table_name().as_str());
+    sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {queue} WHERE name = X'{}'",
+        hex(name.as_str())
+    )))
+    .fetch_one(store.admin())
+    .await
+    .map_err(|e| Failure(format!("counting places: {e}")))
 }
 
 /// Waits until a statement mentioning `name` is waiting on `store`'s server.

@@ -8,8 +8,11 @@
 //! scripts in front of the winner's. Subscribes and unsubscribes go through one queue so that a
 //! late unsubscribe can never undo a newer subscribe. Every network step in that queue (connect,
 //! subscribe, unsubscribe) is bounded by the response time-out; one that fails or times out drops
-//! the connection, so the next subscription reconnects. A subscription that failed (connecting, or
-//! `SUBSCRIBE`) is not tried again for [`RESUBSCRIBE_AFTER`], whatever the channel. A waiter waits
+//! the connection, so the next subscription reconnects, except a `SUBSCRIBE` the server refuses
+//! (an ACL), which leaves the connection and its other subscriptions as they are. A subscription
+//! that failed (connecting, or `SUBSCRIBE`) is not tried again for [`RESUBSCRIBE_AFTER`],
+//! whatever the channel: while one lock's channel is refused, the new subscriptions of other
+//! locks mostly wait that out too (their waiters retry on their back-off meanwhile). A waiter waits
 //! for its subscription no longer than its own wait budget. Waiters without a confirmed
 //! subscription (the connection dropped, or not subscribed in time) fall back to retrying on a
 //! back-off bounded by the holder's TTL, and subscribe again at their next turn.
@@ -93,6 +96,16 @@ struct Channel {
     /// The subscription under way for this channel, shared by its waiters, so a waiter that
     /// loops while the connection does not answer does not queue one more per turn.
     pending: Option<Pending>,
+}
+
+/// Whether `error` is the server's refusal of a command (an error reply: `NOPERM` from an ACL,
+/// say), not a failure of the connection (fault case
+/// `a_refused_subscribe_keeps_the_other_subscriptions`).
+fn refused(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+    )
 }
 
 fn timed_out(what: &str) -> RedisError {
@@ -248,13 +261,17 @@ impl Waiters {
                 state.retry_after = None;
                 Ok(())
             }
+            // The server answered, and refused (an ACL that does not allow this channel): the
+            // connection and its other subscriptions are fine, and stay.
+            Ok(Err(error)) if refused(&error) => Err(self.failed(None, error)),
             Ok(Err(error)) => Err(self.failed(Some(generation), error)),
             Err(_) => Err(self.failed(Some(generation), timed_out("subscribe"))),
         }
     }
 
     /// A subscription failed with `error`: none is tried again for [`RESUBSCRIBE_AFTER`], and
-    /// the connection of `generation`, if any, is closed (its waiters woken). Returns `error`.
+    /// the connection of `generation`, if any, is closed (its waiters woken; `None` when the
+    /// connection is fine: the server refused this one subscription). Returns `error`.
     fn failed(&self, generation: Option<u64>, error: RedisError) -> RedisError {
         // Set before the waiters are woken, so none of them tries again at once.
         self.state().retry_after = Instant::now().checked_add(RESUBSCRIBE_AFTER);

@@ -109,6 +109,9 @@ fn main() -> ExitCode {
         .case("a_denied_subscribe_is_retried_slowly", || {
             Box::pin(pubsub::a_denied_subscribe_is_retried_slowly())
         })
+        .case("a_refused_subscribe_keeps_the_other_subscriptions", || {
+            Box::pin(pubsub::a_refused_subscribe_keeps_the_other_subscriptions())
+        })
         .case("a_dropped_client_closes_its_pubsub_connection", || {
             Box::pin(pubsub::a_dropped_client_closes_its_pubsub_connection())
         })

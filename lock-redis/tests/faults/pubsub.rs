@@ -224,6 +224,85 @@ pub(super) async fn a_denied_subscribe_is_retried_slowly() -> Outcome {
     outcome
 }
 
+/// A server that refuses the subscription of one lock's channel (an ACL that allows this
+/// user only some channels) costs the waiters of that lock their push wake-ups, not the
+/// waiters of the others: the client's pub/sub connection stays open, with its other
+/// subscriptions, and their releases still wake them. (Before, the refusal closed the
+/// connection, and with it every subscription of the client.)
+pub(super) async fn a_refused_subscribe_keeps_the_other_subscriptions() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let mut admin = raw_conn(&url).await?;
+    let user = AclUser::create(&mut admin, &url, "resetchannels &*push-allowed*").await?;
+    let outcome = async {
+        let holder = single_client(&url).await?;
+        let waiter = single_client(&user.url).await?;
+        let (allowed, refused) = (unique_name("push-allowed")?, unique_name("push-refused")?);
+        let mut held = Vec::new();
+        for lock in [&allowed, &refused] {
+            held.push(
+                holder
+                    .lock_with(lock, &LockOptions::new())
+                    .await
+                    .map_err(fail("holder's acquire"))?,
+            );
+        }
+        let first = {
+            let (waiter, lock) = (waiter.clone(), allowed.clone());
+            tokio::spawn(async move {
+                let options = LockOptions::new().wait(Duration::from_secs(10));
+                waiter.lock_with(&lock, &options).await
+            })
+        };
+        let mut subscribed = Vec::new();
+        poll_until(
+            Duration::from_secs(5),
+            "the waiter subscribing to the allowed lock's channel",
+            async || {
+                subscribed = user.subscribed_connections(&mut admin).await?;
+                Ok(!subscribed.is_empty())
+            },
+        )
+        .await?;
+        let options = LockOptions::new().wait(Duration::from_millis(500));
+        ensure!(
+            waiter.lock_with(&refused, &options).await.is_err(),
+            "the waiter got a lock held elsewhere"
+        );
+        ensure!(
+            user.denials(&mut admin).await? >= 1,
+            "the server never refused a SUBSCRIBE: the case tests nothing"
+        );
+        let after = user.subscribed_connections(&mut admin).await?;
+        ensure!(
+            after == subscribed,
+            "pub/sub connections with subscriptions (client ids) were {subscribed:?} before \
+             the refusal and {after:?} after: the refusal closed the others' subscriptions"
+        );
+        let mut held = held.into_iter();
+        let released = Instant::now();
+        if let Some(guard) = held.next() {
+            guard.release().await.map_err(fail("release"))?;
+        }
+        let got = first
+            .await
+            .map_err(fail("waiter task"))?
+            .map_err(fail("the waiter of the allowed lock"))?;
+        let took = released.elapsed();
+        got.release().await.map_err(fail("release"))?;
+        for guard in held {
+            guard.release().await.map_err(fail("release"))?;
+        }
+        ensure!(
+            took <= Duration::from_millis(100),
+            "the waiter of the allowed lock got it {took:?} after its release (push expected)"
+        );
+        Ok(())
+    }
+    .await;
+    user.delete(&mut admin).await;
+    outcome
+}
+
 /// A client that is dropped closes its pub/sub connection, which it keeps open between waits.
 pub(super) async fn a_dropped_client_closes_its_pubsub_connection() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
@@ -288,7 +367,8 @@ struct AclUser {
 }
 
 impl AclUser {
-    /// Creates a user allowed every key and command, with the channel rule `channels`.
+    /// Creates a user allowed every key and command, with the channel rules `channels`
+    /// (separated by spaces).
     async fn create(
         admin: &mut MultiplexedConnection,
         url: &str,
@@ -307,7 +387,7 @@ impl AclUser {
             .arg(format!(">{password}"))
             .arg("~*")
             .arg("+@all")
-            .arg(channels)
+            .arg(channels.split_whitespace().collect::<Vec<_>>())
             .query_async::<()>(admin)
             .await
             .map_err(fail("ACL SETUSER"))?;
@@ -334,6 +414,33 @@ impl AclUser {
             .map_err(fail("CLIENT LIST"))?;
         let mine = format!(" user={} ", self.name);
         Ok(list.lines().filter(|line| line.contains(&mine)).count())
+    }
+
+    /// The ids of this user's connections that have subscriptions (`sub` above 0 in
+    /// `CLIENT LIST`), in order.
+    async fn subscribed_connections(
+        &self,
+        admin: &mut MultiplexedConnection,
+    ) -> Result<Vec<String>, Failure> {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(admin)
+            .await
+            .map_err(fail("CLIENT LIST"))?;
+        let mine = format!(" user={} ", self.name);
+        let field = |line: &str, name: &str| {
+            line.split(' ')
+                .find_map(|part| part.strip_prefix(name))
+                .map(str::to_owned)
+        };
+        let mut ids: Vec<String> = list
+            .lines()
+            .filter(|line| line.contains(&mine))
+            .filter(|line| field(line, "sub=").is_some_and(|n| n != "0"))
+            .filter_map(|line| field(line, "id="))
+            .collect();
+        ids.sort();
+        Ok(ids)
     }
 
     /// How many of this user's commands the server's ACL log recorded as denied.

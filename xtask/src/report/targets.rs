@@ -352,9 +352,17 @@ fn of_fleets(report: &bench::Report) -> Vec<Target> {
             let ratio = b / a.max(f64::MIN_POSITIVE);
             ops.judged(format!("{b:.1} vs {a:.1} ({ratio:.2}x)"), ratio <= 1.2)
         }
-        // Operations, but no hand-off to spread them over.
-        _ if thousand.is_some_and(|r| r.fleet.acquisitions == 0) => {
-            ops.judged("no acquisition".to_owned(), false)
+        // Operations counted, but no acquisition to spread them over (none at all, or none in
+        // the counted second half of the run).
+        _ if thousand.is_some_and(|r| {
+            r.fleet.acquisitions == 0 || r.fleet.sessions_per_client.is_some()
+        }) =>
+        {
+            let all = thousand.map_or(0, |r| r.fleet.acquisitions);
+            ops.judged(
+                format!("no acquisition in the run's second half ({all} in all)"),
+                false,
+            )
         }
         _ => ops,
     });
@@ -629,8 +637,26 @@ mod tests {
         };
         assert_eq!(
             judged(fleet(1000, 0, None)),
-            Some((Some("no acquisition".to_string()), Some(false)))
+            Some((
+                Some("no acquisition in the run's second half (0 in all)".to_string()),
+                Some(false)
+            ))
         );
+        // Counted (sessions too), with acquisitions in the first half only: missed, not "not
+        // measured" (the lease's 1,000-client run of a compare: 2 acquisitions).
+        let early = bench::Fleet {
+            sessions_per_client: Some(2.15),
+            ..fleet(1000, 2, None)
+        };
+        assert_eq!(
+            judged(early),
+            Some((
+                Some("no acquisition in the run's second half (2 in all)".to_string()),
+                Some(false)
+            ))
+        );
+        // Not counted on this store: not measured.
+        assert_eq!(judged(fleet(1000, 2, None)), Some((None, None)));
         assert_eq!(
             judged(fleet(1000, 300, Some(44.0))),
             Some((Some("44.0 vs 40.0 (1.10x)".to_string()), Some(true)))

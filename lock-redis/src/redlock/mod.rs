@@ -103,13 +103,6 @@ const PLACE: Duration = Duration::from_secs(3);
 /// [`PLACE`]). Without push, the first two in line vote much more often.
 const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
 
-/// About the longest a waiter third or further back in line sleeps between votes while
-/// releases tell the first two (push): it votes only to keep its place (half of [`PLACE`]).
-/// It becomes first or second when a release names it (or when the two ahead leave: then it
-/// learns at its next vote, so two waiters in a row that leave or die without taking the lock
-/// can stall it for up to this long, where [`QUEUED_POLL_MAX`] bounded that before).
-const FAR_POLL: Duration = Duration::from_millis(1_500);
-
 /// The shortest wait for a majority of pub/sub subscriptions in a waiter's first round (the
 /// per-server time-out is shorter than a connection takes to open).
 const SUBSCRIBE_MIN: Duration = Duration::from_millis(200);
@@ -146,14 +139,12 @@ impl Wait {
     /// second in line, and `rank` times slower further back (up to [`QUEUED_POLL_MAX`]), so
     /// the one whose turn comes next notices the release soon while a long queue costs the
     /// servers little; with jitter, so waiters do not vote in step. With `push` (releases
-    /// tell this waiter), the first two poll right after the holder's time or the first
-    /// waiter's turn runs out, else every 0.75 to 1 times [`QUEUED_POLL_MAX`]; the others
-    /// only to keep their places, every 0.75 to 1 times [`FAR_POLL`] (the holder's expiry is
-    /// the first two's to see). A waiter that did not queue (no server took its place) backs
-    /// off by `step`, up to the holder's expiry.
+    /// tell this waiter), every queued waiter polls only to keep its place: right after the
+    /// holder's time or the first waiter's turn runs out, else every 0.75 to 1 times
+    /// [`QUEUED_POLL_MAX`]. A waiter that did not queue (no server took its place) backs off
+    /// by `step`, up to the holder's expiry.
     fn delay(&self, step: Duration, base: Duration, push: bool) -> Duration {
         match self.rank {
-            Some(rank) if push && rank >= 2 => FAR_POLL.mul_f64(rand::random_range(0.75..1.0)),
             Some(_) if push => match self.holder_left {
                 // Not later than the expiry it was told: nobody tells it of that.
                 Some(left) if left < QUEUED_POLL_MAX => left + Duration::from_millis(1),
@@ -627,46 +618,5 @@ impl LockBackend for RedlockBackend {
             )));
         }
         Ok(None)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// With push, a waiter third or further back votes only to keep its place: a thousand
-    /// waiters voting every 250 ms on five servers each kept the servers and clients busy
-    /// with ~20,000 votes a second (54,264 operations per hand-off at 1,000 clients). The
-    /// first two keep coming right after the holder's time or within a poll.
-    #[test]
-    fn far_back_waiters_with_push_vote_only_to_keep_their_place() {
-        let ms = Duration::from_millis;
-        for rank in [2, 5, 900] {
-            let wait = Wait {
-                holder_left: Some(ms(50)),
-                rank: Some(rank),
-            };
-            let delay = wait.delay(ms(10), ms(10), true);
-            assert!(
-                delay >= ms(1_000) && delay <= PLACE / 2,
-                "rank {rank}: {delay:?}"
-            );
-        }
-        let first = Wait {
-            holder_left: Some(ms(50)),
-            rank: Some(0),
-        };
-        assert_eq!(first.delay(ms(10), ms(10), true), ms(51));
-        let second = Wait {
-            holder_left: None,
-            rank: Some(1),
-        };
-        assert!(second.delay(ms(10), ms(10), true) <= QUEUED_POLL_MAX);
-        // Without push (no one tells them), as before: slower further back, up to a poll.
-        let far = Wait {
-            holder_left: None,
-            rank: Some(900),
-        };
-        assert!(far.delay(ms(10), ms(10), false) <= QUEUED_POLL_MAX.mul_f64(1.25));
     }
 }

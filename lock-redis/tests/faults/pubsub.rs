@@ -181,11 +181,8 @@ fn tcp_address(url: &str) -> Result<SocketAddr, Failure> {
 pub(super) async fn a_denied_subscribe_is_retried_slowly() -> Outcome {
     const WAIT: Duration = Duration::from_secs(2);
     const LOCKS: usize = 4;
-    let url = env_var("LOCK_TEST_REDIS_URL")?;
-    let mut admin = raw_conn(&url).await?;
-    let user = AclUser::create(&mut admin, &url, "resetchannels").await?;
-    let outcome = async {
-        let holder = single_client(&url).await?;
+    with_acl_user("resetchannels", async |url, user, admin| {
+        let holder = single_client(url).await?;
         let waiter = single_client(&user.url).await?;
         let mut held = Vec::new();
         let mut waiting = Vec::new();
@@ -207,7 +204,7 @@ pub(super) async fn a_denied_subscribe_is_retried_slowly() -> Outcome {
             let refused = wait.await.map_err(fail("waiter task"))?;
             ensure!(refused, "a waiter got a lock held elsewhere");
         }
-        let denied = user.denials(&mut admin).await?;
+        let denied = user.denials(admin).await?;
         ensure!(
             denied >= 1,
             "the server never refused a SUBSCRIBE: the case tests nothing"
@@ -218,10 +215,8 @@ pub(super) async fn a_denied_subscribe_is_retried_slowly() -> Outcome {
              subscriptions were tried again in a loop"
         );
         Ok(())
-    }
-    .await;
-    user.delete(&mut admin).await;
-    outcome
+    })
+    .await
 }
 
 /// A server that refuses the subscription of one lock's channel (an ACL that allows this
@@ -230,11 +225,8 @@ pub(super) async fn a_denied_subscribe_is_retried_slowly() -> Outcome {
 /// subscriptions, and their releases still wake them. (Before, the refusal closed the
 /// connection, and with it every subscription of the client.)
 pub(super) async fn a_refused_subscribe_keeps_the_other_subscriptions() -> Outcome {
-    let url = env_var("LOCK_TEST_REDIS_URL")?;
-    let mut admin = raw_conn(&url).await?;
-    let user = AclUser::create(&mut admin, &url, "resetchannels &*push-allowed*").await?;
-    let outcome = async {
-        let holder = single_client(&url).await?;
+    with_acl_user("resetchannels &*push-allowed*", async |url, user, admin| {
+        let holder = single_client(url).await?;
         let waiter = single_client(&user.url).await?;
         let (allowed, refused) = (unique_name("push-allowed")?, unique_name("push-refused")?);
         let mut held = Vec::new();
@@ -258,7 +250,7 @@ pub(super) async fn a_refused_subscribe_keeps_the_other_subscriptions() -> Outco
             Duration::from_secs(5),
             "the waiter subscribing to the allowed lock's channel",
             async || {
-                subscribed = user.subscribed_connections(&mut admin).await?;
+                subscribed = user.subscribed_connections(admin).await?;
                 Ok(!subscribed.is_empty())
             },
         )
@@ -269,10 +261,10 @@ pub(super) async fn a_refused_subscribe_keeps_the_other_subscriptions() -> Outco
             "the waiter got a lock held elsewhere"
         );
         ensure!(
-            user.denials(&mut admin).await? >= 1,
+            user.denials(admin).await? >= 1,
             "the server never refused a SUBSCRIBE: the case tests nothing"
         );
-        let after = user.subscribed_connections(&mut admin).await?;
+        let after = user.subscribed_connections(admin).await?;
         ensure!(
             after == subscribed,
             "pub/sub connections with subscriptions (client ids) were {subscribed:?} before \
@@ -297,25 +289,20 @@ pub(super) async fn a_refused_subscribe_keeps_the_other_subscriptions() -> Outco
             "the waiter of the allowed lock got it {took:?} after its release (push expected)"
         );
         Ok(())
-    }
-    .await;
-    user.delete(&mut admin).await;
-    outcome
+    })
+    .await
 }
 
 /// A client that is dropped closes its pub/sub connection, which it keeps open between waits.
 pub(super) async fn a_dropped_client_closes_its_pubsub_connection() -> Outcome {
-    let url = env_var("LOCK_TEST_REDIS_URL")?;
-    let mut admin = raw_conn(&url).await?;
-    let user = AclUser::create(&mut admin, &url, "allchannels").await?;
-    let outcome = async {
-        let (_holder, waiter, lock) = waiting_behind_a_holder(&url, &user).await?;
+    with_acl_user("allchannels", async |url, user, admin| {
+        let (_holder, waiter, lock) = waiting_behind_a_holder(url, user).await?;
         let options = LockOptions::new().wait(Duration::from_millis(300));
         ensure!(
             waiter.lock_with(&lock, &options).await.is_err(),
             "the waiter got a lock held elsewhere"
         );
-        let opened = user.connections(&mut admin).await?;
+        let opened = user.connections(admin).await?;
         ensure!(
             opened == 2,
             "a client that waited has {opened} connections; expected 2 (commands, pub/sub)"
@@ -326,14 +313,27 @@ pub(super) async fn a_dropped_client_closes_its_pubsub_connection() -> Outcome {
             Duration::from_secs(3),
             "the dropped client's connections closing",
             async || {
-                left = user.connections(&mut admin).await?;
+                left = user.connections(admin).await?;
                 Ok(left == 0)
             },
         )
         .await;
         closed.map_err(|Failure(why)| Failure(format!("{why}: {left} left open")))
-    }
-    .await;
+    })
+    .await
+}
+
+/// Runs `case` with the test server's URL, a user of its own with the channel rules
+/// `channels` (see [`AclUser::create`]) and an administrator's connection, and deletes the
+/// user afterwards, whatever the outcome.
+async fn with_acl_user(
+    channels: &str,
+    case: impl AsyncFnOnce(&str, &AclUser, &mut MultiplexedConnection) -> Outcome,
+) -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let mut admin = raw_conn(&url).await?;
+    let user = AclUser::create(&mut admin, &url, channels).await?;
+    let outcome = case(&url, &user, &mut admin).await;
     user.delete(&mut admin).await;
     outcome
 }

@@ -355,7 +355,8 @@ fn of_fleets(report: &bench::Report) -> Vec<Target> {
         // Operations counted, but no acquisition to spread them over (none at all, or none in
         // the counted second half of the run).
         _ if thousand.is_some_and(|r| {
-            r.fleet.acquisitions == 0 || r.fleet.sessions_per_client.is_some()
+            r.fleet.operations_per_acquisition.is_none()
+                && (r.fleet.acquisitions == 0 || r.fleet.sessions_per_client.is_some())
         }) =>
         {
             let all = thousand.map_or(0, |r| r.fleet.acquisitions);
@@ -657,6 +658,27 @@ mod tests {
         );
         // Not counted on this store: not measured.
         assert_eq!(judged(fleet(1000, 2, None)), Some((None, None)));
+        // A healthy 1,000-client run beside a 16-client run without the figure (missing,
+        // failed, or granting nothing): not measured, not missed (a helper's review).
+        let mut report = bench::Report::new("mysql-lease");
+        for fleet in [
+            fleet(16, 0, None),
+            bench::Fleet {
+                sessions_per_client: Some(2.0),
+                ..fleet(1000, 300, Some(44.0))
+            },
+        ] {
+            report.fleets.push(FleetRun {
+                peer: None,
+                round_trip: ms(1),
+                fleet,
+            });
+        }
+        let ops = of_fleets(&report)
+            .into_iter()
+            .find(|t| t.goal.starts_with("1,000 clients: operations"))
+            .map(|t| (t.measured, t.met));
+        assert_eq!(ops, Some((None, None)));
         assert_eq!(
             judged(fleet(1000, 300, Some(44.0))),
             Some((Some("44.0 vs 40.0 (1.10x)".to_string()), Some(true)))

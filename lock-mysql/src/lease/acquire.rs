@@ -21,8 +21,8 @@ use crate::{
 
 /// Takes an abandoned `acquire` call's place out of the queue, in the background, when the
 /// call is dropped before it answered (see [`LeaseStrategy::leave`]); that also frees a lease
-/// a try in flight took for the call. A call dropped while it has no place (its first try,
-/// or the try after a queue batch that wrote none) leaves such a lease to its TTL.
+/// a try in flight took for the call. A call dropped during its first try (before any queue
+/// batch) leaves such a lease to its TTL.
 struct PlaceGuard<'a> {
     strategy: &'a LeaseStrategy,
     name: &'a LockName,
@@ -180,7 +180,7 @@ impl LeaseStrategy {
     /// transaction keeps locked makes it busy then, whatever `innodb_lock_wait_timeout` says.
     /// A busy try takes (or keeps) the caller's place in the queue, unless the lease is free
     /// and nobody else queues, and tells whether it is first (`queued` is set once it may have
-    /// a place, and cleared when its queue batch says it has none).
+    /// a place).
     ///
     /// The call's first try (no place yet), and a try right after a park a release woke (it handed
     /// the caller the lease, which the statement's "taken" rule covers: the row holds the caller's
@@ -229,7 +229,7 @@ impl LeaseStrategy {
             };
             if taken == 0 {
                 queued.store(true, Ordering::Relaxed);
-                return match self.busy(request, token, turns, until, queued).await? {
+                return match self.busy(request, token, turns, until).await? {
                     Try::Next if first => {
                         first = false;
                         continue;
@@ -295,25 +295,26 @@ impl LeaseStrategy {
     /// Nothing taken: the row is someone else's, or nobody's but someone queues ahead (or it
     /// was handed to the caller since, or it is free and nobody queues: a lease that ran out).
     /// Takes (or keeps) a place in the queue unless there is nothing to wait for, and judges
-    /// the row: what the try says (parking on the way when it may). Clears `queued` when the
-    /// caller has no place after all.
+    /// the row: what the try says (parking on the way when it may). The caller's `queued`
+    /// stays set even when no place was written: the tries after a queue batch read the
+    /// queue and may take the lease, and a call that ends in an error (or is dropped) with
+    /// `queued` set frees a lease its token holds (see [`queue::leave_batch`]); a grant
+    /// without a place costs one `DELETE` of nothing in the background.
     async fn busy(
         &self,
         request: &AcquireRequest,
         token: &LeaseToken,
         turns: (Duration, Duration),
         until: Instant,
-        queued: &AtomicBool,
     ) -> Result<Try, LockError> {
         let name = request.name();
         let (state, ahead, placed) = self.queue_up(name, token, turns, until).await?;
-        if !placed {
-            queued.store(false, Ordering::Relaxed);
-            // The lease was free when the batch looked, and taken by someone else since: a
-            // park needs a place, so queue with the next try, at once.
-            if matches!(state, Some(LeaseState::Held { remaining_us, .. }) if remaining_us > 0) {
-                return Ok(Try::Busy(Some(Duration::ZERO)));
-            }
+        // No place written (nothing to wait for), and the lease taken by someone else since
+        // the batch looked: a park needs a place, so queue with the next try, at once.
+        if !placed
+            && matches!(state, Some(LeaseState::Held { remaining_us, .. }) if remaining_us > 0)
+        {
+            return Ok(Try::Busy(Some(Duration::ZERO)));
         }
         // Without a park, the first two poll fast: the second is first once the first is
         // served.

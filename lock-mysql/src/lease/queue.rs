@@ -78,10 +78,10 @@
 //! - **Leaving**: a waiter that gives up (budget spent, error) deletes its place and frees a
 //!   lease handed to it meanwhile, before it answers if the server does that within a moment
 //!   (else in the background, so the answer is on time); one whose `acquire` future is
-//!   dropped does the same in the background. That clean-up does not wait for a queue batch of the dropped call still
-//!   in flight, so a place written just after it is left to lapse (after at most
-//!   [`place_for`]; a handed lease after its turn). A parked waiter behind such a place wakes
-//!   when it lapses (see [`park_refresh`]).
+//!   dropped does the same in the background. That clean-up does not wait for a queue batch
+//!   of the dropped call still in flight, so a place written just after it is left to lapse
+//!   (after at most [`place_for`]; a handed lease after its turn). A parked waiter behind such
+//!   a place wakes when it lapses (see [`park_refresh`]).
 //!
 //! The queue only decides who may take a free lease; a lease handed over is an ordinary lease
 //! row. A lost or stale place can delay a waiter but never grant a lock twice.

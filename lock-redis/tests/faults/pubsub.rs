@@ -261,8 +261,8 @@ pub(super) async fn a_refused_subscribe_keeps_the_other_subscriptions() -> Outco
             "the waiter got a lock held elsewhere"
         );
         ensure!(
-            user.denials(admin).await? >= 1,
-            "the server never refused a SUBSCRIBE: the case tests nothing"
+            user.channel_denials(admin, "push-refused").await? >= 1,
+            "the server never refused the refused lock's channel: the case tests nothing"
         );
         let after = user.subscribed_connections(admin).await?;
         ensure!(
@@ -441,6 +441,36 @@ impl AclUser {
             .collect();
         ids.sort();
         Ok(ids)
+    }
+
+    /// How many times the server's ACL log recorded this user denied a channel whose name
+    /// contains `containing`.
+    async fn channel_denials(
+        &self,
+        admin: &mut MultiplexedConnection,
+        containing: &str,
+    ) -> Result<i64, Failure> {
+        let entries: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
+            .arg("LOG")
+            .query_async(admin)
+            .await
+            .map_err(fail("ACL LOG"))?;
+        let text = |entry: &std::collections::HashMap<String, redis::Value>, key: &str| match entry
+            .get(key)
+        {
+            Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => String::new(),
+        };
+        let mut denied = 0;
+        for entry in &entries {
+            let mine = text(entry, "username") == self.name
+                && text(entry, "reason") == "channel"
+                && text(entry, "object").contains(containing);
+            if let (true, Some(redis::Value::Int(count))) = (mine, entry.get("count")) {
+                denied += count;
+            }
+        }
+        Ok(denied)
     }
 
     /// How many of this user's commands the server's ACL log recorded as denied.

@@ -2,6 +2,7 @@
 //! connection that stops answering costs a waiter its push wake-ups, never its wait budget.
 
 use std::{
+    collections::HashMap,
     net::{SocketAddr, ToSocketAddrs},
     time::{Duration, Instant},
 };
@@ -405,20 +406,8 @@ impl AclUser {
             .await;
     }
 
-    /// How many connections the server has logged in as this user.
-    async fn connections(&self, admin: &mut MultiplexedConnection) -> Result<usize, Failure> {
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query_async(admin)
-            .await
-            .map_err(fail("CLIENT LIST"))?;
-        let mine = format!(" user={} ", self.name);
-        Ok(list.lines().filter(|line| line.contains(&mine)).count())
-    }
-
-    /// The ids of this user's connections that have subscriptions (`sub` above 0 in
-    /// `CLIENT LIST`), in order.
-    async fn subscribed_connections(
+    /// This user's lines of the server's `CLIENT LIST` (one per connection).
+    async fn client_lines(
         &self,
         admin: &mut MultiplexedConnection,
     ) -> Result<Vec<String>, Failure> {
@@ -428,19 +417,70 @@ impl AclUser {
             .await
             .map_err(fail("CLIENT LIST"))?;
         let mine = format!(" user={} ", self.name);
+        Ok(list
+            .lines()
+            .filter(|line| line.contains(&mine))
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// How many connections the server has logged in as this user.
+    async fn connections(&self, admin: &mut MultiplexedConnection) -> Result<usize, Failure> {
+        Ok(self.client_lines(admin).await?.len())
+    }
+
+    /// The ids of this user's connections that have subscriptions (`sub` above 0 in
+    /// `CLIENT LIST`), in order.
+    async fn subscribed_connections(
+        &self,
+        admin: &mut MultiplexedConnection,
+    ) -> Result<Vec<String>, Failure> {
         let field = |line: &str, name: &str| {
             line.split(' ')
                 .find_map(|part| part.strip_prefix(name))
                 .map(str::to_owned)
         };
-        let mut ids: Vec<String> = list
-            .lines()
-            .filter(|line| line.contains(&mine))
+        let mut ids: Vec<String> = self
+            .client_lines(admin)
+            .await?
+            .iter()
             .filter(|line| field(line, "sub=").is_some_and(|n| n != "0"))
             .filter_map(|line| field(line, "id="))
             .collect();
         ids.sort();
         Ok(ids)
+    }
+
+    /// This user's entries of the server's ACL log, each as its text fields and its count.
+    async fn log_entries(
+        &self,
+        admin: &mut MultiplexedConnection,
+    ) -> Result<Vec<(HashMap<String, String>, i64)>, Failure> {
+        let entries: Vec<HashMap<String, redis::Value>> = redis::cmd("ACL")
+            .arg("LOG")
+            .query_async(admin)
+            .await
+            .map_err(fail("ACL LOG"))?;
+        Ok(entries
+            .into_iter()
+            .map(|entry| {
+                let count = match entry.get("count") {
+                    Some(redis::Value::Int(count)) => *count,
+                    _ => 0,
+                };
+                let text = entry
+                    .into_iter()
+                    .filter_map(|(key, value)| match value {
+                        redis::Value::BulkString(bytes) => {
+                            Some((key, String::from_utf8_lossy(&bytes).into_owned()))
+                        }
+                        _ => None,
+                    })
+                    .collect::<HashMap<_, _>>();
+                (text, count)
+            })
+            .filter(|(text, _)| text.get("username") == Some(&self.name))
+            .collect())
     }
 
     /// How many times the server's ACL log recorded this user denied a channel whose name
@@ -450,46 +490,25 @@ impl AclUser {
         admin: &mut MultiplexedConnection,
         containing: &str,
     ) -> Result<i64, Failure> {
-        let entries: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
-            .arg("LOG")
-            .query_async(admin)
-            .await
-            .map_err(fail("ACL LOG"))?;
-        let text = |entry: &std::collections::HashMap<String, redis::Value>, key: &str| match entry
-            .get(key)
-        {
-            Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
-            _ => String::new(),
-        };
-        let mut denied = 0;
-        for entry in &entries {
-            let mine = text(entry, "username") == self.name
-                && text(entry, "reason") == "channel"
-                && text(entry, "object").contains(containing);
-            if let (true, Some(redis::Value::Int(count))) = (mine, entry.get("count")) {
-                denied += count;
-            }
-        }
-        Ok(denied)
+        Ok(self
+            .log_entries(admin)
+            .await?
+            .iter()
+            .filter(|(text, _)| {
+                text.get("reason").map(String::as_str) == Some("channel")
+                    && text.get("object").is_some_and(|o| o.contains(containing))
+            })
+            .map(|(_, count)| count)
+            .sum())
     }
 
     /// How many of this user's commands the server's ACL log recorded as denied.
     async fn denials(&self, admin: &mut MultiplexedConnection) -> Result<i64, Failure> {
-        let entries: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
-            .arg("LOG")
-            .query_async(admin)
-            .await
-            .map_err(fail("ACL LOG"))?;
-        let mut denied = 0;
-        for entry in entries {
-            let by_user = matches!(
-                entry.get("username"),
-                Some(redis::Value::BulkString(name)) if name.as_slice() == self.name.as_bytes()
-            );
-            if let (true, Some(redis::Value::Int(count))) = (by_user, entry.get("count")) {
-                denied += count;
-            }
-        }
-        Ok(denied)
+        Ok(self
+            .log_entries(admin)
+            .await?
+            .iter()
+            .map(|(_, count)| count)
+            .sum())
     }
 }

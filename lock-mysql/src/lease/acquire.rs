@@ -553,7 +553,7 @@ impl LeaseStrategy {
             .map(|row| Ok::<_, sqlx::Error>((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?)))
             .transpose()
             .map_err(|e| LockError::from(Error::new(what(), e)))?
-            // No answer to read: count the caller as placed, so its place is cleaned up.
+            // No answer to read: count the caller as placed (it parks as it would have).
             .unwrap_or((0, 1));
         Ok((state, ahead, placed != 0))
     }

@@ -10,9 +10,16 @@ use lock_core::{
     Fence, Lease, LockError, LockName,
     backend::{AcquireRequest, Attempt, Grant, LeaseToken, local_deadline, poll_until_acquired},
 };
-use sqlx::{AssertSqlSafe, Row, mysql::MySqlQueryResult};
+use sqlx::{
+    AssertSqlSafe, Row,
+    mysql::{MySqlQueryResult, MySqlRow},
+};
 
-use super::{ANSWER_GRACE, Arg, LeaseStrategy, MIN_TRY, micros, queue};
+use super::{
+    ANSWER_GRACE, Arg, LeaseStrategy, MIN_TRY,
+    gate::{self, Entered},
+    micros, queue,
+};
 use crate::{
     error::{Class, Error, classify},
     rows::{LEASE_COLUMNS, LeaseRow, LeaseState},
@@ -56,6 +63,9 @@ impl Drop for PlaceGuard<'_> {
     }
 }
 
+/// What a busy batch found (see [`LeaseStrategy::read_queue`]).
+type Queued = (Option<LeaseState>, i64, bool);
+
 /// The outcome of one acquire try.
 enum Try {
     Granted(Grant),
@@ -85,6 +95,9 @@ impl LeaseStrategy {
         let turn = queue::turn_for(request.backoff().max);
         let streak = AtomicU32::new(0);
         let queued = AtomicBool::new(false);
+        // The gate, once the call holds it (see `gate`); dropped with the call, it closes its
+        // connection, which gives it back.
+        let gate = gate::Slot::default();
         // If this future is dropped while it may have a place, the place (and a lease handed
         // to it meanwhile) goes in the background.
         let mut dropped = PlaceGuard {
@@ -96,14 +109,14 @@ impl LeaseStrategy {
         };
         let result = poll_until_acquired(request, || async {
             let mut outcome = self
-                .try_once(request, &token, (place, turn), (&queued, false))
+                .try_once(request, &token, (place, turn), (&queued, false), &gate)
                 .await?;
             // After a park (woken, or its time up) try again at once, while the budget lasts.
             while let Try::Parked { woken } = outcome
                 && Instant::now() < request.deadline()
             {
                 outcome = self
-                    .try_once(request, &token, (place, turn), (&queued, woken))
+                    .try_once(request, &token, (place, turn), (&queued, woken), &gate)
                     .await?;
             }
             Ok(match outcome {
@@ -126,6 +139,7 @@ impl LeaseStrategy {
         })
         .await;
         dropped.armed = false;
+        gate.leave();
         if queued.load(Ordering::Relaxed) {
             if result.is_ok() {
                 self.waited.mark(&token);
@@ -190,15 +204,27 @@ impl LeaseStrategy {
     /// place taken, or none needed: nobody else queues), it tries again at once with the
     /// statement that reads the queue, whatever is left of the budget: a free lock is not busy
     /// to a single try.
+    ///
+    /// The call's first busy try waits for the lock's [gate] first, when it may
+    /// park and has a wait budget; its budget running out there makes it busy.
     async fn try_once(
         &self,
         request: &AcquireRequest,
         token: &LeaseToken,
         turns: (Duration, Duration),
         (queued, woken): (&AtomicBool, bool),
+        gate: &gate::Slot,
     ) -> Result<Try, LockError> {
         let name = request.name();
         let mut first = woken || !queued.load(Ordering::Relaxed);
+        // The call's very first try does not wait for the lease row's lock (MariaDB): with a
+        // thousand waiters arriving at once, first tries queued on that lock by the hundred
+        // (InnoDB grants a row lock's waiters one by one, each grant looking through the
+        // others) and the server answered nothing for seconds. A first try that finds the row
+        // locked is busy and goes through the gate.
+        let mut nowait = !queued.load(Ordering::Relaxed) && self.limits.mariadb;
+        // Whether this try went through the gate already.
+        let mut through_gate = false;
         loop {
             let sent = Instant::now();
             let limit = request
@@ -207,8 +233,19 @@ impl LeaseStrategy {
                 .max(MIN_TRY);
             // The server stops the statement at `limit`; its answer gets a little longer.
             let until = sent + limit + ANSWER_GRACE;
-            let taken = match self.send_acquire(request, token, first, limit, until).await {
+            let sent_nowait = std::mem::take(&mut nowait);
+            let kind = (first, sent_nowait);
+            let taken = match self.send_acquire(request, token, kind, limit, until).await {
                 Ok(done) => done.last_insert_id(),
+                // The row is locked (by a thousand arriving waiters' tries, say): through the
+                // gate first, then the try again, waiting for the row as long as the budget.
+                Err(error) if sent_nowait && classify(&error) == Class::LockWait => {
+                    if !self.enter_gate(request, gate).await {
+                        return Ok(Try::Busy(None));
+                    }
+                    through_gate = true;
+                    continue;
+                }
                 // Someone kept the row locked past the try's limit: busy, try again later. Or
                 // a release's wake-up meant for this client's park landed on the try (it read
                 // the park's marker just before the park ended): nothing was taken, try again.
@@ -228,8 +265,15 @@ impl LeaseStrategy {
                 }
             };
             if taken == 0 {
+                // The call's first busy try, with a budget: through the gate.
+                let arriving = !queued.load(Ordering::Relaxed)
+                    && !through_gate
+                    && Instant::now() < request.deadline();
                 queued.store(true, Ordering::Relaxed);
-                return match self.busy(request, token, turns, until).await? {
+                return match self
+                    .busy(request, token, turns, until, (gate, arriving))
+                    .await?
+                {
                     Try::Next if first => {
                         first = false;
                         continue;
@@ -254,14 +298,26 @@ impl LeaseStrategy {
         }
     }
 
+    /// When the answer of a statement sent now must have come (the wait budget left, at least
+    /// [`MIN_TRY`], and [`ANSWER_GRACE`]).
+    fn try_until(&self, request: &AcquireRequest) -> Instant {
+        let now = Instant::now();
+        now + request
+            .deadline()
+            .saturating_duration_since(now)
+            .max(MIN_TRY)
+            + ANSWER_GRACE
+    }
+
     /// The acquire statement of one try (a `first` one or not, see [`Self::try_once`]),
     /// stopped by the server after `limit` when that is shorter than the sessions' own
     /// lock-wait limit, its answer awaited until `until`.
+    /// A `nowait` one does not wait for the row's lock at all (MariaDB only).
     async fn send_acquire(
         &self,
         request: &AcquireRequest,
         token: &LeaseToken,
-        first: bool,
+        (first, nowait): (bool, bool),
         limit: Duration,
         until: Instant,
     ) -> Result<MySqlQueryResult, sqlx::Error> {
@@ -272,10 +328,15 @@ impl LeaseStrategy {
             let k = token.as_str().as_bytes();
             let mut conn = within(until, self.pool.acquire()).await?;
             let result = if server_bound {
-                let sql = self.bounded_acquire(first, (name.as_str().as_bytes(), k), ttl, limit);
+                let sql = self.bounded_acquire(
+                    (first, nowait),
+                    (name.as_str().as_bytes(), k),
+                    ttl,
+                    limit,
+                );
                 within(until, sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *conn)).await
             } else {
-                let (statement, args) = self.sql.acquire(first);
+                let (statement, args) = self.sql.acquire(first, nowait);
                 let mut query = sqlx::query(AssertSqlSafe(statement.clone()));
                 for arg in args {
                     query = match arg {
@@ -306,9 +367,17 @@ impl LeaseStrategy {
         token: &LeaseToken,
         turns: (Duration, Duration),
         until: Instant,
+        (gate, arriving): (&gate::Slot, bool),
     ) -> Result<Try, LockError> {
         let name = request.name();
-        let (state, ahead, placed) = self.queue_up(name, token, turns, until).await?;
+        let Some((state, ahead, placed)) = self
+            .arrive(request, token, (turns, until), (gate, arriving))
+            .await?
+        else {
+            // The budget ran out waiting for the gate.
+            return Ok(Try::Busy(None));
+        };
+
         // No place written (nothing to wait for), and the lease taken by someone else since
         // the batch looked: a park needs a place, so queue with the next try, at once.
         if !placed
@@ -346,7 +415,7 @@ impl LeaseStrategy {
             Some(LeaseState::Held { remaining_us, .. }) if remaining_us > 0 => {
                 let left = Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0));
                 // The park ends when this lease runs out (see `queue::park_refresh`).
-                match self.park((name, token), budget, max_delay, far).await {
+                match self.park((name, token), budget, max_delay, far, gate).await {
                     Some(woken) => Try::Parked { woken },
                     None => busy(Some(left)),
                 }
@@ -355,7 +424,7 @@ impl LeaseStrategy {
             // once.
             Some(_) if ahead == 0 => Try::Next,
             // Free, but someone else is next: wait for its turn.
-            Some(_) => match self.park((name, token), budget, max_delay, far).await {
+            Some(_) => match self.park((name, token), budget, max_delay, far, gate).await {
                 Some(woken) => Try::Parked { woken },
                 None => busy(None),
             },
@@ -372,13 +441,16 @@ impl LeaseStrategy {
     /// the lease is the waiter's. At most half the pool parks (see [`LeaseStrategy::new`]),
     /// so the client's renewals and releases find the other half. `None` when it did not park:
     /// no park permit free, no time to park, or no connection from the pool in time; else
-    /// whether its last park was a short one a release woke.
+    /// whether its last park was a short one a release woke. A caller holding its lock's
+    /// [gate] parks on the gate's connection, with the gate's permit (a gate
+    /// whose connection fails is dropped, which gives it back).
     async fn park(
         &self,
         (name, token): (&LockName, &LeaseToken),
         at_most: Duration,
         max_delay: Duration,
         far: bool,
+        gate: &gate::Slot,
     ) -> Option<bool> {
         let end = Instant::now() + at_most;
         let next = |far: bool| {
@@ -392,8 +464,15 @@ impl LeaseStrategy {
         if next(false) < Duration::from_millis(1) {
             return None;
         }
-        let Ok(_permit) = self.parking.clone().try_acquire_owned() else {
-            return None;
+        // Put back into the slot when this returns (or is dropped).
+        let mut gated = gate.borrow();
+        let _permit = if gated.is_some() {
+            None
+        } else {
+            let Ok(permit) = self.parking.clone().try_acquire_owned() else {
+                return None;
+            };
+            Some(permit)
         };
         // Whether a park ran (else the caller backs off as if it had found no permit), and
         // whether the last was a short one a release woke.
@@ -408,12 +487,8 @@ impl LeaseStrategy {
             // are slow (see `crate::anchor`).
             let anchor = self.anchor.name();
             let long = far && anchor.is_some();
-            let Ok(mut conn) = within(
-                Instant::now() + next(long) + ANSWER_GRACE,
-                self.pool.acquire(),
-            )
-            .await
-            else {
+            let (mut pooled, until) = (None, Instant::now() + next(long) + ANSWER_GRACE);
+            let Some(conn) = gated.park_conn(&mut pooled, &self.pool, until).await else {
                 break;
             };
             let length = next(long);
@@ -431,10 +506,13 @@ impl LeaseStrategy {
             } else {
                 queue::place_for(max_delay)
             };
-            let woken = match self
-                .park_once(&mut conn, (name, token), (park, place), anchor.as_deref())
-                .await
-            {
+            let (outcome, broken) = self
+                .park_once(conn, (name, token), (park, place), anchor.as_deref())
+                .await;
+            if broken {
+                gated.broken(&mut pooled);
+            }
+            let woken = match outcome {
                 queue::Parked::Slept { far: still } => {
                     (again, far) = (true, still);
                     continue;
@@ -458,15 +536,16 @@ impl LeaseStrategy {
     }
 
     /// One park on `conn` (see [`queue::park_refresh`] and [`queue::park_wait`]): how it
-    /// ended. A failure to park counts as [`queue::Parked::Skipped`] (the caller tries); a
-    /// `KILL QUERY` that ended the statement with an error as [`queue::Parked::Woken`].
+    /// ended, and whether `conn` must be closed. A failure to park counts as
+    /// [`queue::Parked::Skipped`] (the caller tries); a `KILL QUERY` that ended the statement
+    /// with an error as [`queue::Parked::Woken`].
     async fn park_once(
         &self,
         conn: &mut sqlx::pool::PoolConnection<sqlx::MySql>,
         (name, token): (&LockName, &LeaseToken),
         (park, place): (queue::Park, Duration),
         anchor: Option<&str>,
-    ) -> queue::Parked {
+    ) -> (queue::Parked, bool) {
         let (name_bytes, token_bytes) = (name.as_str().as_bytes(), token.as_str().as_bytes());
         let until = Instant::now() + park.length + ANSWER_GRACE;
         // Two round trips: the refresh, then the wait alone (see `queue::park_refresh`).
@@ -474,8 +553,7 @@ impl LeaseStrategy {
             queue::park_refresh(&self.table, name_bytes, token_bytes, (park.length, place));
         if let Err(error) = within(until, run(&mut *conn, AssertSqlSafe(refresh))).await {
             tracing::debug!(lock = %name, %error, "parking failed; trying again");
-            conn.close_on_drop();
-            return queue::Parked::Skipped;
+            return (queue::Parked::Skipped, true);
         }
         let wait = queue::park_wait(&self.table, (name_bytes, token_bytes), park, anchor);
         match within(until, run(&mut *conn, AssertSqlSafe(wait))).await {
@@ -484,10 +562,10 @@ impl LeaseStrategy {
                     if let Some(anchor) = anchor {
                         self.anchor.lost(anchor);
                     }
-                    queue::Parked::TookAnchor
+                    (queue::Parked::TookAnchor, false)
                 }
-                Some(parked) => parked,
-                None => queue::Parked::Skipped,
+                Some(parked) => (parked, false),
+                None => (queue::Parked::Skipped, false),
             },
             // Woken by the release's `KILL QUERY` (a `SLEEP` without an anchor: the kill ended
             // the statement before it gave its marker back, so give it back now, or close the
@@ -495,43 +573,89 @@ impl LeaseStrategy {
             Err(error) if classify(&error) == Class::Interrupted => {
                 let unmark = queue::unmark(token_bytes, park.long);
                 let until = Instant::now() + ANSWER_GRACE;
-                if within(until, run(&mut *conn, AssertSqlSafe(unmark)))
-                    .await
-                    .is_err()
-                {
-                    conn.close_on_drop();
-                }
-                queue::Parked::Woken
+                let unmarked = within(until, run(&mut *conn, AssertSqlSafe(unmark))).await;
+                (queue::Parked::Woken, unmarked.is_err())
             }
             Err(error) => {
                 tracing::debug!(lock = %name, %error, "parking failed; trying again");
-                conn.close_on_drop();
-                queue::Parked::Skipped
+                (queue::Parked::Skipped, true)
             }
         }
     }
 
-    /// A busy try's queue work in one round trip (see [`queue::busy_batch`]): the judged
-    /// lease row of `name` (`None` when there is none), how many waiters are ahead of
-    /// `token` (0 up to [`queue::NEAR`], which stands for that many or more), and whether
-    /// `token` has a place now.
+    /// A busy try's queue work (see [`Self::queue_up`]); an `arriving` one (the call's first)
+    /// waits for the lock's [gate] first, if it may park. `None` when the budget
+    /// ran out waiting for the gate.
+    async fn arrive(
+        &self,
+        request: &AcquireRequest,
+        token: &LeaseToken,
+        (turns, until): ((Duration, Duration), Instant),
+        (gate, arriving): (&gate::Slot, bool),
+    ) -> Result<Option<Queued>, LockError> {
+        let until = if arriving {
+            if !self.enter_gate(request, gate).await {
+                return Ok(None);
+            }
+            // Waiting for the gate took time: the queue batch gets its own.
+            self.try_until(request)
+        } else {
+            until
+        };
+        let placing = if gate.held() {
+            queue::Placing::Always
+        } else {
+            queue::Placing::Usual
+        };
+        self.queue_up(request.name(), token, (turns, until), placing)
+            .await
+            .map(Some)
+    }
+
+    /// Waits for the gate of the request's lock (see [`super::gate`]) and keeps it in `gate`;
+    /// false when the wait budget ran out waiting for it (the caller is busy), else the caller
+    /// queues (with the gate, or without it: see [`Entered::Passed`]).
+    async fn enter_gate(&self, request: &AcquireRequest, gate: &gate::Slot) -> bool {
+        let entered = gate::enter(
+            (&self.pool, &self.parking),
+            (&self.table, request.name()),
+            (request.deadline(), queue::place_for(request.backoff().max)),
+            (gate, self.limits.mariadb),
+        )
+        .await;
+        entered != Entered::TimedOut
+    }
+
+    /// The busy batch of `token` on `name` (see [`queue::busy_batch`]).
+    fn busy_sql(
+        &self,
+        name: &LockName,
+        token: &LeaseToken,
+        turns: (Duration, Duration),
+        placing: queue::Placing,
+    ) -> String {
+        queue::busy_batch(
+            &self.table,
+            name.as_str().as_bytes(),
+            token.as_str().as_bytes(),
+            turns,
+            placing,
+            LEASE_COLUMNS,
+            self.limits.mariadb,
+        )
+    }
+
+    /// A busy try's queue work in one round trip (see [`queue::busy_batch`]), read by
+    /// [`Self::read_queue`].
     async fn queue_up(
         &self,
         name: &LockName,
         token: &LeaseToken,
-        (place, turn): (Duration, Duration),
-        until: Instant,
-    ) -> Result<(Option<LeaseState>, i64, bool), LockError> {
+        (turns, until): ((Duration, Duration), Instant),
+        placing: queue::Placing,
+    ) -> Result<Queued, LockError> {
         let what = || format!("queueing for `{name}`");
-        let sql = queue::busy_batch(
-            &self.table,
-            name.as_str().as_bytes(),
-            token.as_str().as_bytes(),
-            place,
-            turn,
-            LEASE_COLUMNS,
-            self.limits.mariadb,
-        );
+        let sql = self.busy_sql(name, token, turns, placing);
         let batch = || retry_deadlocks(|| run_pooled(&self.pool, sql.clone(), until));
         // Once more if a release's wake-up meant for this client's park landed on the batch
         // (it found the park's marker just before the park ended).
@@ -540,7 +664,15 @@ impl LeaseStrategy {
             other => other,
         }
         .map_err(|e| LockError::from(Error::new(what(), e)))?;
-        let state = tagged(&rows, "row")
+        self.read_queue(name, &rows)
+    }
+
+    /// The answers of a busy batch: the judged lease row of `name` (`None` when there is
+    /// none), how many waiters are ahead of the caller (0 up to [`queue::NEAR`], which stands
+    /// for that many or more), and whether the caller has a place now.
+    fn read_queue(&self, name: &LockName, rows: &[MySqlRow]) -> Result<Queued, LockError> {
+        let what = || format!("queueing for `{name}`");
+        let state = tagged(rows, "row")
             .next()
             .map(|row| {
                 LeaseRow::read(row, 1)
@@ -548,7 +680,7 @@ impl LeaseStrategy {
                     .judge(&self.table, name)
             })
             .transpose()?;
-        let (ahead, placed) = tagged(&rows, "ahead")
+        let (ahead, placed) = tagged(rows, "ahead")
             .next()
             .map(|row| Ok::<_, sqlx::Error>((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?)))
             .transpose()

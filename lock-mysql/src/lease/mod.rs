@@ -8,7 +8,10 @@
 //!   a lease that ran out, or one freed while someone queued, is taken by a later try, after
 //!   a queue batch (three round trips), which writes the caller's place only if there is
 //!   something to wait for: the lease is held, or someone other than its holder queues (see
-//!   [`queue::busy_batch`]).
+//!   [`queue::busy_batch`]). A call's first busy try that may park waits for the lock's
+//!   [`gate`] before its queue batch, so that waiters of other clients wait in `GET_LOCK`
+//!   rather than in the queue; on MariaDB the call's very first try does not wait for the
+//!   lease row's lock (a locked row sends it through the gate at once).
 //! - **Outcome**: the server's reply carries the fence the caller now holds, or 0: a new row
 //!   gets its fence from `LAST_INSERT_ID(1)` in the inserted values; on an existing row
 //!   (whose inserted values were computed all the same) the update sets it again, to
@@ -28,6 +31,7 @@
 
 mod acquire;
 mod admin;
+mod gate;
 pub(crate) mod queue;
 mod release;
 mod renew;
@@ -55,6 +59,9 @@ use crate::{
 /// statements per batch (see `renew_batch`), so 10,000 held locks take 20 round trips per
 /// renewal period.
 const RENEW_BATCH: usize = 500;
+
+/// The `SET STATEMENT` setting of a statement that does not wait for a row's lock (MariaDB).
+const NOWAIT: &str = "innodb_lock_wait_timeout = 0";
 
 /// The least time one acquire try gets (a zero budget is one try, and a try needs a round
 /// trip): the statement is stopped on the server after this long.
@@ -107,6 +114,10 @@ struct Statements {
     acquire_first: Arc<str>,
     /// What each `?` of `acquire_first` stands for, in order.
     acquire_first_args: Vec<Arg>,
+    /// `acquire_first` that does not wait for the row's lock (`SET STATEMENT
+    /// innodb_lock_wait_timeout = 0 FOR ..`, MariaDB; a locked row answers error 1205 at
+    /// once): the call's very first try (see `acquire.rs`).
+    acquire_first_nowait: Arc<str>,
     /// Release when nobody queues ([`queue::release_alone`]).
     release_alone: Arc<str>,
     read: Arc<str>,
@@ -172,6 +183,7 @@ impl Statements {
         Self {
             acquire: acquire.into(),
             acquire_args,
+            acquire_first_nowait: format!("SET STATEMENT {NOWAIT} FOR {acquire_first}").into(),
             acquire_first: acquire_first.into(),
             acquire_first_args,
             release_alone: queue::release_alone(table).into(),
@@ -186,13 +198,14 @@ impl Statements {
         }
     }
 
-    /// The acquire statement of a `first` try (see [`Statements::acquire_first`]) or of a
-    /// later one, with what its placeholders stand for.
-    fn acquire(&self, first: bool) -> (&Arc<str>, &[Arg]) {
-        if first {
-            (&self.acquire_first, &self.acquire_first_args)
-        } else {
-            (&self.acquire, &self.acquire_args)
+    /// The acquire statement of a `first` try (see [`Statements::acquire_first`]; `nowait`:
+    /// [`Statements::acquire_first_nowait`]) or of a later one, with what its placeholders
+    /// stand for.
+    fn acquire(&self, first: bool, nowait: bool) -> (&Arc<str>, &[Arg]) {
+        match (first, nowait) {
+            (true, true) => (&self.acquire_first_nowait, &self.acquire_first_args),
+            (true, false) => (&self.acquire_first, &self.acquire_first_args),
+            _ => (&self.acquire, &self.acquire_args),
         }
     }
 }
@@ -223,13 +236,13 @@ impl LeaseStrategy {
     /// is bounded by `SET_VAR(innodb_lock_wait_timeout)`, whole seconds, rounded up.
     fn bounded_acquire(
         &self,
-        first: bool,
+        (first, nowait): (bool, bool),
         (name, token): (&[u8], &[u8]),
         ttl_us: u64,
         limit: Duration,
     ) -> String {
         let (n, k, ttl) = (hex(name), hex(token), ttl_us.to_string());
-        let (statement, args) = self.sql.acquire(first);
+        let (statement, args) = self.sql.acquire(first, false);
         let mut sql = String::new();
         for (i, part) in statement.split('?').enumerate() {
             sql.push_str(part);
@@ -243,9 +256,14 @@ impl LeaseStrategy {
         }
         if self.limits.mariadb {
             format!(
-                "SET STATEMENT max_statement_time = {}.{:06} FOR {sql}",
+                "SET STATEMENT max_statement_time = {}.{:06}{} FOR {sql}",
                 limit.as_secs(),
-                limit.subsec_micros()
+                limit.subsec_micros(),
+                if first && nowait {
+                    format!(", {NOWAIT}")
+                } else {
+                    String::new()
+                }
             )
         } else {
             let seconds = crate::config::ceil_secs(limit).max(1);

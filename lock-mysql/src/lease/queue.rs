@@ -2,15 +2,20 @@
 //! indefinitely by clients that release and re-acquire, and a released lease goes to the next
 //! waiter at once.
 //!
+//! - **Who queues here**: a waiter that may park waits for the lock's [gate](super::gate)
+//!   first and queues once it holds it, so waiters of other clients are mostly one place
+//!   here (the gate's holder) and the rest wait in `GET_LOCK`; waiters that cannot park (a
+//!   pool of one, or half the pool parked) queue here directly. What follows holds for every
+//!   place, whoever wrote it.
 //! - **A place**: a waiter's busy try inserts `(name, token, arrived_at, until_at, turn_us)`
-//!   when there is something to wait for, see [`busy_batch`] (the token is the one its
-//!   `acquire` call uses for every try; `arrived_at` is the server's `NOW(6)` at its first
-//!   busy try that writes a place) and every later try or park pushes `until_at`
-//!   on by [`place_for`]: the longest a waiter sleeps between tries plus a second. `turn_us`
-//!   is how long the waiter may take to come for a lease handed to it ([`turn_for`]). A
-//!   place that lapsed counts for nothing; busy tries delete lapsed places once they are at
-//!   the head of the queue, so a waiter that was paused past its place and comes back before
-//!   then keeps its old rank.
+//!   when there is something to wait for (the gate's holder always), see [`busy_batch`] (the
+//!   token is the one its `acquire` call uses for every try; `arrived_at` is the server's
+//!   `NOW(6)` at its first busy try that writes a place) and every later try or park pushes
+//!   `until_at` on by [`place_for`]: the longest a waiter sleeps between tries plus a
+//!   second. `turn_us` is how long the waiter may take to come for a lease handed to it
+//!   ([`turn_for`]). A place that lapsed counts for nothing; busy tries delete lapsed places
+//!   once they are at the head of the queue, so a waiter that was paused past its place and
+//!   comes back before then keeps its old rank.
 //! - **Locks**: a busy try's statements lock only places found by their key (the head of the
 //!   queue, its own place, and the first waiter's when it cuts that to its turn), never the
 //!   lease and then a place, so tries of many waiters do not wait on each other's refreshes
@@ -182,8 +187,11 @@ pub(crate) fn allowed(table: &TableName) -> String {
 ///   whether it lapsed or not; with a thousand waiters, every try of every waiter queued on
 ///   that one row lock, and the server, at 193 % CPU, took minutes to get through them:
 ///   fault case `lease/a_locked_head_stalls_no_newcomer`);
-/// - take or keep the caller's place for `place` with its `turn`, unless there is nothing to
-///   wait for: the lease is free and no live place other than its holder's exists (a lease
+/// - take or keep the caller's place for `place` with its `turn`, as `placing` says: a caller
+///   holding the lock's gate always ([`Placing::Always`]; a lease released meanwhile then
+///   goes to it, not to a newcomer's first try), others ([`Placing::Usual`]) unless there is
+///   nothing to wait for: the lease is free and no live place other than its holder's exists
+///   (a lease
 ///   that ran out, or one freed while someone queued who has gone; a call's first try does
 ///   not take these, see above): then the caller takes it with its next try, which
 ///   reads the queue, without having written a place (outcome case
@@ -202,8 +210,8 @@ pub(crate) fn busy_batch(
     table: &TableName,
     name: &[u8],
     token: &[u8],
-    place: Duration,
-    turn: Duration,
+    (place, turn): (Duration, Duration),
+    placing: Placing,
     columns: &str,
     mariadb: bool,
 ) -> String {
@@ -217,10 +225,7 @@ pub(crate) fn busy_batch(
          SELECT token, until_at <= NOW(6) INTO @lm_head, @lm_lapsed FROM {q} FORCE INDEX (by_arrival) \
          WHERE name = {n} ORDER BY arrived_at, token LIMIT 1; \
          DELETE FROM {q} WHERE name = {n} AND token = @lm_head AND @lm_lapsed AND until_at <= NOW(6); \
-         SELECT NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}) \
-         OR EXISTS (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) WHERE o.name = {n} \
-         AND o.until_at > NOW(6) AND NOT (o.token <=> (SELECT l.token FROM {t} l WHERE l.name = {n}))) \
-         INTO @lm_wait; \
+         {wait}\
          {insert}\
          SET @lm_alone = 0; \
          SELECT 1 INTO @lm_alone FROM {t} WHERE name = {n} AND @lm_wait AND {LEASE_RELEASED_ALONE}; \
@@ -232,6 +237,16 @@ pub(crate) fn busy_batch(
          WHERE name = {n} AND token = @lm_first AND @lm_first <> {k} AND @lm_free; \
          SELECT 'row', {columns} FROM {t} WHERE name = {n}; \
          SELECT 'ahead', {ahead}, EXISTS (SELECT 1 FROM {q} WHERE name = {n} AND token = {k})",
+        wait = match placing {
+            Placing::Usual => format!(
+                "SELECT NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND {LEASE_TAKEABLE}) \
+                 OR EXISTS (SELECT 1 FROM {q} o FORCE INDEX (by_arrival) WHERE o.name = {n} \
+                 AND o.until_at > NOW(6) \
+                 AND NOT (o.token <=> (SELECT l.token FROM {t} l WHERE l.name = {n}))) \
+                 INTO @lm_wait; "
+            ),
+            Placing::Always => "SET @lm_wait = 1; ".to_owned(),
+        },
         ahead = ahead((&t, &q), &n, &k, NEAR),
         // Sent only if there is something to wait for. Not `INSERT .. SELECT .. WHERE
         // @lm_wait ON DUPLICATE KEY UPDATE`, which a server logging statements (binlog_format
@@ -249,6 +264,15 @@ pub(crate) fn busy_batch(
             mariadb
         ),
     )
+}
+
+/// When a busy batch writes the caller's place (see [`busy_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placing {
+    /// When there is something to wait for.
+    Usual,
+    /// Always: the caller holds the lock's gate (see [`super::gate`]).
+    Always,
 }
 
 /// `sql` as an SQL string literal (its quotes doubled).
@@ -737,8 +761,8 @@ mod tests {
                 &t,
                 b"n",
                 token,
-                Duration::from_secs(2),
-                Duration::from_secs(1),
+                (Duration::from_secs(2), Duration::from_secs(1)),
+                Placing::Usual,
                 "token",
                 mariadb,
             )

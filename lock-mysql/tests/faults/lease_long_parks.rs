@@ -209,7 +209,9 @@ async fn until_places(store: &MySqlStore, name: &LockName, count: i64) -> Outcom
 }
 
 /// A holder that died (a lease row planted for 4 s),
-/// three live waiters queued first, and a fourth that parks long behind them. The three give
+/// three live waiters queued first, and a fourth that parks long behind them. (The three are
+/// clients of a pool of one connection: they poll and queue without waiting for the lock's
+/// gate, so the fourth, which takes the gate, queues behind them.) The three give
 /// up (their `acquire` calls are dropped, which leaves in the background) while the fourth
 /// sleeps its long park, and nobody releases: the lease runs out. Leaving must wake the long
 /// parker, which is then first, so it takes the lock soon after the expiry and not when its
@@ -225,10 +227,13 @@ async fn lease_waiters_leaving_wake_a_long_parker() -> Outcome {
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(20));
-    let mut first = Vec::new();
+    // The clients stay: dropping a client's last handle closes its pool, and a dropped
+    // `acquire` can then not take its place out (it lapses).
+    let (mut first, mut leavers) = (Vec::new(), Vec::new());
     for count in 1..=3 {
-        let leaver: LockClient = client(store.config()).await?;
+        let leaver: LockClient = client(&store.config().clone().pool_size(1)).await?;
         first.push(spawn_acquire(&leaver, &name, options.clone()));
+        leavers.push(leaver);
         until_places(&store, &name, count).await?;
     }
     let waiting = spawn_acquire(&waiter, &name, options);

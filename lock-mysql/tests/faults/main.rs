@@ -13,7 +13,8 @@
 //!   statements of its batch (played by a proxy): the hold goes on; the anchor holds park on
 //!   killed: the hold goes on, a new anchor comes up, and the hold is still watched;
 //! - the lease's waiters' queue: a dead waiter, the holder's own place, places locked behind;
-//!   waiters that give up answer on time and wait for no one else's locks;
+//!   waiters that give up answer on time and wait for no one else's locks; the gate waiters
+//!   of other clients wait on, and its holder stopped or dropped;
 //! - an unreachable server and a refused login: typed errors;
 //! - a server restart while locks are held and waited for: typed errors, then recovery with
 //!   no manual clean-up;
@@ -35,6 +36,7 @@ mod support;
 mod clock;
 mod connections;
 mod foreign_transactions;
+mod lease_gate;
 mod lease_leaving;
 mod lease_long_parks;
 mod lease_parks;
@@ -56,11 +58,14 @@ use support::{MySqlStore, hex};
 
 fn main() -> ExitCode {
     if let Some(role) = holder_process::role() {
+        if role == lease_gate::ROLE {
+            return lease_gate::child();
+        }
         return skewed::child(&role);
     }
     let cases = Cases::<Failure>::new("faults").limit(Duration::from_secs(120));
-    lease_leaving::cases(lease_queue::cases(lease_long_parks::cases(
-        lease_parks::cases(cases),
+    lease_gate::cases(lease_leaving::cases(lease_queue::cases(
+        lease_long_parks::cases(lease_parks::cases(cases)),
     )))
     .case("row_lock/kill_holder_connection", || {
         Box::pin(connections::row_lock_kill_holder())

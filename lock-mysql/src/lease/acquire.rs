@@ -222,7 +222,7 @@ impl LeaseStrategy {
         // (InnoDB grants a row lock's waiters one by one, each grant looking through the
         // others) and the server answered nothing for seconds. A first try that finds the row
         // locked is busy and goes through the gate.
-        let mut nowait = !queued.load(Ordering::Relaxed) && self.limits.mariadb;
+        let mut nowait = !queued.load(Ordering::Relaxed) && !gate.held() && self.limits.mariadb;
         // Whether this try went through the gate already.
         let mut through_gate = false;
         loop {
@@ -238,12 +238,15 @@ impl LeaseStrategy {
             let taken = match self.send_acquire(request, token, kind, limit, until).await {
                 Ok(done) => done.last_insert_id(),
                 // The row is locked (by a thousand arriving waiters' tries, say): through the
-                // gate first, then the try again, waiting for the row as long as the budget.
+                // gate first (with a budget to wait), then the try again, waiting for the row
+                // as long as the budget (a one-try call: `MIN_TRY`).
                 Err(error) if sent_nowait && classify(&error) == Class::LockWait => {
-                    if !self.enter_gate(request, gate).await {
-                        return Ok(Try::Busy(None));
+                    if Instant::now() < request.deadline() {
+                        if !self.enter_gate(request, gate).await {
+                            return Ok(Try::Busy(None));
+                        }
+                        through_gate = true;
                     }
-                    through_gate = true;
                     continue;
                 }
                 // Someone kept the row locked past the try's limit: busy, try again later. Or
@@ -268,10 +271,10 @@ impl LeaseStrategy {
                 // The call's first busy try, with a budget: through the gate.
                 let arriving = !queued.load(Ordering::Relaxed)
                     && !through_gate
+                    && !gate.held()
                     && Instant::now() < request.deadline();
-                queued.store(true, Ordering::Relaxed);
                 return match self
-                    .busy(request, token, turns, until, (gate, arriving))
+                    .busy(request, token, turns, until, (gate, queued, arriving))
                     .await?
                 {
                     Try::Next if first => {
@@ -367,12 +370,11 @@ impl LeaseStrategy {
         token: &LeaseToken,
         turns: (Duration, Duration),
         until: Instant,
-        (gate, arriving): (&gate::Slot, bool),
+        call: (&gate::Slot, &AtomicBool, bool),
     ) -> Result<Try, LockError> {
-        let name = request.name();
-        let Some((state, ahead, placed)) = self
-            .arrive(request, token, (turns, until), (gate, arriving))
-            .await?
+        let (name, gate) = (request.name(), call.0);
+        let Some((state, ahead, placed)) =
+            self.arrive(request, token, (turns, until), call).await?
         else {
             // The budget ran out waiting for the gate.
             return Ok(Try::Busy(None));
@@ -466,7 +468,8 @@ impl LeaseStrategy {
         }
         // Put back into the slot when this returns (or is dropped).
         let mut gated = gate.borrow();
-        let _permit = if gated.is_some() {
+        let with_gate = gated.is_some();
+        let _permit = if with_gate {
             None
         } else {
             let Ok(permit) = self.parking.clone().try_acquire_owned() else {
@@ -485,6 +488,10 @@ impl LeaseStrategy {
             // Long parks wait on the anchor only: a release wakes a long parker near the head
             // as well as the waiter it hands the lease to, and kills of many `SLEEP`s at once
             // are slow (see `crate::anchor`).
+            // A gate lost on the way (its connection failed) took its permit with it.
+            if with_gate && !gated.is_some() {
+                break;
+            }
             let anchor = self.anchor.name();
             let long = far && anchor.is_some();
             let (mut pooled, until) = (None, Instant::now() + next(long) + ANSWER_GRACE);
@@ -586,12 +593,15 @@ impl LeaseStrategy {
     /// A busy try's queue work (see [`Self::queue_up`]); an `arriving` one (the call's first)
     /// waits for the lock's [gate] first, if it may park. `None` when the budget
     /// ran out waiting for the gate.
+    ///
+    /// Sets `queued` before the queue batch: a call that never sent one (its budget ran out
+    /// at the gate) has no place to take out when it ends.
     async fn arrive(
         &self,
         request: &AcquireRequest,
         token: &LeaseToken,
         (turns, until): ((Duration, Duration), Instant),
-        (gate, arriving): (&gate::Slot, bool),
+        (gate, queued, arriving): (&gate::Slot, &AtomicBool, bool),
     ) -> Result<Option<Queued>, LockError> {
         let until = if arriving {
             if !self.enter_gate(request, gate).await {
@@ -607,6 +617,7 @@ impl LeaseStrategy {
         } else {
             queue::Placing::Usual
         };
+        queued.store(true, Ordering::Relaxed);
         self.queue_up(request.name(), token, (turns, until), placing)
             .await
             .map(Some)

@@ -19,12 +19,17 @@
 //! - **A holder that dies** (its connection ends) gives the gate back with its session. **A
 //!   holder that is paused** (a stopped process) would keep it: the gate's connection runs
 //!   with an idle limit (`wait_timeout`, set before the wait, so it also covers a waiter
-//!   paused while it waits), the longest the holder is idle between statements (its longest
-//!   sleep between tries, [`super::queue::place_for`]), rounded up to whole seconds: the
-//!   server ends a session idle that long, and the gate goes to the next waiter. A waiter so
-//!   cut off, or whose gate connection fails, goes on waiting in the queue without it (the
+//!   paused while it waits), the longest the holder sleeps between tries
+//!   ([`super::queue::place_for`]), rounded up to whole seconds: the server ends a session
+//!   idle that long, and the gate goes to the next waiter. The holder's tries and queue
+//!   batches run on other pooled connections, so one that waits longer than that (a try
+//!   waiting for a row a long transaction keeps locked) loses the gate too. A waiter so cut
+//!   off, or whose gate connection fails, goes on waiting in the queue without it (the
 //!   queue, not the gate, decides who may take the lease; a lost gate costs order, never
 //!   exclusion). The connection's own idle limit comes back when the gate is given back.
+//! - **A call dropped** while it waits for the gate, or holds it, closes the gate's
+//!   connection: the wait ends with it (a connection returned to the pool mid-wait would
+//!   take the gate later for nobody), and a gate held goes back.
 //! - **Its name** is `lock-mysql/gate/` and the SHA-1 of the database, the table and the
 //!   lock's name, computed by the server (user lock names are at most 64 characters, and
 //!   every client must name a lock's gate alike).
@@ -212,17 +217,23 @@ pub(crate) async fn enter(
         return Entered::Passed;
     };
     let until = deadline.max(Instant::now() + super::MIN_TRY) + ANSWER_GRACE;
-    let Ok(mut conn) = within(until, pool.acquire()).await else {
+    let Ok(conn) = within(until, pool.acquire()).await else {
         return Entered::Passed;
     };
+    // Closed unless kept: a call dropped during the wait must not leave the wait running on
+    // a pooled connection, which would take the gate later for nobody.
+    let mut conn = Closing(Some(conn));
     let gate = name_expr(table, name.as_str().as_bytes());
     let wait = deadline.saturating_duration_since(Instant::now());
     let sql = enter_sql(&gate, wait, idle, mariadb);
-    match within(until, run(&mut conn, AssertSqlSafe(sql))).await {
+    let Some(waiting) = conn.0.as_mut() else {
+        return Entered::Passed;
+    };
+    match within(until, run(waiting, AssertSqlSafe(sql))).await {
         Ok(rows) => match gate_answer(&rows) {
             Some(1) => {
                 slot.put(Gate {
-                    conn: Some(conn),
+                    conn: conn.keep(),
                     _permit: permit,
                     name: gate,
                 });
@@ -231,29 +242,39 @@ pub(crate) async fn enter(
             Some(0) => {
                 // Nothing taken; the connection goes back with its idle limit.
                 let restore = "SET SESSION wait_timeout = @lm_idle";
-                if within(Instant::now() + ANSWER_GRACE, run(&mut conn, restore))
-                    .await
-                    .is_err()
-                {
-                    conn.close_on_drop();
+                let until = Instant::now() + ANSWER_GRACE;
+                if within(until, run(waiting, restore)).await.is_ok() {
+                    drop(conn.keep());
                 }
                 Entered::TimedOut
             }
-            _ => {
-                conn.close_on_drop();
-                Entered::Passed
-            }
+            _ => Entered::Passed,
         },
         // No answer by the end of the budget: a busy server answering many waits that ended
         // at once. The call is over either way.
-        Err(_) if Instant::now() >= deadline => {
-            conn.close_on_drop();
-            Entered::TimedOut
-        }
+        Err(_) if Instant::now() >= deadline => Entered::TimedOut,
         Err(error) => {
             tracing::debug!(lock = %name, %error, "waiting for the gate failed; queueing without it");
-            conn.close_on_drop();
             Entered::Passed
+        }
+    }
+}
+
+/// A pooled connection that is closed when dropped (a statement may still run on it), unless
+/// [kept](Closing::keep).
+struct Closing(Option<PoolConnection<MySql>>);
+
+impl Closing {
+    /// The connection, no longer closed when this drops.
+    fn keep(&mut self) -> Option<PoolConnection<MySql>> {
+        self.0.take()
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
         }
     }
 }

@@ -15,16 +15,19 @@ use conformance_tests::{
     faults::{Paused, err, poll_every, unique_name},
     holder_process,
 };
-use lock_core::{LockClient, LockName, LockOptions};
-use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
+use lock_core::{LockClient, LockError, LockGuard, LockName, LockOptions};
+use lock_mysql::Strategy;
 use sqlx::AssertSqlSafe;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    task::JoinHandle,
+};
 
 use super::{
     client,
     lease_queue::ForeignLocks,
     places, spawn_acquire,
-    support::{self, MySqlStore, hex},
+    support::{MySqlStore, hex},
 };
 
 /// The role of a child of this binary that waits for a lock (see [`child`]).
@@ -55,16 +58,27 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         )
 }
 
-/// How many sessions wait for the gate of `name` on `store`'s server.
-async fn at_the_gate(store: &MySqlStore, name: &LockName) -> Result<i64, Failure> {
+/// How many sessions of `store`'s server run a statement on `name` (one that carries the
+/// name's bytes) of which `condition` holds (`what` names them in an error).
+async fn sessions(
+    store: &MySqlStore,
+    name: &LockName,
+    (condition, what): (&str, &str),
+) -> Result<i64, Failure> {
     sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock' \
-         AND LOCATE('lock-mysql/gate/', INFO) > 0 AND LOCATE('{}', INFO) > 0",
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE {condition} \
+         AND LOCATE('{}', INFO) > 0",
         hex(name.as_str())
     )))
     .fetch_one(store.admin())
     .await
-    .map_err(|e| Failure(format!("counting the gate's waiters: {e}")))
+    .map_err(|e| Failure(format!("counting {what}: {e}")))
+}
+
+/// How many sessions wait for the gate of `name` on `store`'s server.
+async fn at_the_gate(store: &MySqlStore, name: &LockName) -> Result<i64, Failure> {
+    let waiting = "STATE = 'User lock' AND LOCATE('lock-mysql/gate/', INFO) > 0";
+    sessions(store, name, (waiting, "the gate's waiters")).await
 }
 
 /// Waits up to `limit` until `count` sessions wait for the gate of `name`.
@@ -171,14 +185,8 @@ async fn lease_waiters_wait_at_the_gate() -> Outcome {
 /// How many acquire tries on `name` run on `store`'s server (tries of a budget under the
 /// pool's lock-wait limit, which carry the name: see [`lease_arrivals_at_a_locked_row`]).
 async fn at_the_row(store: &MySqlStore, name: &LockName) -> Result<i64, Failure> {
-    sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' \
-         AND LOCATE('INSERT INTO', INFO) > 0 AND LOCATE('{}', INFO) > 0",
-        hex(name.as_str())
-    )))
-    .fetch_one(store.admin())
-    .await
-    .map_err(|e| Failure(format!("counting the row's waiters: {e}")))
+    let trying = "COMMAND = 'Query' AND LOCATE('INSERT INTO', INFO) > 0";
+    sessions(store, name, (trying, "the row's waiters")).await
 }
 
 /// Waiters of separate clients arriving while the lease row is locked (a foreign transaction
@@ -197,16 +205,7 @@ async fn lease_arrivals_at_a_locked_row() -> Outcome {
     let name = unique_name("gate-locked-row")?;
     let long = LockOptions::new().ttl(Duration::from_secs(30));
     let held = holder.lock_with(&name, &long).await.map_err(err)?;
-    let table = format!("`{}`", store.config().table_name().as_str());
-    let foreign = ForeignLocks::take(
-        &store,
-        "the lease row",
-        &[format!(
-            "SELECT token FROM {table} WHERE name = X'{}' FOR UPDATE",
-            hex(name.as_str())
-        )],
-    )
-    .await?;
+    let foreign = ForeignLocks::lease_row(&store, &name).await?;
     let mut waiters = Vec::new();
     for _ in 0..WAITERS {
         let waiter = client(store.config()).await?;
@@ -311,6 +310,48 @@ async fn lease_paused_gate_holder() -> Outcome {
     Ok(())
 }
 
+/// A lease of `name` held by `holder` (30 s), a waiter of `gated` that took the gate and
+/// parked, and one of `waiting` waiting for the gate (budgets 20 s).
+struct AtTheGate {
+    held: LockGuard,
+    gated: JoinHandle<Result<LockGuard, LockError>>,
+    waiting: JoinHandle<Result<LockGuard, LockError>>,
+}
+
+impl AtTheGate {
+    async fn set_up(
+        store: &MySqlStore,
+        name: &LockName,
+        [holder, gated, waiting]: [&LockClient; 3],
+    ) -> Result<Self, Failure> {
+        let long = LockOptions::new().ttl(Duration::from_secs(30));
+        let held = holder.lock_with(name, &long).await.map_err(err)?;
+        let budget = long.wait(Duration::from_secs(20));
+        let gated = spawn_acquire(gated, name, budget.clone());
+        until_parked(store, name, 1).await?;
+        let waiting = spawn_acquire(waiting, name, budget);
+        until_at_the_gate(store, name, 1, Duration::from_secs(5)).await?;
+        Ok(Self {
+            held,
+            gated,
+            waiting,
+        })
+    }
+}
+
+/// Drops the `acquire` call of `task` (aborts it), and checks that it was.
+async fn drop_call(task: JoinHandle<Result<LockGuard, LockError>>, what: &str) -> Outcome {
+    task.abort();
+    let aborted = task.await;
+    ensure!(
+        aborted
+            .as_ref()
+            .is_err_and(tokio::task::JoinError::is_cancelled),
+        "{what} was not dropped: {aborted:?}"
+    );
+    Ok(())
+}
+
 /// An `acquire` holding the gate is dropped (its task aborted): the gate's connection is
 /// closed, which gives the gate back at once, and the next waiter takes it well before the
 /// connection's idle limit (2 s) would have.
@@ -319,23 +360,11 @@ async fn lease_dropped_gate_holder() -> Outcome {
     let holder = client(store.config()).await?;
     let (dropped, waiter) = (client(store.config()).await?, client(store.config()).await?);
     let name = unique_name("gate-dropped")?;
-    let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder.lock_with(&name, &long).await.map_err(err)?;
-    let gated = spawn_acquire(&dropped, &name, long.clone().wait(Duration::from_secs(20)));
-    until_parked(&store, &name, 1).await?;
-    let waiting = spawn_acquire(&waiter, &name, long.clone().wait(Duration::from_secs(20)));
-    until_at_the_gate(&store, &name, 1, Duration::from_secs(5)).await?;
-    gated.abort();
-    let aborted = gated.await;
-    ensure!(
-        aborted
-            .as_ref()
-            .is_err_and(tokio::task::JoinError::is_cancelled),
-        "the gate's holder was not dropped: {aborted:?}"
-    );
+    let scene = AtTheGate::set_up(&store, &name, [&holder, &dropped, &waiter]).await?;
+    drop_call(scene.gated, "the gate's holder").await?;
     until_at_the_gate(&store, &name, 0, Duration::from_secs(1)).await?;
-    held.release().await.map_err(err)?;
-    let guard = waiting.await.map_err(err)?.map_err(err)?;
+    scene.held.release().await.map_err(err)?;
+    let guard = scene.waiting.await.map_err(err)?.map_err(err)?;
     guard.release().await.map_err(err)?;
     Ok(())
 }
@@ -351,28 +380,12 @@ async fn lease_waiter_dropped_at_the_gate() -> Outcome {
     let (holder, gated) = (client(store.config()).await?, client(store.config()).await?);
     let (dropped, next) = (client(store.config()).await?, client(store.config()).await?);
     let name = unique_name("gate-dropped-waiter")?;
+    let scene = AtTheGate::set_up(&store, &name, [&holder, &gated, &dropped]).await?;
+    drop_call(scene.waiting, "the waiter at the gate").await?;
+    scene.held.release().await.map_err(err)?;
+    let first = scene.gated.await.map_err(err)?.map_err(err)?;
+    first.release().await.map_err(err)?;
     let long = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder.lock_with(&name, &long).await.map_err(err)?;
-    let first = spawn_acquire(&gated, &name, long.clone().wait(Duration::from_secs(20)));
-    until_parked(&store, &name, 1).await?;
-    let waiting = spawn_acquire(&dropped, &name, long.clone().wait(Duration::from_secs(20)));
-    until_at_the_gate(&store, &name, 1, Duration::from_secs(5)).await?;
-    waiting.abort();
-    let aborted = waiting.await;
-    ensure!(
-        aborted
-            .as_ref()
-            .is_err_and(tokio::task::JoinError::is_cancelled),
-        "the waiter at the gate was not dropped: {aborted:?}"
-    );
-    held.release().await.map_err(err)?;
-    first
-        .await
-        .map_err(err)?
-        .map_err(err)?
-        .release()
-        .await
-        .map_err(err)?;
     let held = holder.lock_with(&name, &long).await.map_err(err)?;
     let last = spawn_acquire(&next, &name, long.clone().wait(Duration::from_secs(5)));
     let parked = until_parked_within(&store, &name, 1, Duration::from_secs(1)).await;
@@ -394,16 +407,7 @@ async fn lease_waiter_dropped_at_the_gate() -> Outcome {
 pub(super) fn child() -> ExitCode {
     let result = conformance_tests::runtime().and_then(|runtime| {
         runtime.block_on(async {
-            let name = std::env::var(NAME_VAR).map_err(|e| e.to_string())?;
-            let table = std::env::var(TABLE_VAR).map_err(|e| e.to_string())?;
-            let config = MySqlConfig::new(support::url()?)
-                .strategy(Strategy::Lease)
-                .table(TableName::new(table).map_err(|e| e.to_string())?);
-            let backend = MySqlBackend::connect(&config)
-                .await
-                .map_err(|e| e.to_string())?;
-            let client = LockClient::new(backend);
-            let name = LockName::new(name).map_err(|e| e.to_string())?;
+            let (client, name) = super::child_client(NAME_VAR, TABLE_VAR).await?;
             let options = LockOptions::new()
                 .ttl(Duration::from_secs(30))
                 .wait(Duration::from_secs(30));

@@ -48,16 +48,7 @@ async fn lease_leaving_waiter_leaves_the_lease_row_alone() -> Outcome {
     let started = Instant::now();
     let waiting = spawn_acquire(&waiter, &name, long.clone().wait(BUDGET));
     until_waiting(&store, &name).await?;
-    let table = format!("`{}`", store.config().table_name().as_str());
-    let foreign = ForeignLocks::take(
-        &store,
-        "the lease row",
-        &[format!(
-            "SELECT token FROM {table} WHERE name = X'{}' FOR UPDATE",
-            hex(name.as_str())
-        )],
-    )
-    .await?;
+    let foreign = ForeignLocks::lease_row(&store, &name).await?;
     let outcome = waiting.await.map_err(err)?;
     let answered = started.elapsed();
     foreign.rollback().await?;

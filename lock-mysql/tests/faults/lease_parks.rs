@@ -178,16 +178,7 @@ pub(super) async fn lease_parked_waiter_leaves_the_lease_row_alone() -> Outcome 
     let held = holder.lock_with(&name, &long).await.map_err(err)?;
     let waiting = spawn_acquire(&waiter, &name, long.clone().wait(Duration::from_secs(20)));
     until_waiting(&store, &name).await?;
-    let table = format!("`{}`", store.config().table_name().as_str());
-    let n = hex(name.as_str());
-    let foreign = lease_queue::ForeignLocks::take(
-        &store,
-        "the lease row",
-        &[format!(
-            "SELECT token FROM {table} WHERE name = X'{n}' FOR UPDATE"
-        )],
-    )
-    .await?;
+    let foreign = lease_queue::ForeignLocks::lease_row(&store, &name).await?;
     // Longer than a park (a second): the waiter's next park, or try, comes meanwhile.
     let watched = Instant::now();
     let mut waited_for_the_row = None;

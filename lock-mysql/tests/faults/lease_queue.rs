@@ -223,6 +223,20 @@ impl ForeignLocks {
         Ok(Self(conn))
     }
 
+    /// Starts the transaction and locks the lease row of `name` (`FOR UPDATE`).
+    pub(super) async fn lease_row(store: &MySqlStore, name: &LockName) -> Result<Self, Failure> {
+        let table = format!("`{}`", store.config().table_name().as_str());
+        Self::take(
+            store,
+            "the lease row",
+            &[format!(
+                "SELECT token FROM {table} WHERE name = X'{}' FOR UPDATE",
+                hex(name.as_str())
+            )],
+        )
+        .await
+    }
+
     /// Ends the transaction, and with it the locks.
     pub(super) async fn rollback(mut self) -> Outcome {
         sqlx::raw_sql("ROLLBACK")

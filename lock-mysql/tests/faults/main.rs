@@ -129,6 +129,21 @@ fn spawn_acquire(
     tokio::spawn(async move { client.lock_with(&name, &options).await })
 }
 
+/// A child role's lease client and lock: the lock named by the variable `name_var`, on the
+/// lease table named by `table_var` (a child of this binary, see `holder_process::child`).
+async fn child_client(name_var: &str, table_var: &str) -> Result<(LockClient, LockName), String> {
+    let name = std::env::var(name_var).map_err(|e| format!("{name_var}: {e}"))?;
+    let table = std::env::var(table_var).map_err(|e| format!("{table_var}: {e}"))?;
+    let config = MySqlConfig::new(support::url()?)
+        .strategy(lock_mysql::Strategy::Lease)
+        .table(lock_mysql::TableName::new(table).map_err(|e| e.to_string())?);
+    let backend = MySqlBackend::connect(&config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = LockName::new(name).map_err(|e| e.to_string())?;
+    Ok((LockClient::new(backend), name))
+}
+
 async fn client(config: &MySqlConfig) -> Result<LockClient, Failure> {
     Ok(LockClient::new(
         MySqlBackend::connect(config).await.map_err(err)?,

@@ -13,8 +13,8 @@ use conformance_tests::{
     faults::{env_var, err, signal, unique_name},
     holder_process::ROLE_VAR,
 };
-use lock_core::{LockClient, LockError, LockName, LockOptions};
-use lock_mysql::{MySqlBackend, MySqlConfig, Strategy, TableName};
+use lock_core::{LockError, LockName, LockOptions};
+use lock_mysql::{Strategy, TableName};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, ChildStdout, Command},
@@ -47,16 +47,7 @@ fn wall_secs() -> i64 {
 pub(super) fn child(role: &str) -> ExitCode {
     let result = conformance_tests::runtime().and_then(|runtime| {
         runtime.block_on(async {
-            let name = std::env::var(SKEWED_NAME_VAR).map_err(|e| e.to_string())?;
-            let table = std::env::var(SKEWED_TABLE_VAR).map_err(|e| e.to_string())?;
-            let config = MySqlConfig::new(support::url()?)
-                .strategy(Strategy::Lease)
-                .table(TableName::new(table).map_err(|e| e.to_string())?);
-            let backend = MySqlBackend::connect(&config)
-                .await
-                .map_err(|e| e.to_string())?;
-            let client = LockClient::new(backend);
-            let name = LockName::new(name).map_err(|e| e.to_string())?;
+            let (client, name) = super::child_client(SKEWED_NAME_VAR, SKEWED_TABLE_VAR).await?;
             let got = client
                 .try_lock_with(&name, &options())
                 .await

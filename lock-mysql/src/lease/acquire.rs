@@ -205,8 +205,8 @@ impl LeaseStrategy {
     /// statement that reads the queue, whatever is left of the budget: a free lock is not busy
     /// to a single try.
     ///
-    /// The call's first busy try waits for the lock's [gate] first, when it may
-    /// park and has a wait budget; its budget running out there makes it busy.
+    /// The call's first busy try waits for the lock's [gate] first, when it may park and has a
+    /// wait budget; its budget running out there makes it busy.
     async fn try_once(
         &self,
         request: &AcquireRequest,
@@ -379,7 +379,6 @@ impl LeaseStrategy {
             // The budget ran out waiting for the gate.
             return Ok(Try::Busy(None));
         };
-
         // No place written (nothing to wait for), and the lease taken by someone else since
         // the batch looked: a park needs a place, so queue with the next try, at once.
         if !placed
@@ -444,8 +443,8 @@ impl LeaseStrategy {
     /// so the client's renewals and releases find the other half. `None` when it did not park:
     /// no park permit free, no time to park, or no connection from the pool in time; else
     /// whether its last park was a short one a release woke. A caller holding its lock's
-    /// [gate] parks on the gate's connection, with the gate's permit (a gate
-    /// whose connection fails is dropped, which gives it back).
+    /// [gate] parks on the gate's connection, with the gate's permit (a gate whose connection
+    /// fails is dropped, which gives it back, and the park ends).
     async fn park(
         &self,
         (name, token): (&LockName, &LeaseToken),
@@ -485,13 +484,13 @@ impl LeaseStrategy {
             // Each park takes its connection from the pool (and its length is set once it has
             // one): a release's wake-up and the client's other statements share the pool as
             // they did between a park and a try.
-            // Long parks wait on the anchor only: a release wakes a long parker near the head
-            // as well as the waiter it hands the lease to, and kills of many `SLEEP`s at once
-            // are slow (see `crate::anchor`).
             // A gate lost on the way (its connection failed) took its permit with it.
             if with_gate && !gated.is_some() {
                 break;
             }
+            // Long parks wait on the anchor only: a release wakes a long parker near the head
+            // as well as the waiter it hands the lease to, and kills of many `SLEEP`s at once
+            // are slow (see `crate::anchor`).
             let anchor = self.anchor.name();
             let long = far && anchor.is_some();
             let (mut pooled, until) = (None, Instant::now() + next(long) + ANSWER_GRACE);
@@ -591,8 +590,8 @@ impl LeaseStrategy {
     }
 
     /// A busy try's queue work (see [`Self::queue_up`]); an `arriving` one (the call's first)
-    /// waits for the lock's [gate] first, if it may park. `None` when the budget
-    /// ran out waiting for the gate.
+    /// waits for the lock's [gate] first, if it may park. `None` when the budget ran out
+    /// waiting for the gate.
     ///
     /// Sets `queued` before the queue batch: a call that never sent one (its budget ran out
     /// at the gate) has no place to take out when it ends.

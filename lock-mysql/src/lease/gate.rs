@@ -14,8 +14,8 @@
 //!   place keeps a lease released meanwhile from newcomers' first tries, see
 //!   [`super::queue::busy_batch`]), parks on the gate's connection (it needs no other: a
 //!   waiting client uses one connection) and gives the gate back once granted, or when it
-//!   gives up, in the background. So at most one gate waiter per lock is in the table's queue;
-//!   the others wait in `GET_LOCK`, which costs the server nothing while they wait.
+//!   gives up, in the background. So, as a rule, one gate waiter per lock is in the table's
+//!   queue; the others wait in `GET_LOCK`, which costs the server nothing while they wait.
 //! - **A holder that dies** (its connection ends) gives the gate back with its session. **A
 //!   holder that is paused** (a stopped process) would keep it: the gate's connection runs
 //!   with an idle limit (`wait_timeout`, set before the wait, so it also covers a waiter
@@ -38,7 +38,6 @@ use std::time::{Duration, Instant};
 
 use lock_core::LockName;
 use sqlx::{AssertSqlSafe, MySql, Row, mysql::MySqlRow, pool::PoolConnection};
-
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::ANSWER_GRACE;
@@ -104,7 +103,8 @@ impl Slot {
     }
 }
 
-/// A gate taken out of its [`Slot`], put back when dropped (unless its connection [broke](Borrowed::broken)).
+/// A gate taken out of its [`Slot`], put back when dropped (unless its connection
+/// [broke](Borrowed::broken)).
 pub(crate) struct Borrowed<'a> {
     slot: &'a Slot,
     gate: Option<Gate>,

@@ -222,9 +222,7 @@ impl LeaseStrategy {
         // (678 sessions sampled at once) and the server answered almost nothing for seconds.
         // A first try that finds the row locked goes through the gate if it has a budget to
         // wait, then tries again, waiting for the row (a one-try call only that).
-        let mut nowait = !queued.load(Ordering::Relaxed) && !gate.held() && self.limits.mariadb;
-        // Whether this try went through the gate already.
-        let mut through_gate = false;
+        let mut nowait = !queued.load(Ordering::Relaxed) && !gate.tried() && self.limits.mariadb;
         loop {
             let sent = Instant::now();
             let limit = request
@@ -241,11 +239,9 @@ impl LeaseStrategy {
                 // gate first (with a budget to wait), then the try again, waiting for the row
                 // as long as the budget (a one-try call: `MIN_TRY`).
                 Err(error) if sent_nowait && classify(&error) == Class::LockWait => {
-                    if Instant::now() < request.deadline() {
-                        if !self.enter_gate(request, gate).await {
-                            return Ok(Try::Busy(None));
-                        }
-                        through_gate = true;
+                    if Instant::now() < request.deadline() && !self.enter_gate(request, gate).await
+                    {
+                        return Ok(Try::Busy(None));
                     }
                     continue;
                 }
@@ -270,8 +266,7 @@ impl LeaseStrategy {
             if taken == 0 {
                 // The call's first busy try, with a budget: through the gate.
                 let arriving = !queued.load(Ordering::Relaxed)
-                    && !through_gate
-                    && !gate.held()
+                    && !gate.tried()
                     && Instant::now() < request.deadline();
                 return match self
                     .busy(request, token, turns, until, (gate, queued, arriving))

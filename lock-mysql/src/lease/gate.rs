@@ -61,15 +61,25 @@ pub(crate) struct Gate {
     name: String,
 }
 
-/// The gate an `acquire` call holds, if any (the call's tries take it out and put it back).
+/// The gate an `acquire` call holds, if any (the call's tries take it out and put it back),
+/// and whether the call went for it already: a call waits for its gate at most once (one
+/// that lost it, or passed it, queues without it from then on).
 #[derive(Debug, Default)]
-pub(crate) struct Slot(std::sync::Mutex<Option<Gate>>);
+pub(crate) struct Slot {
+    gate: std::sync::Mutex<Option<Gate>>,
+    tried: std::sync::atomic::AtomicBool,
+}
 
 impl Slot {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Gate>> {
-        self.0
+        self.gate
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the call went for its gate already (see [`enter`]).
+    pub(crate) fn tried(&self) -> bool {
+        self.tried.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Takes the gate out.
@@ -213,6 +223,7 @@ pub(crate) async fn enter(
     (deadline, idle): (Instant, Duration),
     (slot, mariadb): (&Slot, bool),
 ) -> Entered {
+    slot.tried.store(true, std::sync::atomic::Ordering::Relaxed);
     let Ok(permit) = parking.clone().try_acquire_owned() else {
         return Entered::Passed;
     };

@@ -10,10 +10,7 @@ use lock_core::{
     Fence, Lease, LockError, LockName,
     backend::{AcquireRequest, Attempt, Grant, LeaseToken, local_deadline, poll_until_acquired},
 };
-use sqlx::{
-    AssertSqlSafe, Row,
-    mysql::{MySqlQueryResult, MySqlRow},
-};
+use sqlx::{AssertSqlSafe, Row, mysql::MySqlQueryResult};
 
 use super::{
     ANSWER_GRACE, Arg, LeaseStrategy, MIN_TRY,
@@ -63,7 +60,7 @@ impl Drop for PlaceGuard<'_> {
     }
 }
 
-/// What a busy batch found (see [`LeaseStrategy::read_queue`]).
+/// What a busy batch found (see [`LeaseStrategy::queue_up`]).
 type Queued = (Option<LeaseState>, i64, bool);
 
 /// The outcome of one acquire try.
@@ -631,27 +628,10 @@ impl LeaseStrategy {
         entered != Entered::TimedOut
     }
 
-    /// The busy batch of `token` on `name` (see [`queue::busy_batch`]).
-    fn busy_sql(
-        &self,
-        name: &LockName,
-        token: &LeaseToken,
-        turns: (Duration, Duration),
-        placing: queue::Placing,
-    ) -> String {
-        queue::busy_batch(
-            &self.table,
-            name.as_str().as_bytes(),
-            token.as_str().as_bytes(),
-            turns,
-            placing,
-            LEASE_COLUMNS,
-            self.limits.mariadb,
-        )
-    }
-
-    /// A busy try's queue work in one round trip (see [`queue::busy_batch`]), read by
-    /// [`Self::read_queue`].
+    /// A busy try's queue work in one round trip (see [`queue::busy_batch`]): the judged
+    /// lease row of `name` (`None` when there is none), how many waiters are ahead of
+    /// `token` (0 up to [`queue::NEAR`], which stands for that many or more), and whether
+    /// `token` has a place now.
     async fn queue_up(
         &self,
         name: &LockName,
@@ -660,7 +640,15 @@ impl LeaseStrategy {
         placing: queue::Placing,
     ) -> Result<Queued, LockError> {
         let what = || format!("queueing for `{name}`");
-        let sql = self.busy_sql(name, token, turns, placing);
+        let sql = queue::busy_batch(
+            &self.table,
+            name.as_str().as_bytes(),
+            token.as_str().as_bytes(),
+            turns,
+            placing,
+            LEASE_COLUMNS,
+            self.limits.mariadb,
+        );
         let batch = || retry_deadlocks(|| run_pooled(&self.pool, sql.clone(), until));
         // Once more if a release's wake-up meant for this client's park landed on the batch
         // (it found the park's marker just before the park ended).
@@ -669,15 +657,7 @@ impl LeaseStrategy {
             other => other,
         }
         .map_err(|e| LockError::from(Error::new(what(), e)))?;
-        self.read_queue(name, &rows)
-    }
-
-    /// The answers of a busy batch: the judged lease row of `name` (`None` when there is
-    /// none), how many waiters are ahead of the caller (0 up to [`queue::NEAR`], which stands
-    /// for that many or more), and whether the caller has a place now.
-    fn read_queue(&self, name: &LockName, rows: &[MySqlRow]) -> Result<Queued, LockError> {
-        let what = || format!("queueing for `{name}`");
-        let state = tagged(rows, "row")
+        let state = tagged(&rows, "row")
             .next()
             .map(|row| {
                 LeaseRow::read(row, 1)
@@ -685,7 +665,7 @@ impl LeaseStrategy {
                     .judge(&self.table, name)
             })
             .transpose()?;
-        let (ahead, placed) = tagged(rows, "ahead")
+        let (ahead, placed) = tagged(&rows, "ahead")
             .next()
             .map(|row| Ok::<_, sqlx::Error>((row.try_get::<i64, _>(1)?, row.try_get::<i64, _>(2)?)))
             .transpose()

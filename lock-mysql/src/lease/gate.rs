@@ -51,8 +51,8 @@ const GATE: &str = "lock-mysql/gate/";
 
 /// The gate of one `acquire` call, held: its connection (which parks, see
 /// [`super::LeaseStrategy::park`]) and the park permit it took. Dropped without
-/// [`Gate::leave`] (the call dropped, or its connection failed), its connection is closed,
-/// which gives the gate back.
+/// [`Gate::leave`] (the call dropped, while it waits for the gate too, or its connection
+/// failed), its connection is closed, which gives the gate back or ends the wait.
 #[derive(Debug)]
 pub(crate) struct Gate {
     conn: Option<PoolConnection<MySql>>,
@@ -231,31 +231,31 @@ pub(crate) async fn enter(
     let Ok(conn) = within(until, pool.acquire()).await else {
         return Entered::Passed;
     };
-    // Closed unless kept: a call dropped during the wait must not leave the wait running on
-    // a pooled connection, which would take the gate later for nobody.
-    let mut conn = Closing(Some(conn));
-    let gate = name_expr(table, name.as_str().as_bytes());
-    let wait = deadline.saturating_duration_since(Instant::now());
-    let sql = enter_sql(&gate, wait, idle, mariadb);
-    let Some(waiting) = conn.0.as_mut() else {
-        return Entered::Passed;
+    // A gate from the start: dropped on any path but the two below (a call dropped during
+    // the wait included), it closes its connection, so no wait goes on for nobody on a
+    // connection back in the pool.
+    let mut gate = Gate {
+        conn: Some(conn),
+        _permit: permit,
+        name: name_expr(table, name.as_str().as_bytes()),
     };
-    match within(until, run(waiting, AssertSqlSafe(sql))).await {
+    let wait = deadline.saturating_duration_since(Instant::now());
+    let sql = enter_sql(&gate.name, wait, idle, mariadb);
+    match gate.run(sql, until).await {
         Ok(rows) => match gate_answer(&rows) {
             Some(1) => {
-                slot.put(Gate {
-                    conn: conn.keep(),
-                    _permit: permit,
-                    name: gate,
-                });
+                slot.put(gate);
                 Entered::Held
             }
             Some(0) => {
                 // Nothing taken; the connection goes back with its idle limit.
-                let restore = "SET SESSION wait_timeout = @lm_idle";
-                let until = Instant::now() + ANSWER_GRACE;
-                if within(until, run(waiting, restore)).await.is_ok() {
-                    drop(conn.keep());
+                let restore = "SET SESSION wait_timeout = @lm_idle".to_owned();
+                if gate
+                    .run(restore, Instant::now() + ANSWER_GRACE)
+                    .await
+                    .is_ok()
+                {
+                    drop(gate.conn.take());
                 }
                 Entered::TimedOut
             }
@@ -271,26 +271,13 @@ pub(crate) async fn enter(
     }
 }
 
-/// A pooled connection that is closed when dropped (a statement may still run on it), unless
-/// [kept](Closing::keep).
-struct Closing(Option<PoolConnection<MySql>>);
-
-impl Closing {
-    /// The connection, no longer closed when this drops.
-    fn keep(&mut self) -> Option<PoolConnection<MySql>> {
-        self.0.take()
-    }
-}
-
-impl Drop for Closing {
-    fn drop(&mut self) {
-        if let Some(conn) = self.0.as_mut() {
-            conn.close_on_drop();
-        }
-    }
-}
-
 impl Gate {
+    /// Runs `sql` on the gate's connection, its answer awaited until `until`.
+    async fn run(&mut self, sql: String, until: Instant) -> Result<Vec<MySqlRow>, sqlx::Error> {
+        let conn = self.conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+        within(until, run(conn, AssertSqlSafe(sql))).await
+    }
+
     /// Gives the gate back in the background (the caller does not wait for it), and its
     /// connection its idle limit; a connection that fails to is closed (which gives the gate
     /// back too). The park permit goes back at once (the caller may park on another

@@ -22,6 +22,7 @@ use crate::{
     keys::RedisKeys as Keys,
     ops::{self, Queueing, Try},
     scripts::{self, Mark},
+    subscriber::Subscriber,
     waiters::{Registration, Waiters, WakeUp},
 };
 
@@ -95,13 +96,16 @@ impl RedisBackend {
             .query_async(&mut conn)
             .await
             .map_err(|e| Error::new(format!("PING to {}", redacted(&config.urls).join(",")), e))?;
-        // Release messages of a cluster reach every node, so one node serves all waiters.
-        let pubsub = connection::client(&first, &roots)?;
+        let subscriber = if config.cluster {
+            Subscriber::Cluster(config.urls.clone(), config.response_timeout)
+        } else {
+            Subscriber::Single(connection::client(&first, &roots)?)
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 server: redacted(&config.urls).join(","),
                 conn,
-                waiters: Waiters::new(pubsub, config.response_timeout, !config.cluster),
+                waiters: Waiters::new(subscriber, config.response_timeout),
                 config,
             }),
         })
@@ -175,13 +179,13 @@ impl RedisBackend {
         })
     }
 
-    /// How releases tell waiters: each named waiter's client on its own channel, but on a
-    /// cluster once on the lock's channel (see [`scripts::RELEASE`]).
+    /// How releases tell each named waiter's client on its own channel: a shard channel on a
+    /// cluster (see [`scripts::RELEASE`]).
     pub(crate) fn tell(&self) -> ops::Tell {
         if self.inner.config.cluster {
-            ops::Tell::Everyone
+            ops::Tell::ShardPublish
         } else {
-            ops::Tell::Clients
+            ops::Tell::Publish
         }
     }
 

@@ -134,10 +134,7 @@ impl Conn {
 
     /// Connects to a cluster through its seed nodes; fails when none answers.
     pub(crate) async fn cluster(urls: &[String], timeout: Duration) -> Result<Self, LockError> {
-        let client = ClusterClientBuilder::new(urls.to_vec())
-            .response_timeout(timeout)
-            .connection_timeout(timeout)
-            .tcp_settings(tcp_settings())
+        let client = cluster_builder(urls, timeout)
             .build()
             .map_err(|e| invalid_url(&urls.join(","), e))?;
         let conn = client.get_async_connection().await.map_err(|e| {
@@ -149,6 +146,14 @@ impl Conn {
         })?;
         Ok(Self::Cluster(conn))
     }
+}
+
+/// A cluster client through the seed nodes `urls`, each network step bounded by `timeout`.
+pub(crate) fn cluster_builder(urls: &[String], timeout: Duration) -> ClusterClientBuilder {
+    ClusterClientBuilder::new(urls.to_vec())
+        .response_timeout(timeout)
+        .connection_timeout(timeout)
+        .tcp_settings(tcp_settings())
 }
 
 fn invalid_url(url: &str, error: redis::RedisError) -> LockError {

@@ -28,8 +28,9 @@ pub struct RedisKeys {
     /// publishes on [`channel`](Self::channel).
     pub waiters: String,
     /// The stem of the release channels: a release that found the waiter mark sends a message
-    /// to the client of each waiter it names, on `<channel>:<client id>` (on a cluster, once on
-    /// `<channel>` itself, which every waiting client listens on).
+    /// to the client of each waiter it names, on `<channel>:<client id>` (on a cluster a shard
+    /// channel, on the lock's node: it has the lock's hash tag). Nothing is published on
+    /// `<channel>` itself.
     pub channel: String,
     /// The waiters' queue: a sorted set of their owner tokens by arrival (server µs).
     pub queue: String,

@@ -12,6 +12,7 @@ mod migration_record;
 mod ops;
 mod redlock;
 mod scripts;
+mod subscriber;
 mod waiters;
 
 pub use backend::RedisBackend;

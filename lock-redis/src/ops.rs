@@ -387,13 +387,24 @@ impl Renewals {
     }
 }
 
-/// How a release tells the waiters it names (see [`scripts::RELEASE`]).
+/// How a release tells each waiter it names, on its client's own channel (see
+/// [`scripts::RELEASE`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tell {
-    /// On each named waiter's client's own channel.
-    Clients,
-    /// Once, on the lock's channel (a cluster).
-    Everyone,
+    /// `PUBLISH` (one server).
+    Publish,
+    /// `SPUBLISH`, on a shard channel (a cluster).
+    ShardPublish,
+}
+
+impl Tell {
+    /// The command that publishes.
+    fn command(self) -> &'static str {
+        match self {
+            Self::Publish => "PUBLISH",
+            Self::ShardPublish => "SPUBLISH",
+        }
+    }
 }
 
 /// Releases if the key holds `token`; true when it did. Waiters named by the release are told
@@ -413,7 +424,7 @@ pub(crate) async fn release<C: ConnectionLike + Send>(
         .arg(token.as_str())
         .arg(&keys.channel)
         .arg(scripts::HANDOFF_MS)
-        .arg(u8::from(tell == Tell::Clients))
+        .arg(tell.command())
         .invoke_async(conn)
         .await
         .map_err(|e| Error::new("release", e))?;

@@ -1,7 +1,8 @@
 //! Push wake-ups: one pub/sub connection per client, shared by every waiting lock.
 //!
 //! A waiter registers for its lock's release channel *of this client* (`<stem>:<client id>`,
-//! subscribing on the shared connection if no other waiter of this client already did), then
+//! subscribing on the shared connection if no other waiter of this client already did; on a
+//! cluster a shard channel, see [`crate::subscriber`]), then
 //! retries when a release message arrives. A release publishes only to the clients of the waiters
 //! it names, so its cost does not grow with the number of waiting clients. Each message wakes one
 //! waiter of this client, not all of them: only one can win, and the others would only queue their
@@ -28,8 +29,10 @@ use futures::{
     FutureExt, StreamExt,
     future::{BoxFuture, Shared},
 };
-use redis::{RedisError, aio::PubSubSink};
+use redis::RedisError;
 use tokio::{sync::Notify, task::AbortHandle};
+
+use crate::subscriber::{Sink, Subscriber};
 
 /// How long after a failed subscription (a refused `SUBSCRIBE`, a connection that could not
 /// be opened or stopped answering) no new one is tried: waiters retry on their own meanwhile.
@@ -41,9 +44,7 @@ const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 pub(crate) struct Waiters {
     /// This client's id: its waiters' release messages come on `<channel>:<id>`.
     id: u64,
-    /// Whether releases tell each client on its own channel (else on the lock's channel).
-    per_client: bool,
-    client: redis::Client,
+    subscriber: Subscriber,
     /// The bound of each network step on the pub/sub connection.
     timeout: Duration,
     state: Mutex<State>,
@@ -54,7 +55,7 @@ pub(crate) struct Waiters {
 #[derive(Default)]
 struct State {
     channels: HashMap<String, Channel>,
-    sink: Option<PubSubSink>,
+    sink: Option<Sink>,
     /// The task reading the connection's messages; it owns the connection's stream.
     reader: Option<AbortHandle>,
     subscribed: HashSet<String>,
@@ -117,25 +118,18 @@ fn timed_out(what: &str) -> RedisError {
 }
 
 impl Waiters {
-    /// Waiters whose pub/sub connection comes from `client`, each of its network steps bounded
-    /// by `timeout`; `per_client`: releases tell this client on a channel of its own (see
-    /// [`Self::channel`]).
-    pub(crate) fn new(client: redis::Client, timeout: Duration, per_client: bool) -> Arc<Self> {
-        Self::with_id(client, timeout, per_client, rand::random::<u64>().max(1))
+    /// Waiters whose pub/sub connection comes from `subscriber`, each of its network steps
+    /// bounded by `timeout`.
+    pub(crate) fn new(subscriber: Subscriber, timeout: Duration) -> Arc<Self> {
+        Self::with_id(subscriber, timeout, rand::random::<u64>().max(1))
     }
 
     /// Like [`Self::new`], under the client id `id` (never 0): Redlock's waiters have one
     /// pub/sub connection per server and give every server the same id.
-    pub(crate) fn with_id(
-        client: redis::Client,
-        timeout: Duration,
-        per_client: bool,
-        id: u64,
-    ) -> Arc<Self> {
+    pub(crate) fn with_id(subscriber: Subscriber, timeout: Duration, id: u64) -> Arc<Self> {
         Arc::new(Self {
             id: id.max(1),
-            per_client,
-            client,
+            subscriber,
             timeout,
             state: Mutex::new(State::default()),
             ops: tokio::sync::Mutex::new(()),
@@ -149,14 +143,9 @@ impl Waiters {
     }
 
     /// The channel on which releases of the lock whose release channels stem from `stem`
-    /// (see [`crate::RedisKeys::channel`]) tell this client's waiters: its own, or the lock's
-    /// (`stem` itself) when releases tell everyone.
+    /// (see [`crate::RedisKeys::channel`]) tell this client's waiters.
     pub(crate) fn channel(&self, stem: &str) -> String {
-        if self.per_client {
-            format!("{stem}:{}", self.id)
-        } else {
-            stem.to_owned()
-        }
+        format!("{stem}:{}", self.id)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -282,22 +271,21 @@ impl Waiters {
     }
 
     /// Opens the pub/sub connection and starts its reader. Called under `ops`.
-    async fn connect(self: &Arc<Self>) -> Result<(PubSubSink, u64), RedisError> {
-        let (sink, mut stream) = self.client.get_async_pubsub().await?.split();
+    async fn connect(self: &Arc<Self>) -> Result<(Sink, u64), RedisError> {
+        let (sink, mut stream) = self.subscriber.connect().await?;
         let mut state = self.state();
         state.generation += 1;
         let generation = state.generation;
         let waiters = Arc::downgrade(self);
         let reader = tokio::spawn(async move {
-            while let Some(message) = stream.next().await {
+            while let Some((channel, payload)) = stream.next().await {
                 let Some(waiters) = waiters.upgrade() else {
                     return;
                 };
-                let payload: String = message.get_payload().unwrap_or_default();
                 let wake = waiters
                     .state()
                     .channels
-                    .get(message.get_channel_name())
+                    .get(&channel)
                     .and_then(|c| wake_for(c, &payload));
                 // One waiter per release: the first in line if it is one of ours (in the single
                 // server's backend a sibling that is not passes the wake-up on, and so does a
@@ -350,7 +338,8 @@ impl Waiters {
                 .collect();
             (state.reader.take(), notifies)
         };
-        // The reader owns the stream: ending it closes the connection.
+        // The reader owns the stream: ending it closes the connection (a cluster's closes
+        // when the last handle on it, `sink` and those of steps under way, is gone).
         if let Some(reader) = reader {
             reader.abort();
         }

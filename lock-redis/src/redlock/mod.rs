@@ -311,7 +311,7 @@ impl RedlockBackend {
     ) -> Vec<Vote<bool>> {
         self.everywhere("release", |mut conn| async move {
             // Each server tells the clients of the first two waiters it names (see `wakeups`).
-            ops::release(&mut conn, keys, token, ops::Tell::Clients).await
+            ops::release(&mut conn, keys, token, ops::Tell::Publish).await
         })
         .await
     }

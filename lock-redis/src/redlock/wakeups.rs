@@ -23,6 +23,7 @@ use tokio::sync::{Notify, futures::Notified};
 use crate::{
     connection::{self, TlsRoots},
     scripts,
+    subscriber::Subscriber,
     waiters::{Registration, Waiters},
 };
 
@@ -46,7 +47,7 @@ impl Wakeups {
             .iter()
             .map(|url| {
                 let client = connection::client(url, &TlsRoots::default())?;
-                Ok(Waiters::with_id(client, timeout, true, id))
+                Ok(Waiters::with_id(Subscriber::Single(client), timeout, id))
             })
             .collect::<Result<_, LockError>>()?;
         Ok(Self { servers, id })

@@ -67,6 +67,24 @@ async fn exists_on(url: &str, key: &str) -> Result<bool, Failure> {
         .map_err(fail("EXISTS"))
 }
 
+/// The test cluster's seed nodes.
+fn cluster_urls() -> Result<Vec<String>, Failure> {
+    Ok(env_var("LOCK_TEST_REDIS_CLUSTER_URLS")?
+        .split(',')
+        .map(str::to_owned)
+        .collect())
+}
+
+/// A lock client of the test cluster, with a backend (and connections) of its own.
+async fn cluster_client(urls: &[String]) -> Result<LockClient, Failure> {
+    let config = RedisConfig::cluster(urls.to_vec()).key_prefix("faults");
+    Ok(LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("cluster connect"))?,
+    ))
+}
+
 /// A lock client of the single test server, with a backend (and connections) of its own.
 async fn single_client(url: &str) -> Result<LockClient, Failure> {
     let config = RedisConfig::single(url).key_prefix("faults");
@@ -93,34 +111,9 @@ async fn marked(conn: &mut MultiplexedConnection, keys: &RedisKeys) -> Result<bo
 fn main() -> ExitCode {
     let cases = renewals::cases(conformance_tests::Cases::<Failure>::new("redis faults"));
     let cases = wakeups::cases(cases);
+    let cases = queue::cases(cases);
+    let cases = pubsub::cases(cases);
     outages::list_cases(cases)
-        .case("a_dead_waiter_stalls_the_lock_briefly", || {
-            Box::pin(queue::a_dead_waiter_stalls_the_lock_briefly())
-        })
-        .case("a_release_to_a_dead_waiter_reaches_the_next", || {
-            Box::pin(queue::a_release_to_a_dead_waiter_reaches_the_next())
-        })
-        .case("a_release_tells_only_the_clients_it_names", || {
-            Box::pin(queue::a_release_tells_only_the_clients_it_names())
-        })
-        .case("redlock_dead_waiter_stalls_the_lock_briefly", || {
-            Box::pin(queue::redlock_dead_waiter_stalls_the_lock_briefly())
-        })
-        .case("a_denied_subscribe_is_retried_slowly", || {
-            Box::pin(pubsub::a_denied_subscribe_is_retried_slowly())
-        })
-        .case("a_refused_subscribe_keeps_the_other_subscriptions", || {
-            Box::pin(pubsub::a_refused_subscribe_keeps_the_other_subscriptions())
-        })
-        .case("a_dropped_client_closes_its_pubsub_connection", || {
-            Box::pin(pubsub::a_dropped_client_closes_its_pubsub_connection())
-        })
-        .case("waiters_share_one_pubsub_connection", || {
-            Box::pin(pubsub::waiters_share_one_pubsub_connection())
-        })
-        .case("half_open_pubsub_keeps_the_wait_budget", || {
-            Box::pin(pubsub::half_open_pubsub_keeps_the_wait_budget())
-        })
         .case("unreachable_server_is_unavailable", || {
             Box::pin(outages::unreachable_server_is_unavailable())
         })

@@ -8,7 +8,7 @@ use std::{
 };
 
 use conformance_tests::{
-    Failure, Outcome, ensure,
+    Cases, Failure, Outcome, ensure,
     faults::{Relay, env_var, fail, poll_until, unique_name},
 };
 use lock_core::{LockError, LockOptions};
@@ -16,6 +16,26 @@ use lock_redis::RedisKeys;
 use redis::{ConnectionAddr, IntoConnectionInfo, aio::MultiplexedConnection};
 
 use super::{raw_conn, single_client};
+
+/// The cases of this file.
+pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
+    cases
+        .case("a_denied_subscribe_is_retried_slowly", || {
+            Box::pin(a_denied_subscribe_is_retried_slowly())
+        })
+        .case("a_refused_subscribe_keeps_the_other_subscriptions", || {
+            Box::pin(a_refused_subscribe_keeps_the_other_subscriptions())
+        })
+        .case("a_dropped_client_closes_its_pubsub_connection", || {
+            Box::pin(a_dropped_client_closes_its_pubsub_connection())
+        })
+        .case("waiters_share_one_pubsub_connection", || {
+            Box::pin(waiters_share_one_pubsub_connection())
+        })
+        .case("half_open_pubsub_keeps_the_wait_budget", || {
+            Box::pin(half_open_pubsub_keeps_the_wait_budget())
+        })
+}
 
 /// Every waiting lock of one client shares one pub/sub connection.
 pub(super) async fn waiters_share_one_pubsub_connection() -> Outcome {

@@ -8,7 +8,7 @@ use conformance_tests::{
     Cases, Failure, Outcome,
     bench::{sent_between, sent_segments},
     ensure,
-    faults::{env_var, fail, unique_name},
+    faults::{fail, unique_name},
 };
 use futures::{StreamExt, TryStreamExt, stream};
 use lock_core::{
@@ -113,10 +113,7 @@ const CLUSTER_LOCKS: usize = 2_500;
 /// second batch goes out in pipelines: this process sends the nodes at most one TCP segment
 /// per 100 leases (renewed one request each, 10,000 leases took 496 segments).
 async fn cluster_renews_across_nodes_in_one_batch() -> Outcome {
-    let urls: Vec<String> = env_var("LOCK_TEST_REDIS_CLUSTER_URLS")?
-        .split(',')
-        .map(str::to_owned)
-        .collect();
+    let urls = super::cluster_urls()?;
     let backend = RedisBackend::connect(RedisConfig::cluster(urls.clone()).key_prefix("faults"))
         .await
         .map_err(fail("cluster connect"))?;

@@ -17,10 +17,7 @@ use super::raw_conn;
 /// `SCRIPT LOAD` goes to every node and waits for all of them, so one silent node made the
 /// release time out.
 pub(super) async fn cluster_release_needs_only_the_locks_node() -> Outcome {
-    let urls: Vec<String> = env_var("LOCK_TEST_REDIS_CLUSTER_URLS")?
-        .split(',')
-        .map(str::to_owned)
-        .collect();
+    let urls = super::cluster_urls()?;
     let mut config = RedisConfig::cluster(urls.clone()).key_prefix("faults");
     // Below the cluster's node time-out (2 s): a node silent that long is failed over.
     config.response_timeout = Duration::from_millis(500);

@@ -15,7 +15,7 @@ use lock_core::{LockError, LockOptions};
 use lock_redis::RedisKeys;
 use redis::{ConnectionAddr, IntoConnectionInfo, aio::MultiplexedConnection};
 
-use super::{raw_conn, single_client};
+use super::{raw_conn, single_client, until_marked};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
@@ -25,6 +25,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         })
         .case("a_refused_subscribe_keeps_the_other_subscriptions", || {
             Box::pin(a_refused_subscribe_keeps_the_other_subscriptions())
+        })
+        .case("a_release_whose_message_is_refused_still_releases", || {
+            Box::pin(a_release_whose_message_is_refused_still_releases())
         })
         .case("a_dropped_client_closes_its_pubsub_connection", || {
             Box::pin(a_dropped_client_closes_its_pubsub_connection())
@@ -340,6 +343,41 @@ pub(super) async fn a_dropped_client_closes_its_pubsub_connection() -> Outcome {
         )
         .await;
         closed.map_err(|Failure(why)| Failure(format!("{why}: {left} left open")))
+    })
+    .await
+}
+
+/// A release whose message the server refuses (here the holder's ACL allows no channel, so
+/// no `PUBLISH`) still releases, and says so: the script deleted the key before it published,
+/// and an error from the publish made the caller believe the release failed while the lock
+/// was free (a script's writes stay when it fails). The waiter, not woken, takes the lock at
+/// the holder's expiry.
+pub(super) async fn a_release_whose_message_is_refused_still_releases() -> Outcome {
+    with_acl_user("resetchannels", async |url, user, admin| {
+        let holder = single_client(&user.url).await?;
+        let waiter = single_client(url).await?;
+        let lock = unique_name("refused-message")?;
+        let keys = RedisKeys::new("faults", &lock);
+        let held = holder
+            .lock_with(&lock, &LockOptions::new().ttl(Duration::from_secs(2)))
+            .await
+            .map_err(fail("holder's acquire"))?;
+        let waiting = {
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                let options = LockOptions::new().wait(Duration::from_secs(10));
+                waiter.lock_with(&lock, &options).await
+            })
+        };
+        until_marked(admin, &keys, "the waiter").await?;
+        held.release()
+            .await
+            .map_err(fail("a release whose message was refused"))?;
+        let guard = waiting
+            .await
+            .map_err(fail("waiter task"))?
+            .map_err(fail("the waiter after the release"))?;
+        guard.release().await.map_err(fail("waiter's release"))
     })
     .await
 }

@@ -25,7 +25,7 @@ pub struct RedisKeys {
     /// The fence counter; it outlives releases so fences never go back.
     pub fence: String,
     /// Present while some client waits for the lock; a release that finds it deletes it and
-    /// publishes on [`channel`](Self::channel).
+    /// tells the waiters it names (see [`channel`](Self::channel)).
     pub waiters: String,
     /// The stem of the release channels: a release that found the waiter mark sends a message
     /// to the client of each waiter it names, on `<channel>:<client id>` (on a cluster a shard

@@ -35,20 +35,31 @@ pub(crate) enum Sink {
     Cluster(ClusterConnection),
 }
 
-/// A connection's release messages, `(channel, payload)`, until the connection ends (on a
-/// cluster, until any of its node connections drops: what was subscribed there may have
-/// missed a message, so its waiters subscribe again on a new connection).
-pub(crate) type Messages = BoxStream<'static, (String, String)>;
+/// What a pub/sub connection hears, until it ends (on a cluster, until any of its node
+/// connections drops: what was subscribed there may have missed a message, so its waiters
+/// subscribe again on a new connection).
+pub(crate) type Events = BoxStream<'static, Event>;
+
+/// One thing a pub/sub connection heard.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A release message: its channel and payload.
+    Message(String, String),
+    /// The server ended the subscription of this shard channel on its own: its slot moved to
+    /// another node (or the confirmation of an unsubscribe the waiters asked for). The
+    /// `redis` crate forgets the channel, so it does not subscribe it again anywhere.
+    Dropped(String),
+}
 
 impl Subscriber {
     /// Opens a pub/sub connection.
-    pub(crate) async fn connect(&self) -> RedisResult<(Sink, Messages)> {
+    pub(crate) async fn connect(&self) -> RedisResult<(Sink, Events)> {
         match self {
             Self::Single(client) => {
                 let (sink, stream) = client.get_async_pubsub().await?.split();
                 let messages = stream.map(|message| {
                     let payload: String = message.get_payload().unwrap_or_default();
-                    (message.get_channel_name().to_owned(), payload)
+                    Event::Message(message.get_channel_name().to_owned(), payload)
                 });
                 Ok((Sink::Single(sink), messages.boxed()))
             }
@@ -62,24 +73,25 @@ impl Subscriber {
                     .await?;
                 let messages = received
                     .take_while(|push: &PushInfo| ready(push.kind != PushKind::Disconnection))
-                    .filter_map(|push| ready(shard_message(push)));
+                    .filter_map(|push| ready(shard_event(push)));
                 Ok((Sink::Cluster(conn), messages.boxed()))
             }
         }
     }
 }
 
-/// The channel and payload of a shard channel's message; `None` for any other push (the
+/// What a push on a cluster connection says of shard channels; `None` for anything else (the
 /// confirmations of subscriptions, say).
-fn shard_message(push: PushInfo) -> Option<(String, String)> {
-    if push.kind != PushKind::SMessage {
-        return None;
-    }
-    let [channel, payload] = &push.data[..] else {
-        return None;
-    };
+fn shard_event(push: PushInfo) -> Option<Event> {
     let text = |value: &Value| redis::from_redis_value_ref::<String>(value).ok();
-    Some((text(channel)?, text(payload).unwrap_or_default()))
+    match (push.kind, &push.data[..]) {
+        (PushKind::SMessage, [channel, payload]) => Some(Event::Message(
+            text(channel)?,
+            text(payload).unwrap_or_default(),
+        )),
+        (PushKind::SUnsubscribe, [channel, ..]) => Some(Event::Dropped(text(channel)?)),
+        _ => None,
+    }
 }
 
 impl Sink {

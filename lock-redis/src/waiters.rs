@@ -32,7 +32,7 @@ use futures::{
 use redis::RedisError;
 use tokio::{sync::Notify, task::AbortHandle};
 
-use crate::subscriber::{Sink, Subscriber};
+use crate::subscriber::{Event, Sink, Subscriber};
 
 /// How long after a failed subscription (a refused `SUBSCRIBE`, a connection that could not
 /// be opened or stopped answering) no new one is tried: waiters retry on their own meanwhile.
@@ -97,6 +97,14 @@ struct Channel {
     /// The subscription under way for this channel, shared by its waiters, so a waiter that
     /// loops while the connection does not answer does not queue one more per turn.
     pending: Option<Pending>,
+}
+
+impl Channel {
+    /// The channel's notifier and each of its waiters' own (Redlock's waiters wait on those).
+    fn notifiers(&self) -> Vec<Arc<Notify>> {
+        let named = self.tokens.values().map(|named| named.first.clone());
+        std::iter::once(self.notify.clone()).chain(named).collect()
+    }
 }
 
 /// Whether `error` is the server's refusal of a command (an error reply: `NOPERM` from an ACL,
@@ -246,6 +254,13 @@ impl Waiters {
         match tokio::time::timeout(self.timeout, sink.subscribe(channel)).await {
             Ok(Ok(())) => {
                 let mut state = self.state();
+                // The connection ended while the server confirmed: its waiters were woken
+                // before this subscription counted, so this waiter would not be.
+                if state.generation != generation || state.sink.is_none() {
+                    return Err(
+                        io::Error::other("the pub/sub connection ended while subscribing").into(),
+                    );
+                }
                 state.subscribed.insert(channel.to_owned());
                 state.retry_after = None;
                 Ok(())
@@ -278,9 +293,16 @@ impl Waiters {
         let generation = state.generation;
         let waiters = Arc::downgrade(self);
         let reader = tokio::spawn(async move {
-            while let Some((channel, payload)) = stream.next().await {
+            while let Some(event) = stream.next().await {
                 let Some(waiters) = waiters.upgrade() else {
                     return;
+                };
+                let (channel, payload) = match event {
+                    Event::Message(channel, payload) => (channel, payload),
+                    Event::Dropped(channel) => {
+                        waiters.dropped(&channel);
+                        continue;
+                    }
                 };
                 let wake = waiters
                     .state()
@@ -317,6 +339,25 @@ impl Waiters {
         Ok((sink, generation))
     }
 
+    /// The server ended the subscription of `channel` (a cluster's slot moved): if it still
+    /// counts as subscribed, it no longer does, and its waiters are woken to try once and
+    /// subscribe again (on the slot's new node). Without this they slept, marked as waiting,
+    /// until the holder's expiry at each turn, while releases published on the new node
+    /// (fault case `a_waiter_hears_releases_after_its_slot_moves`). An unsubscribe the waiters
+    /// asked for took the channel out before it was sent: its confirmation changes nothing.
+    fn dropped(&self, channel: &str) {
+        let notifies = {
+            let mut state = self.state();
+            if !state.subscribed.remove(channel) {
+                return;
+            }
+            state.channels.get(channel).map(Channel::notifiers)
+        };
+        for notify in notifies.into_iter().flatten() {
+            notify.notify_waiters();
+        }
+    }
+
     /// Forgets the connection of `generation` (if it is still the current one), closes it, and
     /// wakes every waiter to subscribe again on a new one.
     fn disconnect(&self, generation: u64) {
@@ -327,14 +368,10 @@ impl Waiters {
             }
             state.sink = None;
             state.subscribed.clear();
-            // The channels' notifiers, and each waiter's own (Redlock's waiters wait on those).
             let notifies: Vec<_> = state
                 .channels
                 .values()
-                .flat_map(|c| {
-                    let named = c.tokens.values().map(|named| named.first.clone());
-                    std::iter::once(c.notify.clone()).chain(named)
-                })
+                .flat_map(Channel::notifiers)
                 .collect();
             (state.reader.take(), notifies)
         };

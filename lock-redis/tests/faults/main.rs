@@ -15,6 +15,7 @@ mod queue;
 mod renewals;
 mod replicas;
 mod scripts;
+mod slots;
 mod wakeups;
 
 use std::{process::ExitCode, time::Duration};
@@ -113,6 +114,7 @@ fn main() -> ExitCode {
     let cases = wakeups::cases(cases);
     let cases = queue::cases(cases);
     let cases = pubsub::cases(cases);
+    let cases = slots::cases(cases);
     outages::list_cases(cases)
         .case("unreachable_server_is_unavailable", || {
             Box::pin(outages::unreachable_server_is_unavailable())

@@ -373,6 +373,10 @@ pub(super) async fn a_release_whose_message_is_refused_still_releases() -> Outco
         held.release()
             .await
             .map_err(fail("a release whose message was refused"))?;
+        ensure!(
+            user.channel_denials(admin, &keys.channel).await? >= 1,
+            "the server refused no message of the release: the case tests nothing"
+        );
         let guard = waiting
             .await
             .map_err(fail("waiter task"))?

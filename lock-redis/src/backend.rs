@@ -321,12 +321,24 @@ impl RedisBackend {
                 left: pttl,
                 queued: false,
             })),
-            Try::Queued { turn, .. } => Ok(Err(Busy {
-                left: Some(turn),
+            Try::Queued { turn, rank } => Ok(Err(Busy {
+                left: Some(turn + behind_the_second(rank)),
                 queued: true,
             })),
         }
     }
+}
+
+/// How much later than the end of the first waiter's turn a waiter at `rank` in the queue
+/// (0 first) tries again, unless a release names it first: the second in line at the turn's
+/// end (it steps in for a first that did not come), each one behind it a turn later than the
+/// one before: every waiter that tried during a turn tried again at its end, all at once,
+/// so a herd's tries could delay the next first past its own turn (fault case
+/// `waiters_behind_a_turn_retry_one_at_a_time`). A waiter that does not know its rank tries
+/// at the turn's end.
+fn behind_the_second(rank: Option<u64>) -> Duration {
+    let behind = rank.map_or(0, |rank| rank.saturating_sub(1));
+    Duration::from_millis(scripts::HANDOFF_MS.saturating_mul(behind))
 }
 
 /// A busy try: how long the lock stays taken (when the server said), and whether it is free

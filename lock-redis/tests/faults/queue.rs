@@ -25,6 +25,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         .case("a_release_to_a_dead_waiter_reaches_the_next", || {
             Box::pin(a_release_to_a_dead_waiter_reaches_the_next())
         })
+        .case("waiters_behind_a_turn_retry_one_at_a_time", || {
+            Box::pin(waiters_behind_a_turn_retry_one_at_a_time())
+        })
         .case("a_release_tells_only_the_clients_it_names", || {
             Box::pin(a_release_tells_only_the_clients_it_names())
         })
@@ -102,6 +105,110 @@ pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
     );
     guard.release().await.map_err(fail("release"))?;
     dead_place_gone(&mut raw, &keys, dead).await
+}
+
+/// Waiters that queue during another waiter's turn do not all try again when it ends: only
+/// the second in line does, the others later, one turn apart by rank (or when a release names
+/// them). Before, all of them tried at the turn's end, within 2 ms of each other. Here five
+/// waiters arrive together at a free lock whose first waiter is dead; the server's `MONITOR`
+/// clock says when each tried.
+pub(super) async fn waiters_behind_a_turn_retry_one_at_a_time() -> Outcome {
+    const WAITERS: usize = 5;
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let name = unique_name("turn-herd")?;
+    let keys = RedisKeys::new("faults", &name);
+    let mut raw = raw_conn(&url).await?;
+    let dead = plant_dead_waiter(&mut raw, &keys).await?;
+    let mut clients = Vec::new();
+    for _ in 0..WAITERS {
+        clients.push(single_client(&url).await?);
+    }
+    let mut monitor = Box::pin(
+        redis::Client::open(url.as_str())
+            .map_err(fail("client"))?
+            .get_async_monitor()
+            .await
+            .map_err(fail("MONITOR"))?
+            .into_on_message::<String>(),
+    );
+    let (tried, listening) = tokio::sync::watch::channel(false);
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(20));
+    let waiting: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            let (name, options, mut listening) = (name.clone(), options.clone(), listening.clone());
+            tokio::spawn(async move {
+                let guard = client.lock_with(&name, &options).await?;
+                let _ = listening.wait_for(|tried| *tried).await;
+                guard.release().await
+            })
+        })
+        .collect();
+    // Each waiter's tries (server time, s), until every waiter has tried after the turn.
+    let mut tries: std::collections::HashMap<String, Vec<f64>> = std::collections::HashMap::new();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = futures::StreamExt::next(&mut monitor).await {
+            if let Some((at, token)) = acquire_try(&line, &keys.lock) {
+                tries.entry(token).or_default().push(at);
+            }
+            let start = tries.values().flatten().copied().fold(f64::MAX, f64::min);
+            let after = |times: &Vec<f64>| times.iter().any(|t| *t >= start + TURN_S * 0.8);
+            if tries.len() == WAITERS && tries.values().all(after) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let _ = tried.send(true);
+    ensure!(
+        matches!(outcome, Ok(true)),
+        "not every waiter tried again after the dead waiter's turn within 10 s: {tries:?}"
+    );
+    ensure!(!tries.contains_key(dead), "the dead waiter tried");
+    let start = tries.values().flatten().copied().fold(f64::MAX, f64::min);
+    let mut retries: Vec<f64> = tries
+        .values()
+        .filter_map(|times| times.iter().copied().find(|t| *t >= start + TURN_S * 0.8))
+        .collect();
+    retries.sort_by(f64::total_cmp);
+    let herd = retries.iter().filter(|t| **t < retries[0] + 0.05).count();
+    ensure!(
+        herd <= 2,
+        "{herd} of {WAITERS} waiters tried again within 50 ms of the turn's end (tries after \
+         the first, ms: {:?})",
+        retries
+            .iter()
+            .map(|t| ((t - retries[0]) * 1000.0).round())
+            .collect::<Vec<_>>()
+    );
+    for waiter in waiting {
+        waiter
+            .await
+            .map_err(fail("waiter task"))?
+            .map_err(fail("a waiter"))?;
+    }
+    Ok(())
+}
+
+/// How long a first waiter's turn lasts, in seconds (the library's `HANDOFF_MS`).
+const TURN_S: f64 = 0.1;
+
+/// The server time (s) and the owner token of a `MONITOR` line that is an acquire try on the
+/// lock key `lock` (the script's first key; its token is the first argument after the keys).
+fn acquire_try(line: &str, lock: &str) -> Option<(f64, String)> {
+    let at: f64 = line.split(' ').next()?.parse().ok()?;
+    let quoted: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+    let (command, keys) = (quoted.first()?, quoted.get(2)?.parse::<usize>().ok()?);
+    if !(command.eq_ignore_ascii_case("EVALSHA") || command.eq_ignore_ascii_case("EVAL"))
+        || quoted.get(3) != Some(&lock)
+        || keys != 6
+    {
+        return None;
+    }
+    Some((at, (*quoted.get(3 + keys)?).to_owned()))
 }
 
 /// A release names the first two waiters in line and wakes only the first. When the first one

@@ -221,13 +221,15 @@ impl RedisBackend {
             .checked_add(self.inner.config.response_timeout)
             .map_or(deadline, |by| by.min(deadline));
         loop {
-            let push = registration.ensure(subscribe_by).await;
-            if !push {
-                subscribe_by = Instant::now();
-            }
+            // Listening before the subscription is checked: a wake-up that comes while it is
+            // (the connection ended, the server ended the subscription) is not missed.
             let notified = registration.notify().notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            let mut push = registration.ensure(subscribe_by).await;
+            if !push {
+                subscribe_by = Instant::now();
+            }
             // Try again now that we are subscribed: a release may have come in between. When
             // busy, the try also marks the lock as waited for, so its release publishes; when
             // other waiters of this client wait too, a grant marks it for them.
@@ -266,6 +268,9 @@ impl RedisBackend {
             if now >= deadline {
                 return Err(request.timeout_error());
             }
+            // The subscription ended during the try (a wake-up the passing on above may have
+            // replaced): no release would reach this waiter, so it polls this turn.
+            push = push && registration.subscribed();
             let step = fallback.next().unwrap_or(request.backoff().max);
             let mut until = now + holder_left.unwrap_or(step) + Duration::from_millis(1);
             if !push {
@@ -330,16 +335,29 @@ impl RedisBackend {
 }
 
 /// How much later than the end of the first waiter's turn a waiter at `rank` in the queue
-/// (0 first) tries again, unless a release names it first: the second in line at the turn's
-/// end (it steps in for a first that did not come), each one behind it a turn later than the
-/// one before: every waiter that tried during a turn tried again at its end, all at once,
-/// so a herd's tries could delay the next first past its own turn (fault case
-/// `waiters_behind_a_turn_retry_one_at_a_time`). A waiter that does not know its rank tries
+/// (0 first) tries again, unless a release names it first or second: the second in line at
+/// the turn's end (it steps in for a first that did not come), the third one to two turns
+/// later, each one further back two to three turns later (spread at random). Before, every
+/// waiter that tried during a turn tried again at its end, all at once, so a herd's tries
+/// could delay the next first past its own turn (fault case
+/// `waiters_behind_a_turn_do_not_all_retry_at_its_end`). A waiter that does not know its rank tries
 /// at the turn's end.
 fn behind_the_second(rank: Option<u64>) -> Duration {
-    let behind = rank.map_or(0, |rank| rank.saturating_sub(1));
-    Duration::from_millis(scripts::HANDOFF_MS.saturating_mul(behind))
+    let behind = rank
+        .map_or(0, |rank| rank.saturating_sub(1))
+        .min(BEHIND_MAX);
+    if behind == 0 {
+        return Duration::ZERO;
+    }
+    let turn = scripts::HANDOFF_MS;
+    Duration::from_millis(turn * behind + rand::random_range(0..turn))
 }
+
+/// At most this many turns after the end of the first waiter's turn a waiter further back
+/// tries again (see [`behind_the_second`]): a waiter that sleeps longer may become first
+/// meanwhile (those ahead of it gave up, which wakes nobody), miss the turn another's try
+/// starts for it, and lose its place.
+const BEHIND_MAX: u64 = 2;
 
 /// A busy try: how long the lock stays taken (when the server said), and whether it is free
 /// but a waiter queued earlier has its turn.

@@ -103,6 +103,12 @@ impl Sink {
         }
     }
 
+    /// Whether the connection reports the end of each subscription ([`Event::Dropped`]), the
+    /// ones it asked for included: a cluster's does.
+    pub(crate) fn reports_drops(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
     /// Unsubscribes from `channel`.
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {

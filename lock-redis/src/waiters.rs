@@ -59,6 +59,12 @@ struct State {
     /// The task reading the connection's messages; it owns the connection's stream.
     reader: Option<AbortHandle>,
     subscribed: HashSet<String>,
+    /// Channels this client asked to unsubscribe, whose confirmation (an
+    /// [`Event::Dropped`](crate::subscriber::Event::Dropped) too) has not come yet.
+    unsubscribing: HashMap<String, usize>,
+    /// How many subscriptions the server ended on its own on this connection: a subscription
+    /// confirmed while this changed may have been one of them, and does not count.
+    drops: u64,
     generation: u64,
     /// No subscription is tried before this, after one failed.
     retry_after: Option<Instant>,
@@ -241,12 +247,15 @@ impl Waiters {
             if let Some(why) = state.resting() {
                 return Err(io::Error::other(why).into());
             }
-            state.sink.clone().map(|sink| (sink, state.generation))
+            state
+                .sink
+                .clone()
+                .map(|sink| (sink, state.generation, state.drops))
         };
-        let (mut sink, generation) = match existing {
+        let (mut sink, generation, drops) = match existing {
             Some(existing) => existing,
             None => match tokio::time::timeout(self.timeout, self.connect()).await {
-                Ok(Ok(connected)) => connected,
+                Ok(Ok((sink, generation))) => (sink, generation, 0),
                 Ok(Err(error)) => return Err(self.failed(None, error)),
                 Err(_) => return Err(self.failed(None, timed_out("connect"))),
             },
@@ -255,11 +264,18 @@ impl Waiters {
             Ok(Ok(())) => {
                 let mut state = self.state();
                 // The connection ended while the server confirmed: its waiters were woken
-                // before this subscription counted, so this waiter would not be.
-                if state.generation != generation || state.sink.is_none() {
-                    return Err(
-                        io::Error::other("the pub/sub connection ended while subscribing").into(),
-                    );
+                // before this subscription counted, so this waiter would not be. Likewise
+                // when the server ended a subscription on its own meanwhile (a slot moved):
+                // it may have been this one, confirmed just before (the reader may see the
+                // end before this task sees the confirmation, or the `redis` crate may take
+                // the server's `sunsubscribe` for the answer to this `SSUBSCRIBE`). It is
+                // not a failure of the connection: the next turn subscribes again.
+                if state.generation != generation || state.sink.is_none() || state.drops != drops {
+                    return Err(io::Error::other(
+                        "the pub/sub connection ended, or the server ended a subscription, \
+                         while subscribing",
+                    )
+                    .into());
                 }
                 state.subscribed.insert(channel.to_owned());
                 state.retry_after = None;
@@ -336,6 +352,8 @@ impl Waiters {
         }
         state.sink = Some(sink.clone());
         state.subscribed.clear();
+        state.unsubscribing.clear();
+        state.drops = 0;
         Ok((sink, generation))
     }
 
@@ -343,11 +361,19 @@ impl Waiters {
     /// counts as subscribed, it no longer does, and its waiters are woken to try once and
     /// subscribe again (on the slot's new node). Without this they slept, marked as waiting,
     /// until the holder's expiry at each turn, while releases published on the new node
-    /// (fault case `a_waiter_hears_releases_after_its_slot_moves`). An unsubscribe the waiters
-    /// asked for took the channel out before it was sent: its confirmation changes nothing.
+    /// (fault case `a_waiter_hears_releases_after_its_slot_moves`). The confirmation of an
+    /// unsubscribe this client asked for is told apart and changes nothing.
     fn dropped(&self, channel: &str) {
         let notifies = {
             let mut state = self.state();
+            if let Some(asked) = state.unsubscribing.get_mut(channel) {
+                *asked -= 1;
+                if *asked == 0 {
+                    state.unsubscribing.remove(channel);
+                }
+                return;
+            }
+            state.drops += 1;
             if !state.subscribed.remove(channel) {
                 return;
             }
@@ -410,6 +436,9 @@ impl Waiters {
                 let mut state = waiters.state();
                 if state.channels.contains_key(&channel) || !state.subscribed.remove(&channel) {
                     return;
+                }
+                if state.sink.as_ref().is_some_and(Sink::reports_drops) {
+                    *state.unsubscribing.entry(channel.clone()).or_default() += 1;
                 }
                 (state.sink.clone(), state.generation)
             };
@@ -507,6 +536,12 @@ impl Registration {
     /// Starts the subscription if needed, without waiting for it.
     pub(crate) fn start(&self) {
         drop(self.waiters.subscription(&self.channel));
+    }
+
+    /// Whether this waiter's channel counts as subscribed on a live connection now.
+    pub(crate) fn subscribed(&self) -> bool {
+        let state = self.waiters.state();
+        state.sink.is_some() && state.subscribed.contains(&self.channel)
     }
 
     /// True when other waiters of this client wait on the same channel: a release message

@@ -6,7 +6,7 @@ use conformance_tests::{
     Cases, Failure, Outcome, ensure,
     faults::{fail, poll_until, unique_name},
 };
-use lock_core::LockOptions;
+use lock_core::{Backoff, LockOptions};
 use lock_redis::RedisKeys;
 use redis::{AsyncCommands, aio::MultiplexedConnection};
 
@@ -52,8 +52,12 @@ async fn a_waiter_hears_releases_after_its_slot_moves() -> Outcome {
         .await
         .map_err(fail("holder's acquire"))?;
     let waiter = cluster_client(&urls).await?;
+    // A waiter that is not woken tries again only after 10 s: within 2 s of the release, only
+    // a release message can bring it.
+    let slow = Backoff::new(Duration::from_secs(10), Duration::from_secs(10));
     let waiting = tokio::spawn({
-        let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(15)));
+        let options = options.clone().wait(Duration::from_secs(15)).backoff(slow);
+        let name = name.clone();
         async move {
             let guard = waiter.lock_with(&name, &options).await?;
             let got = Instant::now();
@@ -68,8 +72,8 @@ async fn a_waiter_hears_releases_after_its_slot_moves() -> Outcome {
         async || nodes[from].subscribers(&channel).await.map(|n| n == 1),
     )
     .await?;
-    move_slot(&mut nodes, slot, from, to).await?;
     let outcome = async {
+        move_slot(&mut nodes, slot, from, to).await?;
         poll_until(
             Duration::from_secs(5),
             "the waiter subscribing again on the slot's new node",
@@ -90,8 +94,33 @@ async fn a_waiter_hears_releases_after_its_slot_moves() -> Outcome {
         Ok(())
     }
     .await;
-    let moved_back = move_slot(&mut nodes, slot, to, from).await;
-    outcome.and(moved_back)
+    let put_back = put_back(&mut nodes, slot, from).await;
+    outcome.and(put_back)
+}
+
+/// Gives `slot` back to node `home`, whatever a move left half done: every node forgets a
+/// migration under way (`SETSLOT STABLE`), and the slot moves home if another node has it.
+async fn put_back(nodes: &mut [Node], slot: u16, home: usize) -> Outcome {
+    for node in nodes.iter_mut() {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("STABLE")
+            .query_async(&mut node.conn)
+            .await
+            .map_err(fail("SETSLOT STABLE"))?;
+    }
+    let mut owner = None;
+    for (i, node) in nodes.iter_mut().enumerate() {
+        if node.owns(slot).await? {
+            owner = Some(i);
+        }
+    }
+    match owner {
+        Some(owner) if owner == home => Ok(()),
+        Some(owner) => move_slot(nodes, slot, owner, home).await,
+        None => Err(Failure(format!("no node owns slot {slot} after the case"))),
+    }
 }
 
 /// The release channel of the one waiter queued on `keys` (read on the slot's node).
@@ -179,7 +208,7 @@ impl Node {
 }
 
 /// Moves `slot`, keys and all, from node `from` to node `to`, as `redis-cli --cluster
-/// reshard` does, and tells every node.
+/// reshard` does, and tells every node: the new owner first, then the old, then the rest.
 async fn move_slot(nodes: &mut [Node], slot: u16, from: usize, to: usize) -> Outcome {
     let (from_id, to_id) = (nodes[from].id.clone(), nodes[to].id.clone());
     let (to_host, to_port) = (nodes[to].host.clone(), nodes[to].port);
@@ -222,9 +251,10 @@ async fn move_slot(nodes: &mut [Node], slot: u16, from: usize, to: usize) -> Out
             .await
             .map_err(fail("MIGRATE"))?;
     }
-    for node in nodes.iter_mut() {
+    let rest = (0..nodes.len()).filter(|i| *i != from && *i != to);
+    for i in [to, from].into_iter().chain(rest) {
         let _: () = setslot("NODE", &to_id)
-            .query_async(&mut node.conn)
+            .query_async(&mut nodes[i].conn)
             .await
             .map_err(fail("SETSLOT NODE"))?;
     }

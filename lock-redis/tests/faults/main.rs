@@ -96,6 +96,21 @@ async fn single_client(url: &str) -> Result<LockClient, Failure> {
     ))
 }
 
+/// Releases `held`, then waits for `waiting`, a task that returns when it got the lock: how
+/// long after the release it got it.
+async fn handed_over(
+    held: lock_core::LockGuard,
+    waiting: tokio::task::JoinHandle<Result<std::time::Instant, lock_core::LockError>>,
+) -> Result<Duration, Failure> {
+    let released = std::time::Instant::now();
+    held.release().await.map_err(fail("release"))?;
+    let got = waiting
+        .await
+        .map_err(fail("waiter task"))?
+        .map_err(fail("the waiter"))?;
+    Ok(got.saturating_duration_since(released))
+}
+
 /// Waits until a waiter has marked the lock (its busy try is done and it sleeps).
 async fn until_marked(conn: &mut MultiplexedConnection, keys: &RedisKeys, who: &str) -> Outcome {
     let what = format!("{who} marking the lock");

@@ -14,8 +14,8 @@ use lock_redis::RedisKeys;
 use redis::{AsyncCommands, PushKind, aio::MultiplexedConnection};
 
 use super::{
-    cluster_client, cluster_urls, raw_conn, redlock_client, redlock_raw_conns, single_client,
-    until_marked,
+    cluster_client, cluster_urls, handed_over, raw_conn, redlock_client, redlock_raw_conns,
+    single_client, until_marked,
     wakeups::{next_message, release_listener},
 };
 
@@ -284,13 +284,7 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
         }
     });
     until_marked(&mut raw, &keys, "the waiter").await?;
-    let released = Instant::now();
-    held.release().await.map_err(fail("release"))?;
-    let got = waiting
-        .await
-        .map_err(fail("the waiter panicked"))?
-        .map_err(fail("the waiter"))?;
-    let took = got.saturating_duration_since(released);
+    let took = handed_over(held, waiting).await?;
     ensure!(
         took <= Duration::from_millis(600),
         "the waiter behind a dead first waiter got the lock {took:?} after the release (the first one's turn lasts 100 ms)"

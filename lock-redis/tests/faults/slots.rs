@@ -10,7 +10,7 @@ use lock_core::{Backoff, LockOptions};
 use lock_redis::RedisKeys;
 use redis::{AsyncCommands, aio::MultiplexedConnection};
 
-use super::{cluster_client, cluster_urls, raw_conn};
+use super::{cluster_client, cluster_urls, handed_over, raw_conn};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
@@ -80,13 +80,7 @@ async fn a_waiter_hears_releases_after_its_slot_moves() -> Outcome {
             async || nodes[to].subscribers(&channel).await.map(|n| n == 1),
         )
         .await?;
-        let released = Instant::now();
-        held.release().await.map_err(fail("release"))?;
-        let got = waiting
-            .await
-            .map_err(fail("waiter task"))?
-            .map_err(fail("the waiter"))?;
-        let took = got.saturating_duration_since(released);
+        let took = handed_over(held, waiting).await?;
         ensure!(
             took < Duration::from_secs(2),
             "the waiter took the lock {took:?} after the release (the holder's TTL is 20 s)"

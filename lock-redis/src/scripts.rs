@@ -218,19 +218,19 @@ pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 /// delete it too and tell the first two waiters in line. Returns 1 or 0. Without waiters
 /// nothing is published.
 ///
-/// The message names the first two queued waiters (`KEYS[3]`, places in `KEYS[4]`):
-/// `"<first> <second>"`, and goes only to their clients, each on its own channel
-/// `ARGV[2]:<client>` (the client of each token is in the hash `KEYS[5]`), with the command
-/// `ARGV[4]`: `PUBLISH`, or on a cluster `SPUBLISH` (a shard channel, which stays on the lock's
-/// node; the channel has the lock's hash tag). So a release costs the same with ten or a
-/// thousand waiting clients. Only the client of the first wakes a waiter (the one whose turn
-/// it is), and the first's turn starts now: it keeps its place for at most `ARGV[3]` ms more. The client of the second retries when that turn ends, unless
-/// another release reaches it first, so a first waiter that died or is paused stalls the lock
-/// for one turn. A waiter queued with no client (`0`) gets no message, and one whose client
-/// is not subscribed (it polls) hears none. A message the server refuses (an ACL without the channel, a cluster
-/// older than Redis 7.0 that has no `SPUBLISH`) is skipped: the key is deleted by then, and a
-/// script's writes stay when it fails, so an error would report a failed release of a lock
-/// that is free (fault case `a_release_whose_message_is_refused_still_releases`). The
+/// The message names the first two queued waiters (`KEYS[3]`, places in `KEYS[4]`): `"<first>
+/// <second>"`, and goes only to their clients, each on its own channel `ARGV[2]:<client>` (the
+/// client of each token is in the hash `KEYS[5]`), with the command `ARGV[4]`: `PUBLISH`, or on a
+/// cluster `SPUBLISH` (a shard channel, which stays on the lock's node; the channel has the lock's
+/// hash tag). So a release costs the same with ten or a thousand waiting clients. Only the client
+/// of the first wakes a waiter (the one whose turn it is), and the first's turn starts now: it
+/// keeps its place for at most `ARGV[3]` ms more. The client of the second retries when that turn
+/// ends, unless another release reaches it first, so a first waiter that died or is paused stalls
+/// the lock for one turn. A waiter queued with no client (`0`) gets no message, and one whose
+/// client is not subscribed (it polls) hears none. A message the server refuses (an ACL without the
+/// channel, a cluster older than Redis 7.0 that has no `SPUBLISH`) is skipped: the key is deleted
+/// by then, and a script's writes stay when it fails, so an error would report a failed release of
+/// a lock that is free (fault case `a_release_whose_message_is_refused_still_releases`). The
 /// waiters it would have woken retry at the expiry they were told.
 ///
 /// On a cluster a plain `PUBLISH` crosses the cluster bus to every node: two of them per

@@ -110,11 +110,11 @@ pub(super) async fn a_dead_waiter_stalls_the_lock_briefly() -> Outcome {
     dead_place_gone(&mut raw, &keys, dead).await
 }
 
-/// Waiters that queue during another waiter's turn do not all try again when it ends: only
-/// the second in line does, the third one to two turns later, the others two to three turns
-/// later (or when a release names them). Before, all of them tried at the turn's end, within 2 ms of each other. Here five
-/// waiters arrive together at a free lock whose first waiter is dead; the server's `MONITOR`
-/// clock says when each tried.
+/// Waiters that queue during another waiter's turn do not all try again when it ends: only the
+/// second in line does, the third one to two turns later, the others two to three turns later (or
+/// when a release names them). Before, all of them tried at the turn's end, within 2 ms of each
+/// other. Here five waiters arrive together at a free lock whose first waiter is dead; the server's
+/// `MONITOR` clock says when each tried.
 pub(super) async fn waiters_behind_a_turn_do_not_all_retry_at_its_end() -> Outcome {
     const WAITERS: usize = 5;
     let url = env_var("LOCK_TEST_REDIS_URL")?;

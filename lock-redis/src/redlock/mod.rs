@@ -103,6 +103,13 @@ const PLACE: Duration = Duration::from_secs(3);
 /// [`PLACE`]). Without push, the first two in line vote much more often.
 const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
 
+/// How often a queued waiter with push wake-ups that is neither first nor second in line
+/// votes, at most (jitter takes it down to 0.75 times this): only to keep its place, a third of
+/// [`PLACE`]. At [`QUEUED_POLL_MAX`], as the first two poll, every waiting client voted four
+/// to five times a second on every server to keep a place it could not use yet (fault case
+/// `redlock_waiters_far_back_vote_seldom`).
+const PLACE_KEPT: Duration = Duration::from_secs(1);
+
 /// The shortest wait for a majority of pub/sub subscriptions in a waiter's first round (the
 /// per-server time-out is shorter than a connection takes to open).
 const SUBSCRIBE_MIN: Duration = Duration::from_millis(200);
@@ -139,12 +146,15 @@ impl Wait {
     /// second in line, and `rank` times slower further back (up to [`QUEUED_POLL_MAX`]), so
     /// the one whose turn comes next notices the release soon while a long queue costs the
     /// servers little; with jitter, so waiters do not vote in step. With `push` (releases
-    /// tell this waiter), every queued waiter polls only to keep its place: right after the
-    /// holder's time or the first waiter's turn runs out, else every 0.75 to 1 times
-    /// [`QUEUED_POLL_MAX`]. A waiter that did not queue (no server took its place) backs off
+    /// tell this waiter), a queued waiter polls only to keep its place: the first two right
+    /// after the holder's time or the first waiter's turn runs out, else every 0.75 to 1 times
+    /// [`QUEUED_POLL_MAX`]; those further back every 0.75 to 1 times [`PLACE_KEPT`] (a
+    /// release that names one of them wakes it). A waiter that did not queue (no server took its place) backs off
     /// by `step`, up to the holder's expiry.
     fn delay(&self, step: Duration, base: Duration, push: bool) -> Duration {
         match self.rank {
+            // Further back, only the place needs keeping: a release names the first two.
+            Some(rank) if push && rank >= 2 => PLACE_KEPT.mul_f64(rand::random_range(0.75..1.0)),
             Some(_) if push => match self.holder_left {
                 // Not later than the expiry it was told: nobody tells it of that.
                 Some(left) if left < QUEUED_POLL_MAX => left + Duration::from_millis(1),

@@ -12,6 +12,7 @@ mod grants;
 mod outages;
 mod pubsub;
 mod queue;
+mod redlock_places;
 mod renewals;
 mod replicas;
 mod scripts;
@@ -130,6 +131,7 @@ fn main() -> ExitCode {
     let cases = queue::cases(cases);
     let cases = pubsub::cases(cases);
     let cases = slots::cases(cases);
+    let cases = redlock_places::cases(cases);
     outages::list_cases(cases)
         .case("unreachable_server_is_unavailable", || {
             Box::pin(outages::unreachable_server_is_unavailable())

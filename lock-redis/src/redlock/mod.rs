@@ -62,14 +62,16 @@ use wakeups::Wakeups;
 ///   others. The waiter subscribes to its release channel on every server (one pub/sub
 ///   connection per server and client: `redlock/wakeups.rs`); each server's release names
 ///   its first two waiters, and the first votes as soon as one server's message reaches it. While
-///   a majority of its subscriptions is confirmed, a waiter polls only to keep its place (when
-///   the holder's time or the first waiter's turn runs out, else every 187-250 ms); without
+///   a majority of its subscriptions is confirmed, a waiter polls only to keep its place (the
+///   first two in line when the holder's time or the first waiter's turn runs out, else
+///   every 187-250 ms; those further back every 0.75-1 s); without
 ///   them, the first and second in line vote every `backoff.min` (jittered), the ones further
 ///   back more slowly, about every 250 ms at most (jittered up to 312 ms). A place lasts 3 s
 ///   without another vote, and the first in line has 100 ms after a release that named it
 ///   (400 ms after a turn a vote started) to come once the lock is free: a waiter that died
 ///   or is paused holds the lock back for at most that long (the second in line, named too,
-///   votes when that turn is over). The order is the waiters' clocks' order, so clients whose
+///   votes when that turn is over; two dead at the head, up to about 1.4 s, as a waiter
+///   further back that moves up unnamed votes within 1 s). The order is the waiters' clocks' order, so clients whose
 ///   clocks disagree by `d` can pass each other within `d` (fair, not FIFO). A message wakes
 ///   the waiter it names, not another waiter of the same client on the same lock.
 #[derive(Debug, Clone)]
@@ -98,16 +100,21 @@ const TURN: Duration = Duration::from_millis(400);
 const PLACE: Duration = Duration::from_secs(3);
 
 /// About the longest a queued waiter sleeps between votes (see [`Wait::delay`]; polling
-/// without push, jitter takes it up to 1.25 times this): inside [`TURN`], so a waiter that
-/// became first while asleep still comes within a turn a vote started (and well inside
-/// [`PLACE`]). Without push, the first two in line vote much more often.
+/// without push, jitter takes it up to 1.25 times this), but for subscribed waiters further
+/// back than second (see [`PLACE_KEPT`]): inside [`TURN`], so a waiter that became first
+/// while asleep still comes within a turn a vote started (and well inside [`PLACE`]). Without
+/// push, the first two in line vote much more often.
 const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
 
 /// How often a queued waiter with push wake-ups that is neither first nor second in line
 /// votes, at most (jitter takes it down to 0.75 times this): only to keep its place, a third of
 /// [`PLACE`]. At [`QUEUED_POLL_MAX`], as the first two poll, every waiting client voted four
 /// to five times a second on every server to keep a place it could not use yet (fault case
-/// `redlock_waiters_far_back_vote_seldom`).
+/// `redlock_waiters_far_back_vote_seldom`). The cost: a waiter that moves up while asleep
+/// without a release naming it (those ahead gave up or died, which tells nobody) may miss the
+/// [`TURN`] another's vote starts for it; it then loses that turn to a waiter behind it, and
+/// on its next vote rejoins at the head under its ticket (so nobody starves), and a lost
+/// message costs it up to this long.
 const PLACE_KEPT: Duration = Duration::from_secs(1);
 
 /// The shortest wait for a majority of pub/sub subscriptions in a waiter's first round (the
@@ -149,11 +156,12 @@ impl Wait {
     /// tell this waiter), a queued waiter polls only to keep its place: the first two right
     /// after the holder's time or the first waiter's turn runs out, else every 0.75 to 1 times
     /// [`QUEUED_POLL_MAX`]; those further back every 0.75 to 1 times [`PLACE_KEPT`] (a
-    /// release that names one of them wakes it). A waiter that did not queue (no server took its place) backs off
-    /// by `step`, up to the holder's expiry.
+    /// release that names one of them wakes it). A waiter that did not queue (no server took
+    /// its place) backs off by `step`, up to the holder's expiry.
     fn delay(&self, step: Duration, base: Duration, push: bool) -> Duration {
         match self.rank {
-            // Further back, only the place needs keeping: a release names the first two.
+            // Further back, only the place needs keeping: a release names the first two (for
+            // one that moves up without a release, see `PLACE_KEPT`).
             Some(rank) if push && rank >= 2 => PLACE_KEPT.mul_f64(rand::random_range(0.75..1.0)),
             Some(_) if push => match self.holder_left {
                 // Not later than the expiry it was told: nobody tells it of that.

@@ -7,7 +7,8 @@
 //! client of its first two waiters (see [`crate::scripts::RELEASE`]). A waiter counts on push
 //! only while a majority of servers confirmed its subscription; its votes then mark the lock
 //! as waited for, so that releases publish. Polling goes on as the fallback, slower while push
-//! works: a lost message costs at most one poll (see [`super::QUEUED_POLL_MAX`]); the place in
+//! works: a lost message costs at most one poll (see [`super::QUEUED_POLL_MAX`], and
+//! [`super::PLACE_KEPT`] further back than second in line); the place in
 //! line is kept (the ticket is), but the turn may go to the second in line meanwhile.
 
 use std::{

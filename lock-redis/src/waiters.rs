@@ -263,14 +263,15 @@ impl Waiters {
         match tokio::time::timeout(self.timeout, sink.subscribe(channel)).await {
             Ok(Ok(())) => {
                 let mut state = self.state();
-                // The connection ended while the server confirmed: its waiters were woken
+                // The connection ended while the server confirmed (its generation cannot have
+                // changed: only this task, holding `ops`, connects): its waiters were woken
                 // before this subscription counted, so this waiter would not be. Likewise
                 // when the server ended a subscription on its own meanwhile (a slot moved):
                 // it may have been this one, confirmed just before (the reader may see the
                 // end before this task sees the confirmation, or the `redis` crate may take
                 // the server's `sunsubscribe` for the answer to this `SSUBSCRIBE`). It is
                 // not a failure of the connection: the next turn subscribes again.
-                if state.generation != generation || state.sink.is_none() || state.drops != drops {
+                if state.sink.is_none() || state.drops != drops {
                     return Err(io::Error::other(
                         "the pub/sub connection ended, or the server ended a subscription, \
                          while subscribing",

@@ -127,8 +127,14 @@ impl LeaseStrategy {
                 }
                 Ok(released)
             }
+            // The batch stopped before its `COMMIT` (a lock-wait time-out rolls back only its
+            // statement): its transaction is rolled back before the connection goes back.
             (None, Some(error)) => {
-                if classify(&error) == Class::Connection {
+                if classify(&error) == Class::Connection
+                    || within(until, sqlx::raw_sql("ROLLBACK").execute(&mut *conn))
+                        .await
+                        .is_err()
+                {
                     conn.close_on_drop();
                 }
                 Err(error)

@@ -1,11 +1,11 @@
 //! Foreign transactions on the lease table: a row locked past the lock-wait timeout (1205),
-//! and a renewal batch chosen as a deadlock victim (1213).
+//! a renewal batch chosen as a deadlock victim (1213), and a release stopped before its commit.
 
 use std::time::{Duration, Instant};
 
 use conformance_tests::{
     Failure, Outcome, ensure,
-    faults::{err, fail, unique_name},
+    faults::{err, fail, poll_every, unique_name},
 };
 use lock_core::{LockBackend, LockClient, LockError, LockName, LockOptions};
 use lock_mysql::{MySqlBackend, Strategy};
@@ -138,5 +138,91 @@ pub(super) async fn lease_deadlock_retried() -> Outcome {
     }
     gx.release().await.map_err(err)?;
     gy.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// A release that hands over (someone queues) is one transaction; a foreign transaction that
+/// keeps the lease row locked past the lock-wait timeout stops it before its `COMMIT`. The
+/// release fails, and its connection goes back to the pool rolled back: the next statement
+/// on it (the same client's acquire of another lock, on a pool of one connection) commits on
+/// its own, rather than inside the stopped release's open transaction, unseen by the server's
+/// other sessions until that connection commits by chance.
+pub(super) async fn a_stopped_release_leaves_no_open_transaction() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let mut config = store.config().clone();
+    config.lock_wait_timeout = Duration::from_secs(1);
+    let waiting = client(&config).await?;
+    config.pool_size = 1;
+    let holder = client(&config).await?;
+    let table = config.table_name();
+    let (name, other) = (unique_name("stopped-release")?, unique_name("after-it")?);
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .watchdog(false);
+    let held = holder.lock_with(&name, &options).await.map_err(err)?;
+    let waiter = spawn_acquire(
+        &waiting,
+        &name,
+        options.clone().wait(Duration::from_secs(20)),
+    );
+    let places = format!(
+        "SELECT COUNT(*) FROM `{table}_queue` WHERE name = X'{}'",
+        hex(name.as_str())
+    );
+    poll_every(
+        Duration::from_millis(5),
+        Duration::from_secs(5),
+        "the waiter's place",
+        async || {
+            let places: i64 = sqlx::query_scalar(AssertSqlSafe(places.clone()))
+                .fetch_one(store.admin())
+                .await
+                .map_err(err)?;
+            Ok(places == 1)
+        },
+    )
+    .await?;
+    let mut admin = admin_conn().await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "START TRANSACTION; SELECT fence FROM `{table}` WHERE name = X'{}' FOR UPDATE",
+        hex(name.as_str())
+    )))
+    .execute(&mut admin)
+    .await
+    .map_err(err)?;
+    let released = holder.release_lease(&held.lease()).await;
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+    ensure!(
+        released.is_err(),
+        "the release went through a row kept locked past the lock-wait timeout: {released:?}"
+    );
+    let after = holder
+        .lock_with(&other, &options.clone().wait(Duration::ZERO))
+        .await
+        .map_err(fail("the holder's next acquire"))?;
+    let seen: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{table}` WHERE name = X'{}' AND token IS NOT NULL",
+        hex(other.as_str())
+    )))
+    .fetch_one(store.admin())
+    .await
+    .map_err(err)?;
+    ensure!(
+        seen == 1,
+        "the grant of `{other}` is not visible to another session: it ran inside the stopped \
+         release's transaction"
+    );
+    after.release().await.map_err(err)?;
+    held.release().await.map_err(err)?;
+    waiter
+        .await
+        .map_err(err)?
+        .map_err(fail("the waiter"))?
+        .release()
+        .await
+        .map_err(err)?;
     Ok(())
 }

@@ -79,6 +79,9 @@ fn main() -> ExitCode {
     .case("lease/renewal_batch_deadlock_is_retried", || {
         Box::pin(foreign_transactions::lease_deadlock_retried())
     })
+    .case("lease/a_stopped_release_leaves_no_open_transaction", || {
+        Box::pin(foreign_transactions::a_stopped_release_leaves_no_open_transaction())
+    })
     .case("row_lock/sub_second_budgets", || {
         Box::pin(row_lock_waits::row_lock_sub_second_budgets())
     })

@@ -392,8 +392,8 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// and how long it may wait, and cut its place to a lease handed to it. Leaves its readings
 /// in session variables for [`park_wait`], on the same connection. A place cut to the turn of
 /// a lease handed to it stays cut: after the refresh the park reads the waiter's own lease and
-/// cuts the place to that lease's expiry (a release commits its hand-off before it cuts the
-/// place, so either the park sees the hand-off or the release's cut comes after the refresh).
+/// cuts the place to that lease's expiry (a release commits its hand-off together with its cut,
+/// so a refresh that overwrites the cut waited for that commit and sees the hand-off).
 /// It also reads how many live places are ahead (0 up to [`NEAR`]). For a waiter near the
 /// head the wait lasts at most `park` (and [`PARK_MAX`]) and ends sooner when the lease of
 /// another holder runs out (a holder that died) and when the first live place of someone else
@@ -410,7 +410,8 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// waiter's previous wait gave its marker back can still land here: the release looks the
 /// marker up and kills in two statements. Rare; this park then ends at its time limit, the
 /// park's length and 250 ms, which can be longer than the waiter's turn: a waiter handed the
-/// lease then may miss its turn and queue again. The same holds for a busy batch.)
+/// lease then may miss its turn and queue again. The same holds for a busy batch, and for a
+/// release batch, which keeps the lease row locked meanwhile: see [`release_batch`].)
 /// It first gives back this waiter's markers, should a failed statement have left one.
 pub(crate) fn park_refresh(
     table: &TableName,
@@ -612,11 +613,17 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 /// Answers `'released'` with the number of rows released (0 or 1) and the fence released
 /// (`LAST_INSERT_ID(fence)`), before the wake-ups, whose failure does not undo it.
 ///
-/// The writes (the holder's place out, the lease handed over, the waiter's place cut) are one
+/// The writes (the lease handed over, the holder's place out, the waiter's place cut) are one
 /// transaction, committed before the `'released'` answer: one commit, so one log flush, where
 /// three statements committing each on their own flushed the log up to three times on the
-/// way from one holder to the next. A batch stopped before its `COMMIT` releases nothing (the
-/// caller rolls the connection back, see `release.rs`).
+/// way from one holder to the next. It locks the lease row first, then places, as an acquire
+/// does (whose [`allowed`] reads places after it locked the lease row), so the two cannot
+/// deadlock on each other. The server stopping the batch before its `COMMIT` (an error)
+/// releases nothing; the caller rolls the connection back (see `release.rs`). A stray wake-up
+/// (see [`park_refresh`]) that lands between two statements of the transaction ends the batch
+/// without the rest of its answer: the lease row stays locked until the caller gives up on the
+/// answer (the statement time-out) and closes the connection, which rolls the transaction back
+/// and reports the release failed, the lease still held.
 ///
 /// `bump` (1 for a forced release, else 0) raises the fence counter past the released fence
 /// in the same statement, before the hand-off takes the next fence: the waiter's fence is then
@@ -643,7 +650,6 @@ pub(crate) fn release_batch(
         "SET @lm_next = NULL, @lm_turn = NULL, @lm_second = NULL, @lm_third = NULL, \
          @lm_id = LAST_INSERT_ID(0); \
          START TRANSACTION; \
-         DELETE FROM {q} WHERE name = {n} AND token = {k}; \
          SELECT token, turn_us INTO @lm_next, @lm_turn FROM {q} \
          WHERE name = {n} AND until_at > NOW(6) AND token <> {k} ORDER BY arrived_at, token LIMIT 1; \
          UPDATE {t} SET token = IF({give}, @lm_next, NULL), \
@@ -653,6 +659,7 @@ pub(crate) fn release_batch(
          fence = LAST_INSERT_ID(fence) + {bump} + IF({give}, 1, 0) \
          WHERE name = {n} AND {current}; \
          SET @lm_done = ROW_COUNT(), @lm_fence = LAST_INSERT_ID(); \
+         DELETE FROM {q} WHERE name = {n} AND token = {k}; \
          UPDATE {q} SET until_at = LEAST(until_at, NOW(6) + INTERVAL @lm_turn MICROSECOND) \
          WHERE name = {n} AND token = @lm_next AND @lm_done > 0; \
          COMMIT; \

@@ -127,8 +127,10 @@ impl LeaseStrategy {
                 }
                 Ok(released)
             }
-            // The batch stopped before its `COMMIT` (a lock-wait time-out rolls back only its
-            // statement): its transaction is rolled back before the connection goes back.
+            // No answer that it released: the server may have stopped the batch before its
+            // `COMMIT` (a lock-wait time-out rolls back only its statement), so the
+            // transaction is rolled back before the connection goes back (a connection error,
+            // the answer's time limit included, closes it instead).
             (None, Some(error)) => {
                 if classify(&error) == Class::Connection
                     || within(until, sqlx::raw_sql("ROLLBACK").execute(&mut *conn))
@@ -139,9 +141,12 @@ impl LeaseStrategy {
                 }
                 Err(error)
             }
-            (None, None) => Err(sqlx::Error::Protocol(
-                "the release batch gave no answer".into(),
-            )),
+            (None, None) => {
+                conn.close_on_drop();
+                Err(sqlx::Error::Protocol(
+                    "the release batch gave no answer".into(),
+                ))
+            }
         }
     }
 }

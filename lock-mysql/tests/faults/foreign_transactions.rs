@@ -196,8 +196,9 @@ pub(super) async fn a_stopped_release_leaves_no_open_transaction() -> Outcome {
         .await
         .map_err(err)?;
     ensure!(
-        released.is_err(),
-        "the release went through a row kept locked past the lock-wait timeout: {released:?}"
+        matches!(&released, Err(LockError::Unavailable { .. })),
+        "a release stopped by a row kept locked past the lock-wait timeout returned \
+         {released:?}, expected Unavailable"
     );
     let after = holder
         .lock_with(&other, &options.clone().wait(Duration::ZERO))

@@ -12,6 +12,7 @@ mod grants;
 mod outages;
 mod pubsub;
 mod queue;
+mod queue_expiry;
 mod redlock_places;
 mod renewals;
 mod replicas;
@@ -129,6 +130,7 @@ fn main() -> ExitCode {
     let cases = renewals::cases(conformance_tests::Cases::<Failure>::new("redis faults"));
     let cases = wakeups::cases(cases);
     let cases = queue::cases(cases);
+    let cases = queue_expiry::cases(cases);
     let cases = pubsub::cases(cases);
     let cases = slots::cases(cases);
     let cases = redlock_places::cases(cases);

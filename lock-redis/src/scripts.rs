@@ -23,9 +23,10 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// `ARGV[6]` is how long the first waiter's turn lasts once the lock is free. `ARGV[8]` names
 /// the waiter's client (`0`: none, it is not woken by push): a queued waiter's client is kept
 /// in the hash `KEYS[6]`, so that a release publishes only to the clients it names (see
-/// [`RELEASE`]). The three keys of the queue expire when the last place written lapses (each
-/// place pushes their expiry to its own end, never back), so the places of waiters that died
-/// go even when nobody tries the lock again to sweep them.
+/// [`RELEASE`]). The three keys of the queue expire at the latest end any place was given (each
+/// place written pushes their expiry to its own end, never back; the queue and the places
+/// always together, so one `PTTL` decides for both), so the places of waiters that died go
+/// even when nobody tries the lock again to sweep them.
 ///
 /// When the lock is free, the fence counter is checked *before* anything is written: it must
 /// be absent or a decimal `0 <= n < 2^53` with no sign or leading zeros (anything else, of any
@@ -91,9 +92,13 @@ local function join()
   if place > 0 then
     redis.call('ZADD', KEYS[4], 'NX', ticket, ARGV[1])
     redis.call('ZADD', KEYS[5], now + place, ARGV[1])
-    if ARGV[8] ~= '0' then redis.call('HSET', KEYS[6], ARGV[1], ARGV[8]) end
-    for i = 4, 6 do
-      if redis.call('PTTL', KEYS[i]) < place then redis.call('PEXPIRE', KEYS[i], place) end
+    if redis.call('PTTL', KEYS[5]) < place then
+      redis.call('PEXPIRE', KEYS[4], place)
+      redis.call('PEXPIRE', KEYS[5], place)
+    end
+    if ARGV[8] ~= '0' then
+      redis.call('HSET', KEYS[6], ARGV[1], ARGV[8])
+      if redis.call('PTTL', KEYS[6]) < place then redis.call('PEXPIRE', KEYS[6], place) end
     end
   end
 end

@@ -299,7 +299,7 @@ impl RedisBackend {
             keys,
             token,
             request.ttl(),
-            Queueing::single(mark, place, self.inner.waiters.id()),
+            Queueing::single(mark, place, self.inner.waiters.id(), self.tell()),
         )
         .await?;
         match tried {
@@ -354,9 +354,10 @@ fn behind_the_second(rank: Option<u64>) -> Duration {
 }
 
 /// At most this many turns after the end of the first waiter's turn a waiter further back
-/// tries again (see [`behind_the_second`]): a waiter that sleeps longer may become first
-/// meanwhile (those ahead of it gave up, which wakes nobody), miss the turn another's try
-/// starts for it, and lose its place.
+/// tries again (see [`behind_the_second`]): a waiter that becomes first meanwhile (those ahead
+/// of it gave up, which wakes nobody) is told when another's try starts its turn (see
+/// [`scripts::ACQUIRE`]), but a message can be lost (a pub/sub connection that drops), and a
+/// waiter that sleeps longer would then miss that turn and lose its place.
 const BEHIND_MAX: u64 = 2;
 
 /// A busy try: how long the lock stays taken (when the server said), and whether it is free

@@ -44,6 +44,9 @@ pub(crate) struct Queueing {
     /// The caller's client, whose release channel a release naming the caller publishes on;
     /// 0: none (the caller is not woken by push).
     pub(crate) client: u64,
+    /// How a try that starts the first waiter's turn tells that waiter (see
+    /// [`scripts::ACQUIRE`]); `None`: it does not (Redlock).
+    pub(crate) tell: Option<Tell>,
 }
 
 impl Queueing {
@@ -54,15 +57,17 @@ impl Queueing {
         turn: Duration::from_millis(scripts::HANDOFF_MS),
         ticket: 0,
         client: 0,
+        tell: None,
     };
 
-    /// A single server's waiter of `client`: `mark` and `place` as in the fields, the
-    /// server's turn and ticket.
-    pub(crate) fn single(mark: Mark, place: Duration, client: u64) -> Self {
+    /// A single server's (or a cluster's) waiter of `client`: `mark`, `place` and `tell` as in
+    /// the fields, the server's turn and ticket.
+    pub(crate) fn single(mark: Mark, place: Duration, client: u64, tell: Tell) -> Self {
         Self {
             mark,
             place,
             client,
+            tell: Some(tell),
             ..Self::NONE
         }
     }
@@ -190,6 +195,8 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         .arg(millis(queueing.turn))
         .arg(queueing.ticket)
         .arg(queueing.client)
+        .arg(queueing.tell.map_or("", |_| keys.channel.as_str()))
+        .arg(queueing.tell.map_or("", Tell::command))
         .invoke_async(conn)
         .await
         .map_err(|e| Error::new("acquire", e))?;

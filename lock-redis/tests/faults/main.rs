@@ -18,6 +18,7 @@ mod renewals;
 mod replicas;
 mod scripts;
 mod slots;
+mod turns;
 mod wakeups;
 
 use std::{process::ExitCode, time::Duration};
@@ -134,6 +135,7 @@ fn main() -> ExitCode {
     let cases = pubsub::cases(cases);
     let cases = slots::cases(cases);
     let cases = redlock_places::cases(cases);
+    let cases = turns::cases(cases);
     outages::list_cases(cases)
         .case("unreachable_server_is_unavailable", || {
             Box::pin(outages::unreachable_server_is_unavailable())

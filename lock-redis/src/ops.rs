@@ -45,7 +45,7 @@ pub(crate) struct Queueing {
     /// 0: none (the caller is not woken by push).
     pub(crate) client: u64,
     /// How a try that starts the first waiter's turn tells that waiter (see
-    /// [`scripts::ACQUIRE`]); `None`: it does not (Redlock).
+    /// [`scripts::ACQUIRE`]); `None`: it does not.
     pub(crate) tell: Option<Tell>,
 }
 

@@ -50,8 +50,8 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// of the release channels) is not empty, tells that waiter's client as a release would,
 /// naming it alone, with the command `ARGV[10]` (see [`RELEASE`]): a waiter that became first
 /// without a release naming it (those ahead gave up, died, or missed their turns) learns that
-/// its turn runs, rather than at its next try, when the turn may be over. Redlock passes an
-/// empty stem (a turn on one server is not a turn on a majority).
+/// its turn runs, rather than at its next try, when the turn may be over. On Redlock each
+/// server tells it (one server's message makes a Redlock waiter vote, as a release's does).
 ///
 /// A free lock with no queue (the uncontended case) takes a short path: `GET`, `EXISTS`,
 /// `TIME`, the counter, two `SET`s, without sweeping the places of waiters that left. With

@@ -110,11 +110,13 @@ const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
 /// votes, at most (jitter takes it down to 0.75 times this): only to keep its place, a third of
 /// [`PLACE`]. At [`QUEUED_POLL_MAX`], as the first two poll, every waiting client voted four
 /// to five times a second on every server to keep a place it could not use yet (fault case
-/// `redlock_waiters_far_back_vote_seldom`). The cost: a waiter that moves up while asleep
-/// without a release naming it (those ahead gave up or died, which tells nobody) may miss the
-/// [`TURN`] another's vote starts for it; it then loses that turn to a waiter behind it, and
-/// on its next vote rejoins at the head under its ticket (so nobody starves), and a lost
-/// message costs it up to this long.
+/// `redlock_waiters_far_back_vote_seldom`). A waiter that moves up while asleep without a
+/// release naming it (those ahead gave up or died, which tells nobody) is told by each server
+/// where another's vote starts its [`TURN`] (see [`scripts::ACQUIRE`]; fault case
+/// `redlock_waiter_hears_the_turn_another_vote_starts`: 854 and 881 ms after that vote before
+/// the servers told it, past its turn). A lost message costs it up to this long: it may then
+/// lose that turn to a waiter behind it, and on its next vote rejoins at the head under its
+/// ticket (so nobody starves).
 const PLACE_KEPT: Duration = Duration::from_secs(1);
 
 /// The shortest wait for a majority of pub/sub subscriptions in a waiter's first round (the
@@ -160,8 +162,8 @@ impl Wait {
     /// its place) backs off by `step`, up to the holder's expiry.
     fn delay(&self, step: Duration, base: Duration, push: bool) -> Duration {
         match self.rank {
-            // Further back, only the place needs keeping: a release names the first two (for
-            // one that moves up without a release, see `PLACE_KEPT`).
+            // Further back, only the place needs keeping: a release names the first two, a
+            // vote that starts the first's turn names it (see `PLACE_KEPT`).
             Some(rank) if push && rank >= 2 => PLACE_KEPT.mul_f64(rand::random_range(0.75..1.0)),
             Some(_) if push => match self.holder_left {
                 // Not later than the expiry it was told: nobody tells it of that.
@@ -462,9 +464,10 @@ impl LockBackend for RedlockBackend {
         let keys = self.keys(request.name());
         let token = LeaseToken::random();
         // The uncontended path: one vote that does not queue (but on a free lock with waiters,
-        // it starts the first one's turn and is refused).
+        // it starts the first one's turn, tells that waiter, and is refused).
         let queueing = Queueing {
             turn: TURN,
+            tell: Some(ops::Tell::Publish),
             ..Queueing::NONE
         };
         let mut wait = match self.vote(request, &keys, &token, queueing).await? {

@@ -335,7 +335,8 @@ impl RedisBackend {
 }
 
 /// How much later than the end of the first waiter's turn a waiter at `rank` in the queue
-/// (0 first) tries again, unless a release names it first or second: the second in line at
+/// (0 first) tries again, unless a message names it (a release, or a try that starts its
+/// turn, see [`scripts::ACQUIRE`]): the second in line at
 /// the turn's end (it steps in for a first that did not come), the third one to two turns
 /// later, each one further back two to three turns later (spread at random). Before, every
 /// waiter that tried during a turn tried again at its end, all at once, so a herd's tries

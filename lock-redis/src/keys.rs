@@ -29,8 +29,9 @@ pub struct RedisKeys {
     pub waiters: String,
     /// The stem of the release channels: a release that found the waiter mark sends a message
     /// to the client of each waiter it names, on `<channel>:<client id>` (on a cluster a shard
-    /// channel, on the lock's node: it has the lock's hash tag). Nothing is published on
-    /// `<channel>` itself.
+    /// channel, on the lock's node: it has the lock's hash tag), and so does an acquire try
+    /// that starts the turn of the first waiter in line (naming that waiter alone). Nothing is
+    /// published on `<channel>` itself.
     pub channel: String,
     /// The waiters' queue: a sorted set of their owner tokens by arrival (server µs).
     pub queue: String,

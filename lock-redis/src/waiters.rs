@@ -3,8 +3,9 @@
 //! A waiter registers for its lock's release channel *of this client* (`<stem>:<client id>`,
 //! subscribing on the shared connection if no other waiter of this client already did; on a
 //! cluster a shard channel, see [`crate::subscriber`]), then
-//! retries when a release message arrives. A release publishes only to the clients of the waiters
-//! it names, so its cost does not grow with the number of waiting clients. Each message wakes one
+//! retries when a message naming it arrives (a release's, or an acquire try's that starts its
+//! turn: see `scripts::ACQUIRE`). A release publishes only to the clients of the waiters it
+//! names, so its cost does not grow with the number of waiting clients. Each message wakes one
 //! waiter of this client, not all of them: only one can win, and the others would only queue their
 //! scripts in front of the winner's. Subscribes and unsubscribes go through one queue so that a
 //! late unsubscribe can never undo a newer subscribe. Every network step in that queue (connect,
@@ -326,7 +327,7 @@ impl Waiters {
                     .channels
                     .get(&channel)
                     .and_then(|c| wake_for(c, &payload));
-                // One waiter per release: the first in line if it is one of ours (in the single
+                // One waiter per message: the first in line if it is one of ours (in the single
                 // server's backend a sibling that is not passes the wake-up on, and so does a
                 // woken waiter dropped before its retry answered: see `WakeUp`). The second in
                 // line only learns when to step in. Each named waiter's own notifier is told
@@ -488,7 +489,9 @@ pub(crate) struct Named {
     second: Arc<Notify>,
 }
 
-/// What a release message `payload` (see `scripts::RELEASE`) asks of `channel`'s waiters.
+/// What a message `payload` asks of `channel`'s waiters: a release's names the first two in
+/// line (see `scripts::RELEASE`), an acquire try's that starts a turn the first alone (see
+/// `scripts::ACQUIRE`).
 fn wake_for(channel: &Channel, payload: &str) -> Option<Wake> {
     let mut named = payload.split(' ');
     let first = named.next().unwrap_or_default();

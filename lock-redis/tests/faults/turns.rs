@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{
     Cases, Failure, Outcome, ensure,
-    faults::{env_var, fail, poll_until, unique_name},
+    faults::{env_var, fail, poll_every, poll_until, unique_name},
 };
-use lock_core::{LockError, LockOptions};
+use lock_core::{LockClient, LockError, LockGuard, LockName, LockOptions};
 use lock_redis::RedisKeys;
 use redis::{AsyncCommands, aio::MultiplexedConnection};
 
@@ -27,69 +27,207 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         })
 }
 
-/// Two dead waiters planted at the head of the queue (places of a minute), and a live waiter
-/// that queues behind them on the free lock (third in line: its try starts the first dead
-/// one's turn). Then the two dead ones give up, which wakes nobody: the live waiter is first
-/// and does not know it. A newcomer's single try on the free lock starts the live waiter's
-/// turn (100 ms); the live waiter must come within it, told by that try, not at a retry of
-/// its own (then its turn would be over; a retry of a waiter further back than second comes
-/// later than a turn).
+/// Two waiters that died, planted at the head of the queue behind a holder (places of a
+/// minute), and a live waiter queued behind them: its last answer was the holder's, so it
+/// sleeps until that holder's expiry (30 s) or a message. Then the two dead ones give up and
+/// the holder's key goes (it ran out early, say), neither of which tells anybody: the live
+/// waiter is first on a free lock and does not know it. A newcomer's single try starts its
+/// turn (100 ms); the live waiter must come within it, told by that try.
 async fn a_waiter_hears_the_turn_another_try_starts() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
     let name = unique_name("told-turn")?;
     let keys = RedisKeys::new("faults", &name);
     let mut raw = raw_conn(&url).await?;
-    let dead = [
-        "0123456789abcdef0123456789abcde1",
-        "0123456789abcdef0123456789abcde2",
-    ];
-    plant_dead(&mut raw, &keys, &dead).await?;
+    let holder = single_client(&url).await?;
+    let held = hold(&holder, &name).await?;
+    plant_dead(&mut raw, &keys, &DEAD).await?;
     let (waiter, newcomer) = (single_client(&url).await?, single_client(&url).await?);
-    let waiting = tokio::spawn({
-        let (name, options) = (
-            name.clone(),
-            LockOptions::new().wait(Duration::from_secs(10)),
+    let waiting = wait_for(waiter, &name);
+    let outcome = async {
+        until_marked(&mut raw, &keys, "the live waiter").await?;
+        let line: Vec<String> = raw
+            .zrange(&keys.queue, 0, -1)
+            .await
+            .map_err(fail("ZRANGE"))?;
+        ensure!(
+            line.len() == 3 && line[..2] == DEAD,
+            "the queue is {line:?}, expected the two dead waiters and the live one"
         );
-        async move {
-            let guard = waiter.lock_with(&name, &options).await;
-            (guard, Instant::now())
-        }
-    });
-    until_marked(&mut raw, &keys, "the live waiter").await?;
-    let line: Vec<String> = raw
-        .zrange(&keys.queue, 0, -1)
+        vanish(&mut raw, &keys).await?;
+        told_within(&newcomer, &name, waiting, Duration::from_millis(90)).await
+    }
+    .await;
+    // The holder's key is gone: its release finds nothing (or the live waiter's lock).
+    drop(held.release().await);
+    let _: () = raw
+        .del(&[
+            &keys.lock,
+            &keys.queue,
+            &keys.places,
+            &keys.clients,
+            &keys.fence,
+        ])
         .await
-        .map_err(fail("ZRANGE"))?;
-    ensure!(
-        line.len() == 3 && line[..2] == dead,
-        "the queue is {line:?}, expected the two dead waiters and the live one"
+        .map_err(fail("clean-up"))?;
+    outcome
+}
+
+/// Redlock: the same on every server. The live waiter, third in line, votes only every 0.75
+/// to 1 s to keep its place; the dead ones and the holder's keys go just after one of its
+/// votes, and a newcomer's single vote starts its turn (400 ms) on every server: it must
+/// vote within that turn, told by those servers, not at its next vote to keep its place.
+async fn redlock_waiter_hears_the_turn_another_vote_starts() -> Outcome {
+    let name = unique_name("redlock-told-turn")?;
+    let keys = RedisKeys::new("faults", &name);
+    let mut raws = redlock_raw_conns().await?;
+    let holder = redlock_client().await?;
+    let held = hold(&holder, &name).await?;
+    for raw in &mut raws {
+        plant_dead(raw, &keys, &DEAD).await?;
+    }
+    let (waiter, newcomer) = (redlock_client().await?, redlock_client().await?);
+    let waiting = wait_for(waiter, &name);
+    let outcome = async {
+        until_queued_everywhere(&mut raws, &keys, 3).await?;
+        // Its votes carry its client (it listens) on every server.
+        poll_until(
+            Duration::from_secs(5),
+            "the live waiter listening",
+            async || {
+                let mut everywhere = true;
+                for raw in raws.iter_mut() {
+                    let clients: i64 = raw.hlen(&keys.clients).await.map_err(fail("HLEN"))?;
+                    everywhere &= clients == 1;
+                }
+                Ok(everywhere)
+            },
+        )
+        .await?;
+        // Just after one of its votes (its place on the first server moves on).
+        let first = &mut raws[0];
+        let line: Vec<String> = first
+            .zrange(&keys.queue, 0, -1)
+            .await
+            .map_err(fail("ZRANGE"))?;
+        let live = line
+            .get(2)
+            .ok_or_else(|| Failure(format!("the queue is {line:?}")))?
+            .clone();
+        let place = |raw: &mut MultiplexedConnection| {
+            let (places, live) = (keys.places.clone(), live.clone());
+            let mut raw = raw.clone();
+            async move {
+                raw.zscore::<_, _, Option<u64>>(places, live)
+                    .await
+                    .map_err(fail("ZSCORE"))
+            }
+        };
+        let before = place(first).await?;
+        poll_every(
+            Duration::from_millis(2),
+            Duration::from_secs(3),
+            "its next vote",
+            async || Ok(place(first).await? != before),
+        )
+        .await?;
+        for raw in &mut raws {
+            vanish(raw, &keys).await?;
+        }
+        told_within(&newcomer, &name, waiting, Duration::from_millis(300)).await
+    }
+    .await;
+    drop(held.release().await);
+    for raw in &mut raws {
+        let _: () = raw
+            .del(&[
+                &keys.lock,
+                &keys.queue,
+                &keys.places,
+                &keys.clients,
+                &keys.fence,
+            ])
+            .await
+            .map_err(fail("clean-up"))?;
+    }
+    outcome
+}
+
+/// The planted dead waiters' tokens, in line order.
+const DEAD: [&str; 2] = [
+    "0123456789abcdef0123456789abcde1",
+    "0123456789abcdef0123456789abcde2",
+];
+
+/// `name` held by `client` for 30 s, without renewals.
+async fn hold(client: &LockClient, name: &LockName) -> Result<LockGuard, Failure> {
+    client
+        .lock_with(
+            name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(30))
+                .watchdog(false),
+        )
+        .await
+        .map_err(fail("holder's acquire"))
+}
+
+/// `client` waiting for `name` (10 s at most) in a task: its guard and when it came.
+fn wait_for(
+    client: LockClient,
+    name: &LockName,
+) -> tokio::task::JoinHandle<(Result<LockGuard, LockError>, Instant)> {
+    let (name, options) = (
+        name.clone(),
+        LockOptions::new().wait(Duration::from_secs(10)),
     );
-    for token in dead {
+    tokio::spawn(async move {
+        let guard = client.lock_with(&name, &options).await;
+        (guard, Instant::now())
+    })
+}
+
+/// The dead waiters leave and the holder's key goes, telling nobody.
+async fn vanish(raw: &mut MultiplexedConnection, keys: &RedisKeys) -> Outcome {
+    for token in DEAD {
         let _: () = raw.zrem(&keys.queue, token).await.map_err(fail("ZREM"))?;
         let _: () = raw.zrem(&keys.places, token).await.map_err(fail("ZREM"))?;
     }
+    let _: () = raw.del(&keys.lock).await.map_err(fail("DEL"))?;
+    Ok(())
+}
+
+/// A single try of `newcomer` on `name` (it starts the live waiter's turn and finds it busy);
+/// the live waiter, `waiting`, must have the lock within `limit` of it.
+async fn told_within(
+    newcomer: &LockClient,
+    name: &LockName,
+    waiting: tokio::task::JoinHandle<(Result<LockGuard, LockError>, Instant)>,
+    limit: Duration,
+) -> Outcome {
     let tried = Instant::now();
     let once = newcomer
-        .lock_with(&name, &LockOptions::new().wait(Duration::ZERO))
+        .lock_with(name, &LockOptions::new().wait(Duration::ZERO))
         .await;
     ensure!(
         matches!(once, Err(LockError::Timeout { .. })),
         "the newcomer's single try during the live waiter's turn returned {once:?}"
     );
-    let (guard, at) = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .map_err(fail("the live waiter did not get the lock within 5 s"))?
-        .map_err(fail("waiter task"))?;
+    let (guard, at) = match tokio::time::timeout(Duration::from_secs(5), waiting).await {
+        Ok(done) => done.map_err(fail("waiter task"))?,
+        Err(_) => {
+            return Err(Failure(
+                "the live waiter did not get the lock within 5 s".into(),
+            ));
+        }
+    };
     let guard = guard.map_err(fail("the live waiter"))?;
-    let took = at.duration_since(tried);
+    let took = at.checked_duration_since(tried);
     guard.release().await.map_err(fail("release"))?;
-    let _: () = raw
-        .del(&[&keys.queue, &keys.places, &keys.clients, &keys.fence])
-        .await
-        .map_err(fail("clean-up"))?;
+    let took = took
+        .ok_or_else(|| Failure("the live waiter had the lock before the newcomer's try".into()))?;
     ensure!(
-        took < Duration::from_millis(60),
-        "the live waiter took the lock {took:?} after the try that started its turn (100 ms)"
+        took < limit,
+        "the live waiter took the lock {took:?} after the try that started its turn"
     );
     Ok(())
 }
@@ -112,85 +250,5 @@ async fn plant_dead(raw: &mut MultiplexedConnection, keys: &RedisKeys, dead: &[&
             .await
             .map_err(fail("ZADD places"))?;
     }
-    poll_until(Duration::from_secs(1), "the planted places", async || {
-        let n: i64 = raw.zcard(&keys.queue).await.map_err(fail("ZCARD"))?;
-        Ok(n == i64::try_from(dead.len()).unwrap_or(0))
-    })
-    .await
-}
-
-/// Redlock: the same on every server. Two dead waiters planted at the head of every server's
-/// queue, a live waiter queued behind them (third in line: it votes only every 0.75 to 1 s
-/// to keep its place), the two dead ones gone silently, and a newcomer's single vote starts
-/// the live waiter's turn (400 ms) on every server: the live waiter must vote within it,
-/// told by those servers, not at its next vote to keep its place.
-async fn redlock_waiter_hears_the_turn_another_vote_starts() -> Outcome {
-    let name = unique_name("redlock-told-turn")?;
-    let keys = RedisKeys::new("faults", &name);
-    let mut raws = redlock_raw_conns().await?;
-    let dead = [
-        "0123456789abcdef0123456789abcde1",
-        "0123456789abcdef0123456789abcde2",
-    ];
-    for raw in &mut raws {
-        plant_dead(raw, &keys, &dead).await?;
-    }
-    let (waiter, newcomer) = (redlock_client().await?, redlock_client().await?);
-    let waiting = tokio::spawn({
-        let (name, options) = (
-            name.clone(),
-            LockOptions::new().wait(Duration::from_secs(10)),
-        );
-        async move {
-            let guard = waiter.lock_with(&name, &options).await;
-            (guard, Instant::now())
-        }
-    });
-    until_queued_everywhere(&mut raws, &keys, 3).await?;
-    // Its votes carry its client (it listens) on every server.
-    poll_until(
-        Duration::from_secs(5),
-        "the live waiter listening",
-        async || {
-            let mut everywhere = true;
-            for raw in raws.iter_mut() {
-                let clients: i64 = raw.hlen(&keys.clients).await.map_err(fail("HLEN"))?;
-                everywhere &= clients == 1;
-            }
-            Ok(everywhere)
-        },
-    )
-    .await?;
-    for raw in &mut raws {
-        for token in dead {
-            let _: () = raw.zrem(&keys.queue, token).await.map_err(fail("ZREM"))?;
-            let _: () = raw.zrem(&keys.places, token).await.map_err(fail("ZREM"))?;
-        }
-    }
-    let voted = Instant::now();
-    let once = newcomer
-        .lock_with(&name, &LockOptions::new().wait(Duration::ZERO))
-        .await;
-    ensure!(
-        matches!(once, Err(LockError::Timeout { .. })),
-        "the newcomer's single vote during the live waiter's turn returned {once:?}"
-    );
-    let (guard, at) = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .map_err(fail("the live waiter did not get the lock within 5 s"))?
-        .map_err(fail("waiter task"))?;
-    let guard = guard.map_err(fail("the live waiter"))?;
-    let took = at.duration_since(voted);
-    guard.release().await.map_err(fail("release"))?;
-    for raw in &mut raws {
-        let _: () = raw
-            .del(&[&keys.queue, &keys.places, &keys.clients, &keys.fence])
-            .await
-            .map_err(fail("clean-up"))?;
-    }
-    ensure!(
-        took < Duration::from_millis(300),
-        "the live waiter took the lock {took:?} after the vote that started its turn (400 ms)"
-    );
     Ok(())
 }

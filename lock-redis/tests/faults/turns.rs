@@ -59,16 +59,7 @@ async fn a_waiter_hears_the_turn_another_try_starts() -> Outcome {
     .await;
     // The holder's key is gone: its release finds nothing (or the live waiter's lock).
     drop(held.release().await);
-    let _: () = raw
-        .del(&[
-            &keys.lock,
-            &keys.queue,
-            &keys.places,
-            &keys.clients,
-            &keys.fence,
-        ])
-        .await
-        .map_err(fail("clean-up"))?;
+    clean_up(&mut raw, &keys).await?;
     outcome
 }
 
@@ -138,18 +129,24 @@ async fn redlock_waiter_hears_the_turn_another_vote_starts() -> Outcome {
     .await;
     drop(held.release().await);
     for raw in &mut raws {
-        let _: () = raw
-            .del(&[
-                &keys.lock,
-                &keys.queue,
-                &keys.places,
-                &keys.clients,
-                &keys.fence,
-            ])
-            .await
-            .map_err(fail("clean-up"))?;
+        clean_up(raw, &keys).await?;
     }
     outcome
+}
+
+/// Removes the name's keys.
+async fn clean_up(raw: &mut MultiplexedConnection, keys: &RedisKeys) -> Outcome {
+    let _: () = raw
+        .del(&[
+            &keys.lock,
+            &keys.queue,
+            &keys.places,
+            &keys.clients,
+            &keys.fence,
+        ])
+        .await
+        .map_err(fail("clean-up"))?;
+    Ok(())
 }
 
 /// The planted dead waiters' tokens, in line order.

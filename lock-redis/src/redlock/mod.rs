@@ -113,8 +113,8 @@ const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
 /// `redlock_waiters_far_back_vote_seldom`). A waiter that moves up while asleep without a
 /// release naming it (those ahead gave up or died, which tells nobody) is told by each server
 /// where another's vote starts its [`TURN`] (see [`scripts::ACQUIRE`]; fault case
-/// `redlock_waiter_hears_the_turn_another_vote_starts`: 854 and 881 ms after that vote before
-/// the servers told it, past its turn). A lost message costs it up to this long: it may then
+/// `redlock_waiter_hears_the_turn_another_vote_starts`: 854, 881 and 907 ms after that vote,
+/// past its turn, before the servers told it). A lost message costs it up to this long: it may then
 /// lose that turn to a waiter behind it, and on its next vote rejoins at the head under its
 /// ticket (so nobody starves).
 const PLACE_KEPT: Duration = Duration::from_secs(1);

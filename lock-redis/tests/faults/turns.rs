@@ -9,11 +9,14 @@ use conformance_tests::{
 };
 use lock_core::{LockClient, LockError, LockGuard, LockName, LockOptions};
 use lock_redis::RedisKeys;
-use redis::{AsyncCommands, aio::MultiplexedConnection};
+use redis::{
+    AsyncCommands,
+    aio::{ConnectionLike, MultiplexedConnection},
+};
 
 use super::{
-    queue::until_queued_everywhere, raw_conn, redlock_client, redlock_raw_conns, single_client,
-    until_marked,
+    cluster_client, cluster_urls, queue::until_queued_everywhere, raw_conn, redlock_client,
+    redlock_raw_conns, single_client,
 };
 
 /// The cases of this file.
@@ -21,6 +24,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
     cases
         .case("a_waiter_hears_the_turn_another_try_starts", || {
             Box::pin(a_waiter_hears_the_turn_another_try_starts())
+        })
+        .case("a_cluster_waiter_hears_the_turn_another_try_starts", || {
+            Box::pin(a_cluster_waiter_hears_the_turn_another_try_starts())
         })
         .case("redlock_waiter_hears_the_turn_another_vote_starts", || {
             Box::pin(redlock_waiter_hears_the_turn_another_vote_starts())
@@ -35,16 +41,48 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
 /// turn (100 ms); the live waiter must come within it, told by that try.
 async fn a_waiter_hears_the_turn_another_try_starts() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
-    let name = unique_name("told-turn")?;
+    let raw = raw_conn(&url).await?;
+    hears_the_turn(raw, async || single_client(&url).await, "told-turn").await
+}
+
+/// The same on the cluster, where the try's message is an `SPUBLISH` on the lock's node.
+async fn a_cluster_waiter_hears_the_turn_another_try_starts() -> Outcome {
+    let urls = cluster_urls()?;
+    let raw = redis::cluster::ClusterClient::new(urls.clone())
+        .map_err(fail("cluster client"))?
+        .get_async_connection()
+        .await
+        .map_err(fail("cluster connect"))?;
+    hears_the_turn(
+        raw,
+        async || cluster_client(&urls).await,
+        "cluster-told-turn",
+    )
+    .await
+}
+
+/// The case of [`a_waiter_hears_the_turn_another_try_starts`] over `raw` (a connection to the
+/// store) and clients from `client`, on a fresh name tagged `tag`.
+async fn hears_the_turn<C: ConnectionLike + Send + Sync>(
+    mut raw: C,
+    client: impl AsyncFn() -> Result<LockClient, Failure>,
+    tag: &str,
+) -> Outcome {
+    let name = unique_name(tag)?;
     let keys = RedisKeys::new("faults", &name);
-    let mut raw = raw_conn(&url).await?;
-    let holder = single_client(&url).await?;
+    let holder = client().await?;
     let held = hold(&holder, &name).await?;
     plant_dead(&mut raw, &keys, &DEAD).await?;
-    let (waiter, newcomer) = (single_client(&url).await?, single_client(&url).await?);
+    let (waiter, newcomer) = (client().await?, client().await?);
     let waiting = wait_for(waiter, &name);
     let outcome = async {
-        until_marked(&mut raw, &keys, "the live waiter").await?;
+        // The live waiter's busy try marked the lock: it is subscribed, and sleeps.
+        poll_until(
+            Duration::from_secs(10),
+            "the live waiter marking the lock",
+            async || raw.exists(&keys.waiters).await.map_err(fail("EXISTS")),
+        )
+        .await?;
         let line: Vec<String> = raw
             .zrange(&keys.queue, 0, -1)
             .await
@@ -135,7 +173,7 @@ async fn redlock_waiter_hears_the_turn_another_vote_starts() -> Outcome {
 }
 
 /// Removes the name's keys.
-async fn clean_up(raw: &mut MultiplexedConnection, keys: &RedisKeys) -> Outcome {
+async fn clean_up<C: ConnectionLike + Send + Sync>(raw: &mut C, keys: &RedisKeys) -> Outcome {
     let _: () = raw
         .del(&[
             &keys.lock,
@@ -184,7 +222,7 @@ fn wait_for(
 }
 
 /// The dead waiters leave and the holder's key goes, telling nobody.
-async fn vanish(raw: &mut MultiplexedConnection, keys: &RedisKeys) -> Outcome {
+async fn vanish<C: ConnectionLike + Send + Sync>(raw: &mut C, keys: &RedisKeys) -> Outcome {
     for token in DEAD {
         let _: () = raw.zrem(&keys.queue, token).await.map_err(fail("ZREM"))?;
         let _: () = raw.zrem(&keys.places, token).await.map_err(fail("ZREM"))?;
@@ -231,7 +269,11 @@ async fn told_within(
 
 /// Plants waiters that died at the head of `keys`' queue, in the order given, with places
 /// that would last a minute.
-async fn plant_dead(raw: &mut MultiplexedConnection, keys: &RedisKeys, dead: &[&str]) -> Outcome {
+async fn plant_dead<C: ConnectionLike + Send + Sync>(
+    raw: &mut C,
+    keys: &RedisKeys,
+    dead: &[&str],
+) -> Outcome {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_err(fail("clock"))?

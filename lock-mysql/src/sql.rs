@@ -168,6 +168,25 @@ where
     }
 }
 
+/// After `error` on `conn`: runs `settle` (`ROLLBACK`, or `DO 0` where no transaction can be
+/// open) by `until`, and closes the connection when the error was the connection's or
+/// `settle` fails, so that no connection goes back to the pool mid-statement or inside a
+/// transaction a failed batch left open.
+pub(crate) async fn settle_or_close(
+    conn: &mut PoolConnection<MySql>,
+    error: &sqlx::Error,
+    settle: &'static str,
+    until: Instant,
+) {
+    if classify(error) == Class::Connection
+        || within(until, sqlx::raw_sql(settle).execute(&mut **conn))
+            .await
+            .is_err()
+    {
+        conn.close_on_drop();
+    }
+}
+
 /// Runs `sql` (harmless to run twice: reads, renewals) on a pooled connection, again when InnoDB
 /// rolled it back as a deadlock victim or the connection was broken ([`retry_broken`]), all by
 /// `until` (a connection left mid-statement is closed).
@@ -190,13 +209,8 @@ pub(crate) async fn run_pooled(
             async move {
                 let mut conn = within(until, pool.acquire()).await?;
                 let result = within(until, run(&mut conn, AssertSqlSafe(sql))).await;
-                if let Err(error) = &result
-                    && (classify(error) == Class::Connection
-                        || within(until, sqlx::raw_sql("ROLLBACK").execute(&mut *conn))
-                            .await
-                            .is_err())
-                {
-                    conn.close_on_drop();
+                if let Err(error) = &result {
+                    settle_or_close(&mut conn, error, "ROLLBACK", until).await;
                 }
                 result
             }

@@ -8,9 +8,9 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::{LeaseStrategy, changed_current, queue};
 use crate::{
-    error::{Class, Error, classify},
+    error::Error,
     rows::lease_token_is_ours,
-    sql::{broken, execute_within, retry_deadlocks, within},
+    sql::{broken, execute_within, retry_deadlocks, settle_or_close, within},
 };
 
 impl LeaseStrategy {
@@ -118,13 +118,7 @@ impl LeaseStrategy {
             (Some(released), None) => Ok(released),
             (Some(released), Some(error)) => {
                 tracing::debug!(%error, "released, but waking the next waiter failed");
-                if classify(&error) == Class::Connection
-                    || within(until, sqlx::raw_sql("DO 0").execute(&mut *conn))
-                        .await
-                        .is_err()
-                {
-                    conn.close_on_drop();
-                }
+                settle_or_close(&mut conn, &error, "DO 0", until).await;
                 Ok(released)
             }
             // No answer that it released: the server may have stopped the batch before its
@@ -132,13 +126,7 @@ impl LeaseStrategy {
             // transaction is rolled back before the connection goes back (a connection error,
             // the answer's time limit included, closes it instead).
             (None, Some(error)) => {
-                if classify(&error) == Class::Connection
-                    || within(until, sqlx::raw_sql("ROLLBACK").execute(&mut *conn))
-                        .await
-                        .is_err()
-                {
-                    conn.close_on_drop();
-                }
+                settle_or_close(&mut conn, &error, "ROLLBACK", until).await;
                 Err(error)
             }
             (None, None) => {

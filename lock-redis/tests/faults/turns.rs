@@ -75,6 +75,8 @@ async fn hears_the_turn<C: ConnectionLike + Send + Sync>(
     plant_dead(&mut raw, &keys, &DEAD).await?;
     let (waiter, newcomer) = (client().await?, client().await?);
     let waiting = wait_for(waiter, &name);
+    // A case that fails before the waiter is done stops it, rather than leave it waiting.
+    let stop = waiting.abort_handle();
     let outcome = async {
         // The live waiter's busy try marked the lock: it is subscribed, and sleeps.
         poll_until(
@@ -95,6 +97,7 @@ async fn hears_the_turn<C: ConnectionLike + Send + Sync>(
         told_within(&newcomer, &name, waiting, Duration::from_millis(90)).await
     }
     .await;
+    stop.abort();
     // The holder's key is gone: its release finds nothing (or the live waiter's lock).
     drop(held.release().await);
     clean_up(&mut raw, &keys).await?;
@@ -116,6 +119,8 @@ async fn redlock_waiter_hears_the_turn_another_vote_starts() -> Outcome {
     }
     let (waiter, newcomer) = (redlock_client().await?, redlock_client().await?);
     let waiting = wait_for(waiter, &name);
+    // A case that fails before the waiter is done stops it, rather than leave it waiting.
+    let stop = waiting.abort_handle();
     let outcome = async {
         until_queued_everywhere(&mut raws, &keys, 3).await?;
         // Its votes carry its client (it listens) on every server.
@@ -165,6 +170,7 @@ async fn redlock_waiter_hears_the_turn_another_vote_starts() -> Outcome {
         told_within(&newcomer, &name, waiting, Duration::from_millis(300)).await
     }
     .await;
+    stop.abort();
     drop(held.release().await);
     for raw in &mut raws {
         clean_up(raw, &keys).await?;

@@ -88,17 +88,20 @@ impl Call<'_> {
         self.command("EVALSHA", self.script.script.get_hash())
     }
 
+    /// The call with its script's source (`EVAL`), as a command to add to a pipeline: it runs
+    /// on a server that does not know the script, and leaves it cached there, so the
+    /// `EVALSHA`s after it in the same pipeline run too.
+    pub(crate) fn by_source(&self) -> Cmd {
+        self.command("EVAL", &self.script.source)
+    }
+
     /// Runs the call on `conn`: `EVALSHA`, then `EVAL` if the server does not know the script.
     pub(crate) async fn invoke_async<T: FromRedisValue>(
         &self,
         conn: &mut impl ConnectionLike,
     ) -> RedisResult<T> {
         match self.by_hash().query_async(conn).await {
-            Err(error) if unknown_script(&error) => {
-                self.command("EVAL", &self.script.source)
-                    .query_async(conn)
-                    .await
-            }
+            Err(error) if unknown_script(&error) => self.by_source().query_async(conn).await,
             other => other,
         }
     }

@@ -64,7 +64,7 @@ async fn while_down(ctx: &Ctx, client: &LockClient, name: &LockName) -> Outcome 
     );
     ensure!(
         took <= BUDGET + ctx.margin(),
-        "with the store down, acquire returned after {took:?}, past its {BUDGET:?} budget"
+        "with the store down, acquire returned after {took:?}, past its {BUDGET:?} budget: {result:?}"
     );
     let start = Instant::now();
     let result = client.lock_with(name, &ctx.options(Duration::ZERO)).await;

@@ -127,7 +127,7 @@ mod tests {
             by_hash.ends_with("$1\r\n1\r\n$1\r\nk\r\n$1\r\n7\r\n"),
             "{by_hash}"
         );
-        let by_source = packed(call.command("EVAL", "return KEYS[1]"));
+        let by_source = packed(call.by_source());
         let shown = format!("{:?}", script.key("k").arg("secret-token"));
         assert!(!shown.contains("secret-token"), "{shown}");
         assert!(

@@ -111,8 +111,9 @@ const CLUSTER_LOCKS: usize = 2_500;
 /// its first call carrying the script's source) and then once more: every lease is renewed to
 /// the batch's TTL, and leases whose token is not the holder's are answered "not held". Both
 /// batches go out in pipelines: this process sends the nodes at most one TCP segment per 100
-/// leases (renewed one request each, 10,000 leases took 496 segments; the first batch after
-/// the flush went so until the pipelines were sent again with the source).
+/// leases, two after the flush (renewed one request each, 10,000 leases took 496 segments;
+/// the first batch after the flush went so until the pipelines were sent again with the
+/// source).
 async fn cluster_renews_across_nodes_in_one_batch() -> Outcome {
     let urls = super::cluster_urls()?;
     let backend = RedisBackend::connect(RedisConfig::cluster(urls.clone()).key_prefix("faults"))
@@ -148,9 +149,12 @@ async fn cluster_renews_across_nodes_in_one_batch() -> Outcome {
         let after_flush = round(Duration::from_secs(60)).await?;
         let sent = round(Duration::from_secs(90)).await?;
         let most = CLUSTER_LOCKS as u64 / 100;
+        // The batch after the flush sends each pipeline twice (the second time with the
+        // script's source): 19-24 segments in five runs, where one request per lease sent 458.
         ensure!(
-            after_flush <= most,
-            "renewing {CLUSTER_LOCKS} leases on nodes that had forgotten the script sent {after_flush} TCP segments to the nodes (at most {most} expected: the renewals went one by one)"
+            after_flush <= 2 * most,
+            "renewing {CLUSTER_LOCKS} leases on nodes that had forgotten the script sent {after_flush} TCP segments to the nodes (at most {} expected: the renewals went one by one)",
+            2 * most
         );
         ensure!(
             sent <= most,

@@ -121,6 +121,9 @@ impl MySqlBackend {
     /// [`Fencing::BestEffort`] and logs why. Every session of the backend turns off the
     /// server's statement time limits (`max_statement_time`, `max_execution_time`) and
     /// idle-transaction timeouts where they exist; the backend bounds its statements itself.
+    /// A row-lock backend on MariaDB also opens its anchor connection here, the one its holds
+    /// park on (see the crate's README); if that fails it is logged and tried again later, and
+    /// holds park in `SLEEP` meanwhile.
     ///
     /// # Cancel safety
     /// Dropping the future leaves nothing behind but, possibly, the created table.
@@ -181,6 +184,9 @@ impl MySqlBackend {
                 },
             )),
         };
+        if let Imp::RowLock(strategy) = &imp {
+            strategy.raise_anchor().await;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 url: url.clone(),

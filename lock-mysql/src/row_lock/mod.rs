@@ -136,6 +136,11 @@ pub(crate) struct Settings {
 }
 
 impl RowLockStrategy {
+    /// Raises the client's [anchor](crate::anchor) before any hold parks (see there why).
+    pub(crate) async fn raise_anchor(&self) {
+        self.shared.anchor.raise().await;
+    }
+
     pub(crate) fn new(pool: MySqlPool, table: TableName, settings: Settings) -> Self {
         let Settings {
             connect,

@@ -30,11 +30,11 @@
 //! parks, and holds parked in `SLEEP` while the anchor was being raised (the first holds of a
 //! new client) were stopped as slowly as above: 32 new clients each releasing its first hold
 //! at once, the slowest release took 2.0-4.0 s in 3 runs of 3 (`hold_end`'s
-//! `row_lock/first_holds_of_new_clients_release_at_once`), and the compare's client sweep fell
-//! to 29-64 turns a second in one step of each run, the server idle, every kill waiting. A
-//! lease backend raises it at its first park, in the background (a lease client that never
-//! waits opens no anchor); until it is up, parks use `SLEEP`. Once up it stays for the
-//! backend's life.
+//! `row_lock/first_holds_of_new_clients_release_at_once`; 13-35 ms now), and one or two steps
+//! of the client sweep fell to 12-71 turns a second (two steps in the compare at 22787fb, one
+//! or two in each of 3 runs since), the server idle, every kill waiting. A lease backend
+//! raises it at its first park, in the background (a lease client that never waits opens no
+//! anchor); until it is up, parks use `SLEEP`. Once up it stays for the backend's life.
 //!
 //! **Where.** MariaDB only: `GET_LOCK` takes microseconds in its timeout since MariaDB
 //! 10.1.2 (MDEV-4018), which a lease's last chunk needs; MySQL rounds it to whole seconds,
@@ -101,7 +101,8 @@ struct State {
 }
 
 impl Anchor {
-    /// An anchor not raised yet (it is raised at the first [`Anchor::name`]).
+    /// An anchor not raised yet (it is raised by [`Anchor::raise`] when a row-lock backend
+    /// connects, or at the first [`Anchor::name`] due).
     pub(crate) fn new(settings: Settings) -> Self {
         Self {
             state: Mutex::default(),

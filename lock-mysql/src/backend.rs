@@ -122,8 +122,9 @@ impl MySqlBackend {
     /// server's statement time limits (`max_statement_time`, `max_execution_time`) and
     /// idle-transaction timeouts where they exist; the backend bounds its statements itself.
     /// A row-lock backend on MariaDB also opens its anchor connection here, the one its holds
-    /// park on (see the crate's README); if that fails it is logged and tried again later, and
-    /// holds park in `SLEEP` meanwhile.
+    /// park on (see the crate's README), which may take up to `connect_timeout` plus
+    /// `statement_timeout` more; if that fails it is logged and tried again later, holds park
+    /// in `SLEEP` meanwhile, and `connect` still succeeds.
     ///
     /// # Cancel safety
     /// Dropping the future leaves nothing behind but, possibly, the created table.

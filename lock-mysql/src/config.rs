@@ -92,8 +92,8 @@ impl FromStr for Strategy {
 /// per lock name being waited on, outside the pool (so held locks never starve it): of one
 /// client's `acquire` calls waiting for the same name, only the first waits in the server, the
 /// others queue in the client, in arrival order. It keeps up to `idle_hold_connections` of
-/// them open for reuse, and on MariaDB, once it has held a lock, one more, idle, holding the
-/// user lock its holds park on: plan `pool_size + held + names waited on + idle_hold_connections + 1` connections per
+/// them open for reuse, and on MariaDB, from the moment it connects, one more, idle, holding
+/// the user lock its holds park on: plan `pool_size + held + names waited on + idle_hold_connections + 1` connections per
 /// client against the server's `max_connections`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

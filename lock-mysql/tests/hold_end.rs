@@ -6,6 +6,8 @@
 //! - many holds parked at once all keep their locks: 40 holds of a 1 s TTL, renewed by the
 //!   watchdog for 5 s (each renewal and release stops its hold's parked statement, and 40
 //!   of those stops at once must not outlast a lease);
+//! - the first holds of 32 new clients released at once: each release is quick (the kills of
+//!   holds parked in `SLEEP`, before the client's anchor was up, once took 2 to 4 s);
 //! - a guard dropped on a thread without a Tokio runtime (lock-core cannot release it there):
 //!   the backend notices nobody holds the guard any more, rolls the hold back and forgets it,
 //!   so another client gets the lock long before the TTL.
@@ -151,13 +153,13 @@ async fn many_parked_holds_keep_their_locks() -> Outcome {
     Ok(())
 }
 
-/// 32 new clients (each its own backend, so none has raised its anchor yet) each take a lock
-/// of their own and release it at once, 5 rounds with new clients each: no release takes a
-/// second. A client's first hold parks while the client raises its anchor; parked in `SLEEP`
-/// meanwhile, 32 such holds released together made MariaDB's kills of those sleeps wait up to
-/// 2 s each for the mutex every sleeping session shares (see `lock_mysql`'s `anchor` module),
-/// and the server's other sessions (the anchors' new connections among them) with them: the
-/// compare's client sweep fell to 29-64 turns a second in one step of each run.
+/// 32 new clients (each its own backend) each take a lock of their own and release it at
+/// once, 5 rounds with new clients each: no release takes 1.5 s (the slowest of a round took
+/// 13-35 ms in 20 rounds). The anchor (the user lock holds park on) was raised at a client's
+/// first park, and its first holds parked in `SLEEP` meanwhile: 32 such holds released
+/// together made MariaDB's kills of those sleeps wait 2 s at a time for the mutex every
+/// sleeping session shares (see `lock_mysql`'s `anchor` module), the slowest release 2.0 to
+/// 4.0 s in 3 runs of 3, and stalled the server's other sessions with them.
 async fn first_holds_of_new_clients_release_at_once() -> Outcome {
     const CLIENTS: usize = 32;
     let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
@@ -177,7 +179,7 @@ async fn first_holds_of_new_clients_release_at_once() -> Outcome {
         .await?;
         let slowest = releases.iter().max().copied().unwrap_or_default();
         ensure!(
-            slowest < Duration::from_secs(1),
+            slowest < Duration::from_millis(1_500),
             "round {round}: the slowest of {CLIENTS} new clients' releases took {slowest:?}"
         );
     }

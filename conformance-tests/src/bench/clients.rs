@@ -64,11 +64,23 @@ pub struct Fleet {
     /// The most sessions (connections) open on the store's servers during the run, above
     /// those open before it, per client, when counted.
     pub sessions_per_client: Option<f64>,
-    /// The middle of the run and how many acquisitions came after it: the steady half of the
-    /// run, which [`counted`](super::counted) counts operations over (the first half has every
-    /// client's first tries and subscriptions).
+    /// The steady second half of the run, which [`counted`](super::counted) counts
+    /// operations over.
     #[serde(skip)]
-    pub second_half: Option<(Instant, usize)>,
+    pub second_half: Option<SecondHalf>,
+}
+
+/// The steady second half of a fleet run: from its middle to the end of its turns. The first
+/// half has every client's first tries and subscriptions; at the end every client still
+/// waiting gives up at once and cleans up (1,000 of them outweigh the hand-offs of the half).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecondHalf {
+    /// The middle of the run.
+    pub middle: Instant,
+    /// When the clients stop taking turns.
+    pub end: Instant,
+    /// When each acquisition of the run returned, in order.
+    pub acquired: Vec<Instant>,
 }
 
 /// One acquisition: by which client, when `acquire` returned, when the release began.
@@ -158,13 +170,16 @@ where
     let elapsed = began.elapsed();
     let mut turns = std::mem::take(&mut *turns.lock().unwrap_or_else(PoisonError::into_inner));
     turns.sort_by_key(|turn| turn.acquired);
-    let middle = began + run_for / 2;
-    let late = turns.iter().filter(|turn| turn.acquired >= middle).count();
+    let (middle, end) = (began + run_for / 2, began + run_for);
     let (failures, first_failure) =
         std::mem::take(&mut *failures.lock().unwrap_or_else(PoisonError::into_inner));
     let mut fleet = summarize(clients, hold, &turns, elapsed, failures)?;
     fleet.first_failure = first_failure;
-    fleet.second_half = Some((middle, late));
+    fleet.second_half = Some(SecondHalf {
+        middle,
+        end,
+        acquired: turns.iter().map(|turn| turn.acquired).collect(),
+    });
     Ok(fleet)
 }
 

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::Fleet;
+use super::{Fleet, SecondHalf};
 
 /// A store's server-side counters, summed over its servers. Each benchmark implements it with
 /// the store's own statistics (Redis `INFO`, MySQL `SHOW GLOBAL STATUS`, ZooKeeper `mntr`).
@@ -29,10 +29,13 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// Runs `run` (a blocking fleet run of `clients` clients) on a blocking thread and fills in
 /// the fleet's [`Fleet::operations_per_acquisition`] and [`Fleet::sessions_per_client`]:
 ///
-/// - operations: those the servers counted in the second half of the run (see
-///   [`Fleet::second_half`]; the whole run for a fleet that does not say), per acquisition in
-///   that half. The first half has every client's first tries and subscriptions, which with a
-///   thousand clients outweigh the hand-offs of a short run;
+/// - operations: those the servers counted in the second half of the run, up to its end (see
+///   [`SecondHalf`]; the whole run for a fleet that does not say), per acquisition in that
+///   half, both between the samples nearest its middle and its end. The first half has every
+///   client's first tries and subscriptions, which with a thousand clients outweigh the
+///   hand-offs of a short run, and so does the clean-up of every client still waiting at the
+///   end (it was counted until 64ec465: ZooKeeper's 1,000 clients then counted 4.0 deletes
+///   per acquisition, 1.1 at 16);
 /// - sessions: the most open during the run, above those open before it, per client.
 ///
 /// Both counters are read every 100 ms; the reads are a few operations per second,
@@ -75,24 +78,51 @@ where
         }
     };
     let operations_after = counters.operations().await?;
-    let (from, acquisitions) = match fleet.second_half {
-        Some((middle, late)) => (
-            samples
+    let (operations, acquisitions) = match &fleet.second_half {
+        Some(half) => steady(&samples, half).unwrap_or_else(|| {
+            // No two samples inside the half (a run shorter than the sampling): to the end.
+            let from = samples
                 .iter()
                 .rev()
-                .find(|(at, _)| *at <= middle)
-                .map_or(operations_before, |(_, operations)| *operations),
-            late,
+                .find(|(at, _)| *at <= half.middle)
+                .map_or(operations_before, |(_, operations)| *operations);
+            let late = half
+                .acquired
+                .iter()
+                .filter(|at| **at >= half.middle)
+                .count();
+            (operations_after.saturating_sub(from), late)
+        }),
+        None => (
+            operations_after.saturating_sub(operations_before),
+            fleet.acquisitions,
         ),
-        None => (operations_before, fleet.acquisitions),
     };
     // None without an acquisition: operations per nothing.
-    fleet.operations_per_acquisition = (acquisitions > 0)
-        .then(|| operations_after.saturating_sub(from) as f64 / acquisitions as f64);
+    fleet.operations_per_acquisition =
+        (acquisitions > 0).then(|| operations as f64 / acquisitions as f64);
     fleet.sessions_per_client =
         Some(most.saturating_sub(sessions_before) as f64 / clients.max(1) as f64);
     drained(counters, sessions_before).await;
     Ok(fleet)
+}
+
+/// The operations counted between the last sample at or before the middle of `half` and the
+/// last sample at or before its end, and the acquisitions between those two samples; `None`
+/// when no two samples bound part of the half.
+fn steady(samples: &[(Instant, u64)], half: &SecondHalf) -> Option<(u64, usize)> {
+    let last_by = |instant: Instant| samples.iter().rev().find(|(at, _)| *at <= instant);
+    let (from, from_ops) = *last_by(half.middle).or_else(|| samples.first())?;
+    let (to, to_ops) = *last_by(half.end)?;
+    if to <= from {
+        return None;
+    }
+    let acquisitions = half
+        .acquired
+        .iter()
+        .filter(|at| (from..to).contains(*at))
+        .count();
+    Some((to_ops.saturating_sub(from_ops), acquisitions))
 }
 
 /// How long the servers get to close a run's sessions before the next run starts anyway.
@@ -128,6 +158,25 @@ pub fn stat_line(text: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_steady_half_ends_where_the_turns_end() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        // 10 operations every 100 ms until 2 s, then the clean-up: 1,000 more.
+        let mut samples: Vec<_> = (0..=20).map(|i| (at(i * 100), i * 10)).collect();
+        samples.push((at(2_100), 1_200));
+        let half = SecondHalf {
+            middle: at(1_050),
+            end: at(2_050),
+            // One acquisition every 50 ms from 25 ms on, until the end.
+            acquired: (0..41).map(|i| at(25 + i * 50)).collect(),
+        };
+        // From the sample at 1 s to the one at 2 s: 100 operations, 20 acquisitions.
+        assert_eq!(steady(&samples, &half), Some((100, 20)));
+        // Too few samples: no steady count.
+        assert_eq!(steady(&samples[..1], &half), None);
+    }
 
     #[test]
     fn stat_lines_are_found_by_their_whole_key() {

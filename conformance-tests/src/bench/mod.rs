@@ -23,7 +23,8 @@ mod sweep;
 mod threads;
 
 pub use clients::{
-    FLEET_RUNS, Fleet, each_own, fleet, fleet_report, fleet_report_beside, jain, separate_clients,
+    FLEET_RUNS, Fleet, SecondHalf, each_own, fleet, fleet_report, fleet_report_beside, jain,
+    separate_clients,
 };
 pub use contender::{Contender, Turn, TurnError, peer_turn};
 pub use counters::{ServerCounters, counted, stat_line};

@@ -29,13 +29,13 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// Runs `run` (a blocking fleet run of `clients` clients) on a blocking thread and fills in
 /// the fleet's [`Fleet::operations_per_acquisition`] and [`Fleet::sessions_per_client`]:
 ///
-/// - operations: those the servers counted in the second half of the run, up to its end (see
-///   [`SecondHalf`]; the whole run for a fleet that does not say), per acquisition in that
-///   half, both between the samples nearest its middle and its end. The first half has every
-///   client's first tries and subscriptions, which with a thousand clients outweigh the
-///   hand-offs of a short run, and so does the clean-up of every client still waiting at the
-///   end (it was counted until 64ec465: ZooKeeper's 1,000 clients then counted 4.0 deletes
-///   per acquisition, 1.1 at 16);
+/// - operations: those the servers counted in the second half of the run, up to the end of
+///   its turns (see [`SecondHalf`]; the whole run for a fleet that does not say), per
+///   acquisition, both between the last samples at or before its middle and its end; not
+///   counted when the samples do not cover the half. The first half has every client's first
+///   tries and subscriptions, which with a thousand clients outweigh the hand-offs of a short
+///   run, and so does the clean-up of every client still waiting at the end (see the
+///   CHANGELOG);
 /// - sessions: the most open during the run, above those open before it, per client.
 ///
 /// Both counters are read every 100 ms; the reads are a few operations per second,
@@ -78,29 +78,18 @@ where
         }
     };
     let operations_after = counters.operations().await?;
-    let (operations, acquisitions) = match &fleet.second_half {
-        Some(half) => steady(&samples, half).unwrap_or_else(|| {
-            // No two samples inside the half (a run shorter than the sampling): to the end.
-            let from = samples
-                .iter()
-                .rev()
-                .find(|(at, _)| *at <= half.middle)
-                .map_or(operations_before, |(_, operations)| *operations);
-            let late = half
-                .acquired
-                .iter()
-                .filter(|at| **at >= half.middle)
-                .count();
-            (operations_after.saturating_sub(from), late)
-        }),
-        None => (
+    // Not counted (None) when the samples do not cover the steady half (reads failed), or
+    // without an acquisition in it: operations per nothing.
+    let counted = match &fleet.second_half {
+        Some(half) => steady(&samples, half),
+        None => Some((
             operations_after.saturating_sub(operations_before),
             fleet.acquisitions,
-        ),
+        )),
     };
-    // None without an acquisition: operations per nothing.
-    fleet.operations_per_acquisition =
-        (acquisitions > 0).then(|| operations as f64 / acquisitions as f64);
+    fleet.operations_per_acquisition = counted
+        .filter(|(_, acquisitions)| *acquisitions > 0)
+        .map(|(operations, acquisitions)| operations as f64 / acquisitions as f64);
     fleet.sessions_per_client =
         Some(most.saturating_sub(sessions_before) as f64 / clients.max(1) as f64);
     drained(counters, sessions_before).await;
@@ -108,13 +97,18 @@ where
 }
 
 /// The operations counted between the last sample at or before the middle of `half` and the
-/// last sample at or before its end, and the acquisitions between those two samples; `None`
-/// when no two samples bound part of the half.
+/// last sample at or before its end, and the acquisitions between those two samples (one
+/// window for both); `None` when those samples do not cover most of the half (counter reads
+/// failed): the first must be at most a quarter of the half before its middle, and the two
+/// at least half of the half apart.
 fn steady(samples: &[(Instant, u64)], half: &SecondHalf) -> Option<(u64, usize)> {
     let last_by = |instant: Instant| samples.iter().rev().find(|(at, _)| *at <= instant);
-    let (from, from_ops) = *last_by(half.middle).or_else(|| samples.first())?;
+    let (from, from_ops) = *last_by(half.middle)?;
     let (to, to_ops) = *last_by(half.end)?;
-    if to <= from {
+    let length = half.end.saturating_duration_since(half.middle);
+    if half.middle.saturating_duration_since(from) > length / 4
+        || to.saturating_duration_since(from) < length / 2
+    {
         return None;
     }
     let acquisitions = half
@@ -167,15 +161,27 @@ mod tests {
         let mut samples: Vec<_> = (0..=20).map(|i| (at(i * 100), i * 10)).collect();
         samples.push((at(2_100), 1_200));
         let half = SecondHalf {
-            middle: at(1_050),
-            end: at(2_050),
+            middle: at(1_090),
+            end: at(2_090),
             // One acquisition every 50 ms from 25 ms on, until the end.
             acquired: (0..41).map(|i| at(25 + i * 50)).collect(),
         };
-        // From the sample at 1 s to the one at 2 s: 100 operations, 20 acquisitions.
+        // From the sample at 1 s to the one at 2 s: 100 operations, and the 20 acquisitions
+        // between those samples (19 between the middle and the end).
         assert_eq!(steady(&samples, &half), Some((100, 20)));
-        // Too few samples: no steady count.
+        let within = |from: u64, to: u64| -> Vec<(Instant, u64)> {
+            samples
+                .iter()
+                .copied()
+                .filter(|(t, _)| (at(from)..=at(to)).contains(t))
+                .collect()
+        };
+        // Reads that failed after 1.5 s: from the sample at 1 s to the one at 1.5 s.
+        assert_eq!(steady(&within(0, 1_500), &half), Some((50, 10)));
+        // Samples that do not cover the half: not counted.
         assert_eq!(steady(&samples[..1], &half), None);
+        assert_eq!(steady(&within(1_800, 2_100), &half), None);
+        assert_eq!(steady(&within(0, 1_300), &half), None);
     }
 
     #[test]

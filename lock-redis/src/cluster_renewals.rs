@@ -39,14 +39,14 @@
 use std::{collections::HashMap, time::Duration};
 
 use redis::{
-    ServerErrorKind, Value,
+    Value,
     cluster_async::ClusterConnection,
     cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr},
 };
 
 use lock_core::backend::LeaseToken;
 
-use crate::{keys::RedisKeys as Keys, ops::millis, scripts};
+use crate::{eval::unknown_script_reply, keys::RedisKeys as Keys, ops::millis, scripts};
 
 /// Which node serves which slots: each range of slots with its master's node id (its address
 /// when the reply has no id).
@@ -230,18 +230,13 @@ fn answer(
         return unknown;
     }
     for (lease, reply) in chunk.iter().zip(replies) {
-        if unknown_script(&reply) {
+        if unknown_script_reply(&reply) {
             unknown.push(*lease);
         } else if let Some(slot) = answers.get_mut(lease.0) {
             *slot = one_lease(reply);
         }
     }
     unknown
-}
-
-/// Whether `reply` is the server's `NOSCRIPT`: the call ran nothing.
-fn unknown_script(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(error) if error.kind() == Some(ServerErrorKind::NoScript))
 }
 
 /// The cluster's slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{`
@@ -360,9 +355,9 @@ mod tests {
     #[test]
     fn calls_answered_noscript_go_again_and_the_others_are_answered() {
         let noscript = || parsed(b"-NOSCRIPT No matching script.\r\n");
-        assert!(unknown_script(&noscript()));
-        assert!(!unknown_script(&parsed(b"-ERR other\r\n")));
-        assert!(!unknown_script(&Value::Array(vec![Value::Int(7)])));
+        assert!(unknown_script_reply(&noscript()));
+        assert!(!unknown_script_reply(&parsed(b"-ERR other\r\n")));
+        assert!(!unknown_script_reply(&Value::Array(vec![Value::Int(7)])));
         let chunk = [(0, 10), (2, 10), (1, 10)];
         let mut answers = vec![None; 3];
         let replies = vec![

@@ -112,6 +112,13 @@ fn unknown_script(error: &redis::RedisError) -> bool {
     error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
+/// Whether `reply` (one reply of a pipeline that keeps the server's errors as values) is the
+/// server's `NOSCRIPT`: that call ran nothing.
+pub(crate) fn unknown_script_reply(reply: &redis::Value) -> bool {
+    matches!(reply, redis::Value::ServerError(error)
+        if error.kind() == Some(redis::ServerErrorKind::NoScript))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

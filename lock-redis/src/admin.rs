@@ -198,7 +198,15 @@ impl LockAdmin for RedisBackend {
                     return Ok(None);
                 };
                 let count = waiters(&mut conn, &keys).await;
-                if ops::release(&mut conn, &keys, &info.token, self.tell()).await? {
+                if ops::release(
+                    &mut conn,
+                    &keys,
+                    &info.token,
+                    self.tell(),
+                    ops::Next::HandOver,
+                )
+                .await?
+                {
                     return Ok(Some(forced(&info, count)));
                 }
             }

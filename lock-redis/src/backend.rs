@@ -20,10 +20,10 @@ use crate::{
     connection::{self, Conn, TlsRoots},
     error::Error,
     keys::RedisKeys as Keys,
-    ops::{self, Queueing, Try},
+    ops::{self, Next, Queueing, Try},
     scripts::{self, Mark},
     subscriber::Subscriber,
-    waiters::{Registration, Waiters, WakeUp},
+    waiters::{Handed, Registration, Waiters, WakeUp},
 };
 
 /// Locks on one Redis server (optionally waiting for replica acknowledgements) or on a Redis
@@ -41,9 +41,11 @@ use crate::{
 ///   server's clock steps back; [`Fencing::BestEffort`] with `replica_acks` or on a cluster,
 ///   where a failover continues on a replica that may lack the last grant and whose clock may
 ///   be behind. See the crate docs, "Fences".
-/// - Waiters mark the lock, are woken by the release message on one pub/sub connection shared
-///   by all waiting locks of this backend, and retry when the holder's TTL runs out in case a
-///   message is lost.
+/// - Waiters queue and mark the lock. A release hands the lock over to the first waiter in the
+///   same script and tells it on one pub/sub connection shared by all waiting locks of its
+///   client, so the waiter holds the lock when the message arrives, without a try of its own
+///   (see `scripts::RELEASE`). Waiters retry when the holder's TTL runs out in case a message
+///   is lost.
 /// - The watchdog's renewals of many locks go out as calls of one script of up to 500 leases
 ///   each (on a cluster, which refuses a script's keys across slots, as pipelines of calls of
 ///   one lease each, one per node and 500 leases: see `cluster_renewals`).
@@ -160,7 +162,8 @@ impl RedisBackend {
         if matches!(acked, Ok(n) if n >= i64::from(config.replica_acks)) {
             return Ok(());
         }
-        let _ = ops::release(conn, &self.keys(lease.name()), lease.token(), self.tell()).await;
+        let keys = self.keys(lease.name());
+        let _ = ops::release(conn, &keys, lease.token(), self.tell(), Next::HandOver).await;
         Err(match acked {
             Ok(acked) => LockError::unavailable_msg(format!(
                 "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
@@ -206,6 +209,7 @@ impl RedisBackend {
             conn: conn.clone(),
             keys,
             token,
+            tell: self.tell(),
             served: false,
         };
         let waiters = &self.inner.waiters;
@@ -220,7 +224,16 @@ impl RedisBackend {
         let mut subscribe_by = Instant::now()
             .checked_add(self.inner.config.response_timeout)
             .map_or(deadline, |by| by.min(deadline));
+        // The last try that found the lock taken: when it was sent, and the fence counter it
+        // saw (see `trust`).
+        let mut last: Option<(Instant, u64)> = None;
         loop {
+            if let Some(handed) = registration.take_handed()
+                && let Some(grant) = self.trust(request, token, handed, last)
+            {
+                queue.served();
+                return Ok(grant);
+            }
             // Listening before the subscription is checked: a wake-up that comes while it is
             // (the connection ended, the server ended the subscription) is not missed.
             let notified = registration.notify().notified();
@@ -251,6 +264,7 @@ impl RedisBackend {
                     return Ok(grant);
                 }
                 Err(busy) => {
+                    last = busy.tried.or(last);
                     holder_left = busy.left.or(holder_left);
                     if busy.queued && registration.others_wait() {
                         // The turn is someone else's, maybe a sibling's that the one release
@@ -279,6 +293,32 @@ impl RedisBackend {
             woken = sleep_turn(&registration, notified.as_mut(), until, deadline).await;
             holder_left = None;
         }
+    }
+
+    /// The grant of a lock a release handed over to this waiter (see `scripts::RELEASE`), when
+    /// it can be trusted without a round trip (see [`handed_valid_from`]) and no replica
+    /// acknowledgements are asked (the hand-over's writes are the releaser's connection's,
+    /// which this waiter's `WAIT` does not cover). Otherwise `None`: the next try finds the
+    /// lock ours, and renews it before it answers (see `confirm`).
+    fn trust(
+        &self,
+        request: &AcquireRequest,
+        token: &LeaseToken,
+        handed: Handed,
+        last: Option<(Instant, u64)>,
+    ) -> Option<Grant> {
+        if self.inner.config.replica_acks > 0 {
+            return None;
+        }
+        let valid_from = handed_valid_from(handed.fence, last, request.ttl(), Instant::now())?;
+        let lease = ops::lease(
+            request.name(),
+            token,
+            handed.fence,
+            request.ttl(),
+            handed.server_ms,
+        );
+        Some(Grant::new(lease, valid_from))
     }
 
     /// One try; `place` as in [`ops::try_acquire`]. `Err(Busy)` when someone else has the
@@ -311,7 +351,7 @@ impl RedisBackend {
                 // A grant that comes back after its local deadline would be a guard already
                 // lost while the store still holds the lock: undo it and say so.
                 if !ops::within_deadline(sent, request.ttl()) {
-                    let _ = ops::release(conn, keys, token, self.tell()).await;
+                    let _ = ops::release(conn, keys, token, self.tell(), Next::HandOver).await;
                     return Err(LockError::unavailable_msg(format!(
                         "lock `{}` was granted {:?} after the request, past its {:?} TTL less \
                              the drift margin; it was released",
@@ -322,16 +362,67 @@ impl RedisBackend {
                 }
                 Ok(Ok(Grant::new(lease, sent)))
             }
-            Try::Busy { pttl, .. } => Ok(Err(Busy {
+            Try::Busy { pttl, seen, .. } => Ok(Err(Busy {
                 left: pttl,
                 queued: false,
+                tried: Some((sent, seen)),
             })),
-            Try::Queued { turn, rank } => Ok(Err(Busy {
+            Try::Queued { turn, rank, seen } => Ok(Err(Busy {
                 left: Some(turn + behind_the_second(rank)),
                 queued: true,
+                tried: Some((sent, seen)),
             })),
+            Try::Handed { fence, .. } => self.confirm(conn, request, keys, token, fence).await,
         }
     }
+
+    /// A try found the lock handed over to this waiter already (its message had not come, or
+    /// was not trusted, see [`handed_valid_from`]): renews it for the TTL, so the grant is
+    /// valid from the renewal's sending, and waits for the replicas when asked. When it is
+    /// no longer ours (it expired meanwhile), the wait goes on.
+    async fn confirm(
+        &self,
+        conn: &mut Conn,
+        request: &AcquireRequest,
+        keys: &Keys,
+        token: &LeaseToken,
+        fence: u64,
+    ) -> Result<Result<Grant, Busy>, LockError> {
+        let sent = Instant::now();
+        let Some(server_ms) = ops::renew(conn, keys, token, request.ttl()).await? else {
+            return Ok(Err(Busy {
+                left: None,
+                queued: false,
+                tried: None,
+            }));
+        };
+        let lease = ops::lease(request.name(), token, fence, request.ttl(), server_ms);
+        if self.inner.config.replica_acks > 0 {
+            self.replicate(conn, &lease).await?;
+        }
+        Ok(Ok(Grant::new(lease, sent)))
+    }
+}
+
+/// From when a lock handed over with `fence` is valid for the waiter, at `now`: from the
+/// sending of `last`, the waiter's last try that found the lock taken (with the fence counter
+/// it saw), when that try was sent before the hand-over, so the local deadline is never later
+/// than the server's expiry. It was when the handed fence is above the counter that try saw:
+/// counters only grow, so a fence above it was issued after that try ran, not by a hand-over
+/// before it whose lock may have expired since and gone to another (its message read late).
+/// And only when at least half the TTL is left from then (a long wait since that try would
+/// leave a lease about to end). `None` otherwise: the grant needs a round trip of its own.
+fn handed_valid_from(
+    fence: u64,
+    last: Option<(Instant, u64)>,
+    ttl: Duration,
+    now: Instant,
+) -> Option<Instant> {
+    let (sent, seen) = last?;
+    let fresh = now
+        .checked_add(ttl / 2)
+        .is_some_and(|by| by < lock_core::backend::local_deadline(sent, ttl));
+    (fence > seen && fresh).then_some(sent)
 }
 
 /// How much later than the end of the first waiter's turn a waiter at `rank` in the queue
@@ -361,11 +452,12 @@ fn behind_the_second(rank: Option<u64>) -> Duration {
 /// waiter that sleeps longer would then miss that turn and lose its place.
 const BEHIND_MAX: u64 = 2;
 
-/// A busy try: how long the lock stays taken (when the server said), and whether it is free
-/// but a waiter queued earlier has its turn.
+/// A busy try: how long the lock stays taken (when the server said), whether it is free but a
+/// waiter queued earlier has its turn, and when the try was sent with the fence counter it saw.
 struct Busy {
     left: Option<Duration>,
     queued: bool,
+    tried: Option<(Instant, u64)>,
 }
 
 /// When a waiter named second in line by a release tries, if no release reached it before:
@@ -382,6 +474,7 @@ struct Queued<'a> {
     conn: Conn,
     keys: &'a Keys,
     token: &'a LeaseToken,
+    tell: ops::Tell,
     served: bool,
 }
 
@@ -397,9 +490,12 @@ impl Drop for Queued<'_> {
             return;
         }
         let (mut conn, keys, token) = (self.conn.clone(), self.keys.clone(), self.token.clone());
+        let tell = self.tell;
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(error) = ops::leave(&mut conn, &keys, &token).await {
+                // A lock handed over to this waiter as it gave up goes on to the next.
+                if let Err(error) = ops::leave(&mut conn, &keys, &token, tell, Next::HandOver).await
+                {
                     tracing::debug!(%error, "leaving the waiters' queue failed; the place expires");
                 }
             });
@@ -517,6 +613,7 @@ impl LockBackend for RedisBackend {
                 &self.keys(lease.name()),
                 lease.token(),
                 self.tell(),
+                Next::HandOver,
             )
             .await?
             {
@@ -550,8 +647,50 @@ async fn sleep_turn<'r>(
         let second = registration.second().notified();
         tokio::select! {
             () = notified.as_mut() => return Some(registration.took_wake_up()),
+            // The lock was handed over: the loop takes it.
+            () = registration.granted().notified() => return None,
             () = tokio::time::sleep_until(until.min(deadline).into()) => return None,
             () = second => until = until.min(Instant::now() + SECOND_STEPS_IN),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_hand_over_after_the_last_busy_try_is_valid_from_its_sending() {
+        let sent = Instant::now();
+        assert_eq!(handed_valid_from(8, Some((sent, 7)), TTL, sent), Some(sent));
+        assert_eq!(
+            handed_valid_from(8, Some((sent, 0)), TTL, sent + TTL / 3),
+            Some(sent),
+            "a counter the try did not find counts as 0"
+        );
+    }
+
+    #[test]
+    fn a_hand_over_the_last_busy_try_may_have_followed_is_not_trusted() {
+        let sent = Instant::now();
+        // The try saw the counter at the handed fence or above: the hand-over came before it,
+        // and its lock may have gone to another since.
+        assert_eq!(handed_valid_from(8, Some((sent, 8)), TTL, sent), None);
+        assert_eq!(handed_valid_from(8, Some((sent, 9)), TTL, sent), None);
+        // No busy try yet.
+        assert_eq!(handed_valid_from(8, None, TTL, sent), None);
+    }
+
+    #[test]
+    fn a_hand_over_long_after_the_last_busy_try_is_not_trusted() {
+        let sent = Instant::now();
+        assert_eq!(
+            handed_valid_from(8, Some((sent, 7)), TTL, sent + TTL / 2),
+            None,
+            "less than half the TTL left from the try's sending"
+        );
+        assert_eq!(handed_valid_from(8, Some((sent, 7)), TTL, sent + TTL), None);
     }
 }

@@ -19,13 +19,41 @@ pub(crate) enum Try {
     /// Granted with this fence, at this server time (ms since the epoch).
     Granted { fence: u64, server_ms: u64 },
     /// Held by someone else for this long (when the server said); `rank` is the caller's
-    /// place in the waiters' queue (0 first), if it queues.
+    /// place in the waiters' queue (0 first), if it queues; `seen` the fence counter as the
+    /// try found it.
     Busy {
         pttl: Option<Duration>,
         rank: Option<u64>,
+        seen: u64,
     },
     /// Free, but a waiter queued earlier has its turn for this long.
-    Queued { turn: Duration, rank: Option<u64> },
+    Queued {
+        turn: Duration,
+        rank: Option<u64>,
+        seen: u64,
+    },
+    /// The lock holds the caller's own token already, with this fence (the counter: nothing
+    /// raises it while the lock is held), for this long: a release handed it over (see
+    /// [`scripts::RELEASE`]).
+    Handed { fence: u64, pttl: Option<Duration> },
+}
+
+/// What a release does for the first waiter in line (see [`scripts::RELEASE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Hands the lock over to it (a single server, a cluster).
+    HandOver,
+    /// Starts its turn and tells it to try (Redlock: one server cannot grant a majority).
+    Turn,
+}
+
+impl Next {
+    fn flag(self) -> u8 {
+        match self {
+            Self::HandOver => 1,
+            Self::Turn => 0,
+        }
+    }
 }
 
 /// How a try takes part in the waiters' queue (see [`scripts::ACQUIRE`]).
@@ -47,6 +75,9 @@ pub(crate) struct Queueing {
     /// How a try that starts the first waiter's turn tells that waiter (see
     /// [`scripts::ACQUIRE`]); `None`: it does not.
     pub(crate) tell: Option<Tell>,
+    /// Whether releases hand the lock over to the caller ([`Next::HandOver`]): a try that
+    /// finds the caller's own token then answers [`Try::Handed`] and leaves the queue alone.
+    pub(crate) next: Next,
 }
 
 impl Queueing {
@@ -58,6 +89,7 @@ impl Queueing {
         ticket: 0,
         client: 0,
         tell: None,
+        next: Next::Turn,
     };
 
     /// A single server's (or a cluster's) waiter of `client`: `mark`, `place` and `tell` as in
@@ -68,9 +100,20 @@ impl Queueing {
             place,
             client,
             tell: Some(tell),
+            next: Next::HandOver,
             ..Self::NONE
         }
     }
+}
+
+/// The fence counter a busy try saw, in a reply (0 when there was none, or when it is not a
+/// counter, which no release hands over with).
+fn seen_at(reply: &[Value], at: usize) -> u64 {
+    reply
+        .get(at)
+        .and_then(text)
+        .and_then(|seen| seen.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The caller's rank in a reply (`-1`: not queued).
@@ -197,6 +240,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         .arg(queueing.client)
         .arg(queueing.tell.map_or("", |_| keys.channel.as_str()))
         .arg(queueing.tell.map_or("", Tell::command))
+        .arg(queueing.next.flag())
         .invoke_async(conn)
         .await
         .map_err(|e| Error::new("acquire", e))?;
@@ -223,6 +267,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
             Ok(Try::Busy {
                 pttl,
                 rank: rank_at(&reply, 3),
+                seen: seen_at(&reply, 4),
             })
         }
         Some(2) => Err(reported(name, keys, &reply)),
@@ -235,23 +280,48 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
             Ok(Try::Queued {
                 turn: Duration::from_millis(turn),
                 rank: rank_at(&reply, 2),
+                seen: seen_at(&reply, 3),
             })
         }
+        Some(4) => Ok(Try::Handed {
+            fence: reply
+                .get(2)
+                .and_then(text)
+                .and_then(|fence| fence.parse().ok())
+                .ok_or_else(|| unexpected("acquire", &reply))?,
+            pttl: reply
+                .get(1)
+                .and_then(int)
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis),
+        }),
         _ => Err(unexpected("acquire", &reply)),
     }
 }
 
-/// Takes a waiter that gives up out of the queue.
+/// Takes a waiter that gives up out of the queue; with [`Next::HandOver`], also releases a
+/// lock handed to it meanwhile, telling the next waiters as `tell` says (see
+/// [`scripts::LEAVE`]).
 pub(crate) async fn leave<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     token: &LeaseToken,
+    tell: Tell,
+    next: Next,
 ) -> Result<(), LockError> {
     let _: i64 = scripts::LEAVE
         .key(&keys.queue)
         .key(&keys.places)
         .key(&keys.clients)
+        .key(&keys.lock)
+        .key(&keys.waiters)
+        .key(&keys.fence)
         .arg(token.as_str())
+        .arg(&keys.channel)
+        .arg(scripts::HANDOFF_MS)
+        .arg(tell.command())
+        .arg(next.flag())
+        .arg(scripts::MARK_MARGIN_MS)
         .invoke_async(conn)
         .await
         .map_err(|e| Error::new("leave the queue", e))?;
@@ -414,13 +484,14 @@ impl Tell {
     }
 }
 
-/// Releases if the key holds `token`; true when it did. Waiters named by the release are told
-/// as `tell` says.
+/// Releases if the key holds `token`; true when it did. The first waiter in line is seen to
+/// as `next` says, and waiters are told as `tell` says.
 pub(crate) async fn release<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     token: &LeaseToken,
     tell: Tell,
+    next: Next,
 ) -> Result<bool, LockError> {
     let released: i64 = scripts::RELEASE
         .key(&keys.lock)
@@ -428,10 +499,13 @@ pub(crate) async fn release<C: ConnectionLike + Send>(
         .key(&keys.queue)
         .key(&keys.places)
         .key(&keys.clients)
+        .key(&keys.fence)
         .arg(token.as_str())
         .arg(&keys.channel)
         .arg(scripts::HANDOFF_MS)
         .arg(tell.command())
+        .arg(next.flag())
+        .arg(scripts::MARK_MARGIN_MS)
         .invoke_async(conn)
         .await
         .map_err(|e| Error::new("release", e))?;

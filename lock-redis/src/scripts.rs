@@ -10,10 +10,14 @@ use crate::eval::LockScript;
 pub(crate) const MAX_FENCE: u64 = 1 << 53;
 
 /// Acquire, in one atomic step. Returns `{1, fence, server_ms}` when granted (the fence as a
-/// decimal string); `{0, pttl, value, rank}` when held; `{3, turn, rank}` when free but the
-/// turn of the first waiter in the queue; `{2, which, what}` when a key holds something this
-/// library did not write, with nothing written. `rank` is the caller's place in the queue
-/// (0 first, -1 not queued).
+/// decimal string); `{0, pttl, value, rank, seen}` when held; `{3, turn, rank, seen}` when
+/// free but the turn of the first waiter in the queue; `{4, pttl, fence}` when the lock holds
+/// the caller's own token already and `ARGV[11]` is `1` (a release handed it over, see
+/// [`hand_on`]; Redlock passes `0`, and its own token counts as busy); `{2, which, what}`
+/// when a key holds something this library did not write, with nothing written. `rank` is the
+/// caller's place in the queue (0 first, -1 not queued); `seen` the fence counter as the try
+/// found it (`0` when absent or not a string): a hand-over message whose fence is above it
+/// was issued after this try ran.
 ///
 /// A waiter queues (`KEYS[4]`, ordered by ticket) when `ARGV[5]` (how long its place lasts
 /// without another try, in ms) is above zero. Its ticket is `ARGV[7]`, or the server time in
@@ -22,8 +26,8 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// was taken by a grant it had to give back, or lost with a restart) gets its place back.
 /// `ARGV[6]` is how long the first waiter's turn lasts once the lock is free. `ARGV[8]` names
 /// the waiter's client (`0`: none, it is not woken by push): a queued waiter's client is kept
-/// in the hash `KEYS[6]`, so that a release publishes only to the clients it names (see
-/// [`RELEASE`]). The three keys of the queue expire at the latest end any place was given (each
+/// in the hash `KEYS[6]` with the TTL it asks for (`"<client> <ttl ms>"`), so that a release
+/// publishes only to the clients it names and can hand the lock over (see [`RELEASE`]). The three keys of the queue expire at the latest end any place was given (each
 /// place written pushes their expiry to its own end, never back; the queue and the places
 /// always together, so one `PTTL` decides for both), so the places of waiters that died go
 /// even when nobody tries the lock again to sweep them.
@@ -81,6 +85,9 @@ local function grant(t, now, first)
 end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then return {{2, 'lock', redis.call('TYPE', KEYS[1]).ok}} end
+if cur == ARGV[1] and ARGV[11] == '1' then
+  return {{4, redis.call('PTTL', KEYS[1]), redis.pcall('GET', KEYS[2])}}
+end
 if not cur and redis.call('EXISTS', KEYS[4]) == 0 then
   local t = redis.call('TIME')
   return grant(t, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), nil)
@@ -105,7 +112,7 @@ local function join()
       redis.call('PEXPIRE', KEYS[5], place)
     end
     if ARGV[8] ~= '0' then
-      redis.call('HSET', KEYS[6], ARGV[1], ARGV[8])
+      redis.call('HSET', KEYS[6], ARGV[1], ARGV[8] .. ' ' .. ARGV[2])
       if redis.call('PTTL', KEYS[6]) < place then redis.call('PEXPIRE', KEYS[6], place) end
     end
   end
@@ -113,11 +120,16 @@ end
 local function rank()
   return redis.call('ZRANK', KEYS[4], ARGV[1]) or -1
 end
+local function seen()
+  local f = redis.pcall('GET', KEYS[2])
+  if type(f) == 'string' then return f end
+  return '0'
+end
 if cur then
   local pttl = redis.call('PTTL', KEYS[1])
   join()
   if ARGV[3] ~= '0' and pttl > 0 then mark(pttl + tonumber(ARGV[4])) end
-  return {{0, pttl, cur, rank()}}
+  return {{0, pttl, cur, rank(), seen()}}
 end
 local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 local kept = first and redis.call('ZSCORE', KEYS[5], first)
@@ -125,7 +137,7 @@ if first and not kept then
   redis.call('ZREM', KEYS[4], first)
   redis.call('HDEL', KEYS[6], first)
   join()
-  return {{3, 0, rank()}}
+  return {{3, 0, rank(), seen()}}
 end
 if first and first ~= ARGV[1] then
   local turn_end = math.min(tonumber(kept), now + tonumber(ARGV[6]))
@@ -133,12 +145,12 @@ if first and first ~= ARGV[1] then
     redis.call('ZADD', KEYS[5], 'XX', turn_end, first)
     if ARGV[9] ~= '' then
       local client = redis.call('HGET', KEYS[6], first)
-      if client then redis.pcall(ARGV[10], ARGV[9] .. ':' .. client, first) end
+      if client then redis.pcall(ARGV[10], ARGV[9] .. ':' .. string.match(client, '^%S*'), first) end
     end
   end
   join()
   if ARGV[3] ~= '0' then mark(turn_end - now + tonumber(ARGV[4])) end
-  return {{3, turn_end - now, rank()}}
+  return {{3, turn_end - now, rank(), seen()}}
 end
 return grant(t, now, first)
 "
@@ -146,16 +158,35 @@ return grant(t, now, first)
 });
 
 /// Leave: a waiter that gives up takes its place out of the queue (`KEYS[1]` the queue,
-/// `KEYS[2]` the places, `KEYS[3]` the waiters' clients, `ARGV[1]` its token). Returns how many places it removed.
+/// `KEYS[2]` the places, `KEYS[3]` the waiters' clients, `ARGV[1]` its token). Returns how
+/// many places it removed.
+///
+/// With `ARGV[5]` = `1` (a single server or a cluster, which hand the lock over, see
+/// [`RELEASE`]), a release may have handed the lock (`KEYS[4]`) to this waiter just as it gave
+/// up: then it releases the lock as [`RELEASE`] does, handing it on to the next waiter (the
+/// waiter mark `KEYS[5]`, the fence counter `KEYS[6]`, and `ARGV[2..6]` as there). Without
+/// it, a waiter that left (its acquire timed out, or its future was dropped) as the lock was
+/// handed to it would keep the lock from everyone for its TTL (fault case
+/// `a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next`).
 pub(crate) static LEAVE: LazyLock<LockScript> = LazyLock::new(|| {
-    LockScript::new(
+    let hand_on = hand_on(
+        "KEYS[4]", "KEYS[5]", "KEYS[1]", "KEYS[2]", "KEYS[3]", "KEYS[6]",
+    );
+    LockScript::new(format!(
         r"
+redis.replicate_commands()
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
-return redis.call('ZREM', KEYS[1], ARGV[1])
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[5] == '1' and redis.pcall('GET', KEYS[4]) == ARGV[1] then
+  redis.call('DEL', KEYS[4])
+  if redis.call('DEL', KEYS[5]) == 1 then
+{hand_on}
+  end
+end
+return removed
 "
-        .to_owned(),
-    )
+    ))
 });
 
 /// How long the first waiter in the queue has to come for a lock that became free before it
@@ -166,16 +197,27 @@ pub(crate) const HANDOFF_MS: u64 = 100;
 /// `{2, 'fence', what}` when it holds anything but a counter this library can raise (see
 /// [`ACQUIRE`]). The length check comes first, so `tonumber` only sees at most 16 digits.
 fn read_counter(key: &str) -> String {
+    counter_or(
+        key,
+        &format!("return {{2, 'fence', redis.call('TYPE', {key}).ok}}"),
+        "return {2, 'fence', last}",
+    )
+}
+
+/// Lua that reads the fence counter `key` into `last` as [`read_counter`] does, running
+/// `on_type` when the key is not a string and `on_value` when it is not a counter.
+fn counter_or(key: &str, on_type: &str, on_value: &str) -> String {
     format!(
         r"
 local last = redis.pcall('GET', {key})
-if type(last) == 'table' then return {{2, 'fence', redis.call('TYPE', {key}).ok}} end
-if not last then
+if type(last) == 'table' then
+  {on_type}
+elseif not last then
   last = 0
 elseif #last <= 16 and (last == '0' or string.match(last, '^[1-9]%d*$')) and tonumber(last) < {MAX_FENCE} then
   last = tonumber(last)
 else
-  return {{2, 'fence', last}}
+  {on_value}
 end
 "
     )
@@ -239,23 +281,15 @@ pub(crate) enum Mark {
 pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 
 /// Release: delete only if the key holds our token; if the waiter mark (`KEYS[2]`) is there,
-/// delete it too and tell the first two waiters in line. Returns 1 or 0. Without waiters
+/// delete it too and see to the waiters in line ([`hand_on`]). Returns 1 or 0. Without waiters
 /// nothing is published.
 ///
-/// The message names the first two queued waiters (`KEYS[3]`, places in `KEYS[4]`): `"<first>
-/// <second>"`, and goes only to their clients, each on its own channel `ARGV[2]:<client>` (the
-/// client of each token is in the hash `KEYS[5]`), with the command `ARGV[4]`: `PUBLISH`, or on a
-/// cluster `SPUBLISH` (a shard channel, which stays on the lock's node; the channel has the lock's
-/// hash tag). So a release costs the same with ten or a thousand waiting clients. Only the client
-/// of the first wakes a waiter (the one whose turn it is), and the first's turn starts now: it
-/// keeps its place for at most `ARGV[3]` ms more. The client of the second retries when that turn
-/// ends, unless another release reaches it first, so a first waiter that died or is paused stalls
-/// the lock for one turn. A waiter queued with no client (`0`) gets no message, and one whose
-/// client is not subscribed (it polls) hears none. A message the server refuses (an ACL without the
-/// channel, a cluster older than Redis 7.0 that has no `SPUBLISH`) is skipped: the key is deleted
-/// by then, and a script's writes stay when it fails, so an error would report a failed release of
-/// a lock that is free (fault case `a_release_whose_message_is_refused_still_releases`). The
-/// waiters it would have woken retry at the expiry they were told.
+/// Keys: `KEYS[1]` the lock, `KEYS[2]` the mark, `KEYS[3]` the queue, `KEYS[4]` the places,
+/// `KEYS[5]` the waiters' clients, `KEYS[6]` the fence counter. Arguments: `ARGV[1]` the
+/// token, `ARGV[2]` the stem of the release channels, `ARGV[3]` the first waiter's turn (ms),
+/// `ARGV[4]` the command that publishes, `ARGV[5]` `1` to hand the lock over (a single server
+/// or a cluster; Redlock passes `0`: one server cannot grant a majority), `ARGV[6]` how long a
+/// mark outlives a hold ([`MARK_MARGIN_MS`]).
 ///
 /// On a cluster a plain `PUBLISH` crosses the cluster bus to every node: two of them per
 /// release stalled hand-offs there (16 separate clients holding 1 ms: 95 acquisitions/s and a
@@ -264,33 +298,126 @@ pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 /// release: 100 clients did 184 and 177 acquisitions/s in two runs, 1,000 did 31 and 32/s
 /// (fault case `a_cluster_release_tells_only_the_clients_it_names`).
 pub(crate) static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
-    LockScript::new(
+    let hand_on = hand_on(
+        "KEYS[1]", "KEYS[2]", "KEYS[3]", "KEYS[4]", "KEYS[5]", "KEYS[6]",
+    );
+    LockScript::new(format!(
         r"
 redis.replicate_commands()
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 if redis.call('DEL', KEYS[2]) == 1 then
-  local next = redis.call('ZRANGE', KEYS[3], 0, 1)
+{hand_on}
+end
+return 1
+"
+    ))
+});
+
+/// Lua that sees to the waiters in line once a lock is free and its waiter mark deleted (in
+/// [`RELEASE`], and in [`LEAVE`] of a waiter the lock was handed to): the keys are named by the
+/// arguments, `ARGV[2..6]` are [`RELEASE`]'s.
+///
+/// **Hand-over** (`ARGV[5]` = `1`): the lock goes to the first waiter in the queue in this
+/// same step, when its place is live and its client is recorded with its TTL (a busy try
+/// records `"<client> <ttl ms>"`, see [`ACQUIRE`]): the lock key takes that waiter's token for
+/// its TTL, with a fence `max(counter + 1, server time in µs)` as a grant's, and the message
+/// `"=<token> <fence> <server ms>"` goes to its client's channel. The waiter's place goes, and
+/// the mark is set again when others still queue. So the waiter holds the lock when its
+/// message arrives: no try of its own, one round trip less per hand-off. Only when the
+/// waiter's client is subscribed to its channel (`PUBSUB NUMSUB`, on a cluster `PUBSUB
+/// SHARDNUMSUB`; pattern subscribers do not count) and the message goes out: a waiter whose
+/// client is gone (its connection closed) or not subscribed (it polls) would otherwise hold the
+/// lock until its TTL. Else (and when the publish is refused, when the hand-over is undone: the
+/// lock key deleted, the counter not written) the turn below applies. A waiter paused with its connection open does get the lock, and holds
+/// it, like a paused holder, until its TTL unless it comes back: the same as a ZooKeeper or
+/// etcd queue, where a waiter whose session lives becomes the holder when its turn comes.
+///
+/// **Turn** (no hand-over): the message names the first two queued waiters: `"<first>
+/// <second>"`, and goes only to their clients, each on its own channel `ARGV[2]:<client>`,
+/// with the command `ARGV[4]`: `PUBLISH`, or on a cluster `SPUBLISH` (a shard channel, which
+/// stays on the lock's node; the channel has the lock's hash tag). So a release costs the same
+/// with ten or a thousand waiting clients. Only the client of the first wakes a waiter (the
+/// one whose turn it is), and the first's turn starts now: it keeps its place for at most
+/// `ARGV[3]` ms more. The client of the second retries when that turn ends, unless another
+/// release reaches it first, so a first waiter that died or is paused stalls the lock for one
+/// turn. A waiter queued with no client (`0`) gets no message, and one whose client is not
+/// subscribed (it polls) hears none.
+///
+/// A message the server refuses (an ACL without the channel, a cluster older than Redis 7.0
+/// that has no `SPUBLISH`) is skipped, and counts as heard by nobody: the key is deleted by
+/// then, and a script's writes stay when it fails, so an error would report a failed release
+/// of a lock that is free (fault case `a_release_whose_message_is_refused_still_releases`).
+/// The waiters it would have woken retry at the expiry they were told.
+fn hand_on(
+    lock: &str,
+    mark: &str,
+    queue: &str,
+    places: &str,
+    clients: &str,
+    fence: &str,
+) -> String {
+    // A counter this library did not write is not raised: no hand-over (the next grant by a
+    // try reports it).
+    let counter = counter_or(fence, "last = nil", "last = nil");
+    format!(
+        r"
+  local next = redis.call('ZRANGE', {queue}, 0, 1)
   if next[1] then
     local t = redis.call('TIME')
-    local turn_end = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
-    local kept = redis.call('ZSCORE', KEYS[4], next[1])
-    if kept and tonumber(kept) > turn_end then redis.call('ZADD', KEYS[4], 'XX', turn_end, next[1]) end
-    local message = table.concat(next, ' ')
-    local told = {}
-    for _, token in ipairs(next) do
-      local client = redis.call('HGET', KEYS[5], token)
-      if client and not told[client] then
-        told[client] = true
-        redis.pcall(ARGV[4], ARGV[2] .. ':' .. client, message)
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local kept = redis.call('ZSCORE', {places}, next[1])
+    local entry = redis.call('HGET', {clients}, next[1])
+    local handed = false
+    local client, ttl
+    if entry then client, ttl = string.match(entry, '^(%S+) (%d+)$') end
+    local channel = client and ARGV[2] .. ':' .. client
+    local listening = false
+    if ARGV[5] == '1' and client and tonumber(ttl) > 0 and kept and tonumber(kept) > now then
+      local subs = redis.pcall('PUBSUB', ARGV[4] == 'SPUBLISH' and 'SHARDNUMSUB' or 'NUMSUB', channel)
+      listening = type(subs) == 'table' and tonumber(subs[2]) ~= nil and tonumber(subs[2]) > 0
+    end
+    if listening then
+{counter}
+      if last then
+        local issued = string.format('%.0f', math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+        local set = redis.pcall('SET', {lock}, next[1], 'PX', ttl)
+        local heard = 0
+        if type(set) == 'table' and set.ok then
+          heard = redis.pcall(ARGV[4], channel, '=' .. next[1] .. ' ' .. issued .. ' ' .. now)
+        end
+        if type(heard) == 'number' and heard > 0 then
+          redis.call('SET', {fence}, issued)
+          redis.call('ZREM', {queue}, next[1])
+          redis.call('ZREM', {places}, next[1])
+          redis.call('HDEL', {clients}, next[1])
+          if redis.call('EXISTS', {queue}) == 1 then
+            redis.call('SET', {mark}, '1', 'PX', tonumber(ttl) + tonumber(ARGV[6]))
+          end
+          handed = true
+        else
+          redis.call('DEL', {lock})
+        end
+      end
+    end
+    if not handed then
+      local turn_end = now + tonumber(ARGV[3])
+      if kept and tonumber(kept) > turn_end then redis.call('ZADD', {places}, 'XX', turn_end, next[1]) end
+      local message = table.concat(next, ' ')
+      local told = {{}}
+      for _, token in ipairs(next) do
+        local client = redis.call('HGET', {clients}, token)
+        if client then client = string.match(client, '^%S*') end
+        if client and not told[client] then
+          told[client] = true
+          redis.pcall(ARGV[4], ARGV[2] .. ':' .. client, message)
+        end
       end
     end
   end
-end
-return 1
-".to_owned(),
+"
     )
-});
+}
 
 /// Inspect: `{type, value, pttl, fence}` of the lock, read atomically.
 pub(crate) static INSPECT: LazyLock<LockScript> = LazyLock::new(|| {

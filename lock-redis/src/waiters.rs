@@ -4,8 +4,10 @@
 //! subscribing on the shared connection if no other waiter of this client already did; on a
 //! cluster a shard channel, see [`crate::subscriber`]), then
 //! retries when a message naming it arrives (a release's, or an acquire try's that starts its
-//! turn: see `scripts::ACQUIRE`). A release publishes only to the clients of the waiters it
-//! names, so its cost does not grow with the number of waiting clients. Each message wakes one
+//! turn: see `scripts::ACQUIRE`), or takes the lock a release handed over to it (a message
+//! `=<token> <fence> <server ms>`, kept for that waiter: see `scripts::RELEASE`). A release
+//! publishes only to the clients of the waiters it names, so its cost does not grow with the
+//! number of waiting clients. Each message wakes one
 //! waiter of this client, not all of them: only one can win, and the others would only queue their
 //! scripts in front of the winner's. Subscribes and unsubscribes go through one queue so that a
 //! late unsubscribe can never undo a newer subscribe. Every network step in that queue (connect,
@@ -333,6 +335,10 @@ impl Waiters {
                 // line only learns when to step in. Each named waiter's own notifier is told
                 // too (Redlock's waiters wait on theirs).
                 match wake {
+                    Some(Wake::Handed(named, handed)) => {
+                        *named.handed.lock().unwrap_or_else(PoisonError::into_inner) = Some(handed);
+                        named.granted.notify_one();
+                    }
                     Some(Wake::First(notify, named)) => {
                         notify.notify_one();
                         named.first.notify_one();
@@ -475,6 +481,8 @@ fn failed(why: String) -> Pending {
 
 /// What one release message asks of this client.
 enum Wake {
+    /// The lock was handed over to this waiter.
+    Handed(Named, Handed),
     /// Wake one waiter: the first in line is ours (the channel's notifier, and the named
     /// waiter's own).
     First(Arc<Notify>, Named),
@@ -482,17 +490,41 @@ enum Wake {
     Second(Arc<Notify>, Named),
 }
 
-/// One waiter's own notifiers, told when a release message names it first or second.
+/// One waiter's own notifiers, told when a release message names it first or second, and the
+/// lock handed to it, if one was.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Named {
     first: Arc<Notify>,
     second: Arc<Notify>,
+    granted: Arc<Notify>,
+    handed: Arc<Mutex<Option<Handed>>>,
 }
 
-/// What a message `payload` asks of `channel`'s waiters: a release's names the first two in
-/// line (see `scripts::RELEASE`), an acquire try's that starts a turn the first alone (see
-/// `scripts::ACQUIRE`).
+/// A lock a release handed over to a waiter (see `scripts::RELEASE`): its fence, and the
+/// server's time (ms since the epoch) when it was handed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Handed {
+    /// The fence issued to the waiter.
+    pub(crate) fence: u64,
+    /// The server's clock at the hand-over.
+    pub(crate) server_ms: u64,
+}
+
+/// What a message `payload` asks of `channel`'s waiters: a hand-over's (`=<token> <fence>
+/// <server ms>`) gives the lock to the waiter it names; a release's without one names the first
+/// two in line (see `scripts::RELEASE`), an acquire try's that starts a turn the first alone
+/// (see `scripts::ACQUIRE`). A hand-over to a token no waiter here has (it left, or took the
+/// lock by a try meanwhile) asks nothing: a waiter that left releases a lock handed to it as
+/// it leaves (see `scripts::LEAVE`).
 fn wake_for(channel: &Channel, payload: &str) -> Option<Wake> {
+    if let Some(handed) = payload.strip_prefix('=') {
+        let mut parts = handed.split(' ');
+        let token = parts.next()?;
+        let fence = parts.next()?.parse().ok()?;
+        let server_ms = parts.next()?.parse().ok()?;
+        let waiter = channel.tokens.get(token)?;
+        return Some(Wake::Handed(waiter.clone(), Handed { fence, server_ms }));
+    }
     let mut named = payload.split(' ');
     let first = named.next().unwrap_or_default();
     if let Some(waiter) = channel.tokens.get(first) {
@@ -588,6 +620,20 @@ impl Registration {
     pub(crate) fn named_second(&self) -> &Notify {
         &self.named.second
     }
+
+    /// The notifier woken when a release hands the lock over to this waiter.
+    pub(crate) fn granted(&self) -> &Notify {
+        &self.named.granted
+    }
+
+    /// The lock a release handed over to this waiter since the last call, if one did.
+    pub(crate) fn take_handed(&self) -> Option<Handed> {
+        self.named
+            .handed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
 }
 
 impl Drop for Registration {
@@ -659,5 +705,43 @@ mod tests {
     #[tokio::test]
     async fn a_wake_up_whose_retry_answered_wakes_nobody() {
         assert!(!second_woken(true).await);
+    }
+    fn channel_of(tokens: &[&str]) -> Channel {
+        Channel {
+            notify: Arc::new(Notify::new()),
+            second: Arc::new(Notify::new()),
+            tokens: tokens
+                .iter()
+                .map(|token| ((*token).to_owned(), Named::default()))
+                .collect(),
+            pending: None,
+        }
+    }
+
+    #[test]
+    fn a_hand_over_message_gives_its_waiter_the_fence_and_time() {
+        let channel = channel_of(&["aa", "bb"]);
+        let Some(Wake::Handed(_, handed)) = wake_for(&channel, "=bb 17 1800000000000") else {
+            panic!("a hand-over to a waiter of this client was not recognised");
+        };
+        assert_eq!(
+            handed,
+            Handed {
+                fence: 17,
+                server_ms: 1_800_000_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn a_hand_over_to_no_waiter_here_or_garbled_asks_nothing() {
+        let channel = channel_of(&["aa"]);
+        for payload in ["=cc 17 1800000000000", "=aa x 1", "=aa 17", "=aa"] {
+            assert!(
+                wake_for(&channel, payload).is_none(),
+                "{payload:?} asked something"
+            );
+        }
+        assert!(matches!(wake_for(&channel, "aa bb"), Some(Wake::First(..))));
     }
 }

@@ -200,7 +200,8 @@ impl Drop for Queued<'_> {
                 let token = &token;
                 backend
                     .everywhere("leave the queue", |mut conn| async move {
-                        ops::leave(&mut conn, keys, token).await
+                        ops::leave(&mut conn, keys, token, ops::Tell::Publish, ops::Next::Turn)
+                            .await
                     })
                     .await;
             });
@@ -331,7 +332,7 @@ impl RedlockBackend {
     ) -> Vec<Vote<bool>> {
         self.everywhere("release", |mut conn| async move {
             // Each server tells the clients of the first two waiters it names (see `wakeups`).
-            ops::release(&mut conn, keys, token, ops::Tell::Publish).await
+            ops::release(&mut conn, keys, token, ops::Tell::Publish, ops::Next::Turn).await
         })
         .await
     }
@@ -369,8 +370,10 @@ impl RedlockBackend {
         for (node, vote) in self.inner.nodes.iter().zip(votes) {
             match vote {
                 Ok(Try::Granted { fence, server_ms }) => granted.push((node, fence, server_ms)),
-                Ok(Try::Queued { turn, rank }) => wait.heard(Some(turn), rank),
-                Ok(Try::Busy { pttl, rank }) => wait.heard(pttl, rank),
+                Ok(Try::Queued { turn, rank, .. }) => wait.heard(Some(turn), rank),
+                Ok(Try::Busy { pttl, rank, .. }) => wait.heard(pttl, rank),
+                // Not asked for (Redlock never hands a lock over): counts as busy.
+                Ok(Try::Handed { pttl, .. }) => wait.heard(pttl, None),
                 Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
                 Err(_) => failed += 1,
             }

@@ -1,6 +1,6 @@
 //! Faults specific to Redis, against the real servers of `cargo xtask services`: Redlock with
 //! servers down, a restart that forgets a held lock, foreign values, replica acknowledgements,
-//! lost and shared release messages, dead waiters, fences, a flushed script cache.
+//! lost and shared release messages, dead waiters, hand-overs, fences, a flushed script cache.
 //!
 //! The cases stop and start servers, so they run one after another in this binary; a guard
 //! restarts whatever a case stopped, even when it fails. This file holds the `main` and what
@@ -9,6 +9,7 @@
 mod fences;
 mod foreign;
 mod grants;
+mod handover;
 mod outages;
 mod pubsub;
 mod queue;
@@ -136,6 +137,7 @@ fn main() -> ExitCode {
     let cases = slots::cases(cases);
     let cases = redlock_places::cases(cases);
     let cases = turns::cases(cases);
+    let cases = handover::cases(cases);
     outages::list_cases(cases)
         .case("unreachable_server_is_unavailable", || {
             Box::pin(outages::unreachable_server_is_unavailable())

@@ -136,6 +136,8 @@ async fn waiting_channel(
         .await
         .map_err(fail("HGET clients"))?;
     let client = client.ok_or_else(|| Failure("the waiter's client is not recorded".into()))?;
+    // Recorded as "<client> <ttl ms>".
+    let client = client.split(' ').next().unwrap_or_default();
     Ok(format!("{}:{client}", keys.channel))
 }
 

@@ -144,7 +144,8 @@ pub(super) async fn releases_publish_only_for_waiters() -> Outcome {
         }
     });
     until_marked(&mut conn, &keys, "the waiter").await?;
-    // The message names the waiters in line (here the one), so only its client wakes.
+    // The release hands the lock over to the waiter in line and tells its client alone:
+    // `=<token> <fence> <server ms>`.
     let queued: Vec<String> = conn
         .zrange(&keys.queue, 0, -1)
         .await
@@ -153,8 +154,9 @@ pub(super) async fn releases_publish_only_for_waiters() -> Outcome {
     guard.release().await.map_err(fail("release"))?;
     let (_, published) = next_message(&mut messages).await?;
     ensure!(
-        queued.len() == 1 && published == queued[0],
-        "the release with one waiter queued ({queued:?}) published {published:?}, not that waiter's token"
+        queued.len() == 1 && published.starts_with(&format!("={} ", queued[0])),
+        "the release with one waiter queued ({queued:?}) published {published:?}, not a hand-over \
+         to that waiter"
     );
     let next = waiter
         .await

@@ -1,0 +1,193 @@
+//! Hand-over: a release gives the lock to the first waiter in line in the same script, so the
+//! waiter holds it when the message arrives. A waiter that gives up as the lock is handed to it
+//! must pass the lock on, or everyone behind it waits for its TTL.
+
+use std::{
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use conformance_tests::{
+    Cases, Failure, Outcome, ensure,
+    faults::{env_var, fail, poll_until, unique_name},
+};
+use lock_core::{LockClient, LockOptions};
+use lock_redis::RedisKeys;
+use redis::AsyncCommands;
+
+use super::{raw_conn, single_client, until_marked};
+
+/// The cases of this file.
+pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
+    cases.case(
+        "a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next",
+        || Box::pin(a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next()),
+    )
+}
+
+/// A waiter in a client of its own, on a thread and runtime of its own, which the test can
+/// freeze (its thread blocks, so nothing of that client runs, while its connections stay
+/// open) and whose acquisition it can abort.
+struct FrozenWaiter {
+    /// Aborts the waiter's `lock_with` task (it is dropped when its runtime runs again).
+    abort: tokio::task::AbortHandle,
+    /// Blocks the waiter's thread until the sender of the message is sent or dropped.
+    freeze: tokio::sync::mpsc::UnboundedSender<mpsc::Receiver<()>>,
+    /// Ends the thread (after a last moment for the tasks the abort spawned).
+    thread: thread::JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl FrozenWaiter {
+    /// Starts a client on `url` waiting for `name` with `options`.
+    fn start(
+        url: String,
+        name: lock_core::LockName,
+        options: LockOptions,
+    ) -> Result<Self, Failure> {
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (freeze, mut frozen) = tokio::sync::mpsc::unbounded_channel::<mpsc::Receiver<()>>();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = thread::spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    let _ = ready_tx.send(Err(Failure(format!("runtime: {error}"))));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let client: LockClient = match single_client(&url).await {
+                    Ok(client) => client,
+                    Err(error) => {
+                        let _ = ready_tx.send(Err(error));
+                        return;
+                    }
+                };
+                let task = tokio::spawn(async move { client.lock_with(&name, &options).await });
+                let _ = ready_tx.send(Ok(task.abort_handle()));
+                loop {
+                    tokio::select! {
+                        Some(until) = frozen.recv() => {
+                            // Blocks this runtime's only thread: the client is frozen.
+                            let _ = until.recv();
+                        }
+                        _ = &mut stopped => break,
+                    }
+                }
+                // The task's end (an abort) is the test's business; dropping the runtime
+                // ends whatever it spawned.
+                drop(task);
+            });
+        });
+        let abort = ready_rx.recv().map_err(fail("the waiter's thread"))??;
+        Ok(Self {
+            abort,
+            freeze,
+            thread,
+            stop,
+        })
+    }
+
+    /// Freezes the waiter's thread; it runs again when the returned sender is dropped.
+    fn freeze(&self) -> Result<mpsc::Sender<()>, Failure> {
+        let (thaw, until) = mpsc::channel();
+        self.freeze
+            .send(until)
+            .map_err(|_| Failure("the waiter's thread ended".into()))?;
+        Ok(thaw)
+    }
+
+    fn end(self) -> Outcome {
+        let _ = self.stop.send(());
+        self.thread
+            .join()
+            .map_err(|_| Failure("the waiter's thread panicked".into()))
+    }
+}
+
+/// A holder releases while its first waiter's client is frozen (its connections open, so the
+/// release message counts as heard): the lock is handed over to that waiter. Its acquisition is
+/// then dropped, and it runs again: leaving the queue, it must release the lock it was handed
+/// and hand it on, so the second waiter gets it at once, not after the first one's 30 s TTL.
+pub(super) async fn a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let name = unique_name("handed-to-a-leaver")?;
+    let keys = RedisKeys::new("faults", &name);
+    let mut raw = raw_conn(&url).await?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(20));
+    let holder = single_client(&url).await?;
+    let held = holder
+        .lock_with(&name, &options)
+        .await
+        .map_err(fail("first acquire"))?;
+    let first = FrozenWaiter::start(url.clone(), name.clone(), options.clone())?;
+    until_marked(&mut raw, &keys, "the first waiter").await?;
+    let line: Vec<String> = raw
+        .zrange(&keys.queue, 0, -1)
+        .await
+        .map_err(fail("ZRANGE"))?;
+    let [first_token] = line.as_slice() else {
+        return Err(Failure(format!(
+            "expected one waiter in line, found {line:?}"
+        )));
+    };
+    let second = single_client(&url).await?;
+    let waiting = tokio::spawn({
+        let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(5)));
+        async move {
+            let guard = second.lock_with(&name, &options).await?;
+            let got = Instant::now();
+            let fence = guard.fence();
+            guard.release().await?;
+            Ok::<_, lock_core::LockError>((got, fence))
+        }
+    });
+    poll_until(
+        Duration::from_secs(10),
+        "the second waiter queueing",
+        async || {
+            let queued: usize = raw.zcard(&keys.queue).await.map_err(fail("ZCARD"))?;
+            Ok(queued == 2)
+        },
+    )
+    .await?;
+    let thaw = first.freeze()?;
+    held.release().await.map_err(fail("release"))?;
+    let holder_now: Option<String> = raw.get(&keys.lock).await.map_err(fail("GET"))?;
+    let handed_fence: Option<u64> = raw.get(&keys.fence).await.map_err(fail("GET fence"))?;
+    first.abort.abort();
+    drop(thaw);
+    let outcome = async {
+        ensure!(
+            holder_now.as_deref() == Some(first_token.as_str()),
+            "the release did not hand the lock to the first waiter: the lock key holds \
+             {holder_now:?}, its token is {first_token}"
+        );
+        let thawed = Instant::now();
+        let (got, fence) = waiting
+            .await
+            .map_err(fail("second waiter task"))?
+            .map_err(fail("the second waiter"))?;
+        let took = got.saturating_duration_since(thawed);
+        ensure!(
+            took <= Duration::from_secs(2),
+            "the second waiter got the lock {took:?} after the first one left"
+        );
+        ensure!(
+            handed_fence.is_some_and(|handed| fence.get() > handed),
+            "the second waiter's fence {} is not above the one handed to the first ({handed_fence:?})",
+            fence.get()
+        );
+        Ok(())
+    }
+    .await;
+    first.end()?;
+    outcome
+}

@@ -210,6 +210,11 @@ impl RedisBackend {
             keys,
             token,
             tell: self.tell(),
+            backoff: request.backoff().clone(),
+            until: request
+                .deadline()
+                .checked_add(PLACE_GRACE.saturating_add(request.ttl()))
+                .unwrap_or(request.deadline()),
             served: false,
         };
         let waiters = &self.inner.waiters;
@@ -379,37 +384,58 @@ impl RedisBackend {
     /// A try found the lock handed over to this waiter already (its message had not come, or
     /// was not trusted, see [`handed_valid_from`]): renews it for the TTL, so the grant is
     /// valid from the renewal's sending, and waits for the replicas when asked. When it is
-    /// no longer ours (it expired meanwhile), the wait goes on.
+    /// no longer ours (it expired meanwhile), the wait goes on; so it does when the fence
+    /// counter was gone (evicted: the fence cannot be told), after the lock is given back.
     async fn confirm(
         &self,
         conn: &mut Conn,
         request: &AcquireRequest,
         keys: &Keys,
         token: &LeaseToken,
-        fence: u64,
+        fence: Option<u64>,
     ) -> Result<Result<Grant, Busy>, LockError> {
+        let not_ours = Busy {
+            left: None,
+            queued: false,
+            tried: None,
+        };
+        let Some(fence) = fence else {
+            ops::release(conn, keys, token, self.tell(), Next::HandOver).await?;
+            return Ok(Err(not_ours));
+        };
         let sent = Instant::now();
         let Some(server_ms) = ops::renew(conn, keys, token, request.ttl()).await? else {
-            return Ok(Err(Busy {
-                left: None,
-                queued: false,
-                tried: None,
-            }));
+            return Ok(Err(not_ours));
         };
         let lease = ops::lease(request.name(), token, fence, request.ttl(), server_ms);
         if self.inner.config.replica_acks > 0 {
             self.replicate(conn, &lease).await?;
+        }
+        // As for a try's grant (see `try_once`): one that answers past its local deadline is
+        // no grant.
+        if !ops::within_deadline(sent, request.ttl()) {
+            let _ = ops::release(conn, keys, token, self.tell(), Next::HandOver).await;
+            return Err(LockError::unavailable_msg(format!(
+                "lock `{}` was confirmed {:?} after the request, past its {:?} TTL less the \
+                 drift margin; it was released",
+                request.name(),
+                sent.elapsed(),
+                request.ttl()
+            )));
         }
         Ok(Ok(Grant::new(lease, sent)))
     }
 }
 
 /// From when a lock handed over with `fence` is valid for the waiter, at `now`: from the
-/// sending of `last`, the waiter's last try that found the lock taken (with the fence counter
-/// it saw), when that try was sent before the hand-over, so the local deadline is never later
-/// than the server's expiry. It was when the handed fence is above the counter that try saw:
-/// counters only grow, so a fence above it was issued after that try ran, not by a hand-over
-/// before it whose lock may have expired since and gone to another (its message read late).
+/// sending of `last`, the waiter's last try that found the lock taken (with what it saw: the
+/// larger of the fence counter and the server time in µs), when that try was sent before the
+/// hand-over, so the local deadline is never later than the server's expiry. It was when the
+/// handed fence is above what that try saw: a hand-over issues a fence above the counter and
+/// the server time of its own moment, and both only grow (the time unless the server's clock
+/// steps back, as for fences), so a fence above them was issued after that try ran, not by a
+/// hand-over before it whose lock may have expired since and gone to another (its message
+/// read late), even if the counter was evicted in between.
 /// And only when at least half the TTL is left from then (a long wait since that try would
 /// leave a lease about to end). `None` otherwise: the grant needs a round trip of its own.
 fn handed_valid_from(
@@ -469,12 +495,18 @@ const SECOND_STEPS_IN: Duration = Duration::from_millis(scripts::HANDOFF_MS + 5)
 const PLACE_GRACE: Duration = Duration::from_secs(1);
 
 /// A waiter's place in the queue: taken out in the background when the acquisition ends
-/// without the lock (timed out, failed, or dropped); the grant takes it out itself.
+/// without the lock (timed out, failed, or dropped); the grant takes it out itself. The
+/// `LEAVE` is tried again on the request's back-off while it fails (the acquisition may have
+/// failed for a connection that dropped), until the place and a lock handed to it meanwhile
+/// would both have expired (`until`): a lock handed to a token nobody waits with any more
+/// would otherwise keep everyone waiting for its TTL.
 struct Queued<'a> {
     conn: Conn,
     keys: &'a Keys,
     token: &'a LeaseToken,
     tell: ops::Tell,
+    backoff: lock_core::Backoff,
+    until: Instant,
     served: bool,
 }
 
@@ -490,13 +522,22 @@ impl Drop for Queued<'_> {
             return;
         }
         let (mut conn, keys, token) = (self.conn.clone(), self.keys.clone(), self.token.clone());
-        let tell = self.tell;
+        let (tell, until, mut delays) = (self.tell, self.until, self.backoff.delays());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 // A lock handed over to this waiter as it gave up goes on to the next.
-                if let Err(error) = ops::leave(&mut conn, &keys, &token, tell, Next::HandOver).await
-                {
-                    tracing::debug!(%error, "leaving the waiters' queue failed; the place expires");
+                loop {
+                    let Err(error) = ops::leave(&mut conn, &keys, &token, tell, Next::HandOver).await
+                    else {
+                        return;
+                    };
+                    let next = Instant::now() + delays.next().unwrap_or(Duration::from_secs(1));
+                    if next >= until {
+                        tracing::debug!(%error, "leaving the waiters' queue failed; the place expires");
+                        return;
+                    }
+                    tracing::debug!(%error, "leaving the waiters' queue failed; trying again");
+                    tokio::time::sleep_until(next.into()).await;
                 }
             });
         }

@@ -19,8 +19,8 @@ pub(crate) enum Try {
     /// Granted with this fence, at this server time (ms since the epoch).
     Granted { fence: u64, server_ms: u64 },
     /// Held by someone else for this long (when the server said); `rank` is the caller's
-    /// place in the waiters' queue (0 first), if it queues; `seen` the fence counter as the
-    /// try found it.
+    /// place in the waiters' queue (0 first), if it queues; `seen` the larger of the fence
+    /// counter and the server time in µs as the try found them.
     Busy {
         pttl: Option<Duration>,
         rank: Option<u64>,
@@ -33,9 +33,12 @@ pub(crate) enum Try {
         seen: u64,
     },
     /// The lock holds the caller's own token already, with this fence (the counter: nothing
-    /// raises it while the lock is held), for this long: a release handed it over (see
-    /// [`scripts::RELEASE`]).
-    Handed { fence: u64, pttl: Option<Duration> },
+    /// raises it while the lock is held; `None` when the counter is gone or unreadable), for
+    /// this long: a release handed it over (see [`scripts::RELEASE`]).
+    Handed {
+        fence: Option<u64>,
+        pttl: Option<Duration>,
+    },
 }
 
 /// What a release does for the first waiter in line (see [`scripts::RELEASE`]).
@@ -106,14 +109,15 @@ impl Queueing {
     }
 }
 
-/// The fence counter a busy try saw, in a reply (0 when there was none, or when it is not a
-/// counter, which no release hands over with).
+/// What a busy try saw, in a reply: the larger of the fence counter and the server time in
+/// µs (see [`scripts::ACQUIRE`]); `u64::MAX` when unreadable, so that no hand-over message is
+/// trusted on it (see `backend::handed_valid_from`).
 fn seen_at(reply: &[Value], at: usize) -> u64 {
     reply
         .get(at)
         .and_then(text)
         .and_then(|seen| seen.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(u64::MAX)
 }
 
 /// The caller's rank in a reply (`-1`: not queued).
@@ -287,8 +291,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
             fence: reply
                 .get(2)
                 .and_then(text)
-                .and_then(|fence| fence.parse().ok())
-                .ok_or_else(|| unexpected("acquire", &reply))?,
+                .and_then(|fence| fence.parse().ok()),
             pttl: reply
                 .get(1)
                 .and_then(int)

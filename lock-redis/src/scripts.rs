@@ -15,9 +15,11 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// the caller's own token already and `ARGV[11]` is `1` (a release handed it over, see
 /// [`hand_on`]; Redlock passes `0`, and its own token counts as busy); `{2, which, what}`
 /// when a key holds something this library did not write, with nothing written. `rank` is the
-/// caller's place in the queue (0 first, -1 not queued); `seen` the fence counter as the try
-/// found it (`0` when absent or not a string): a hand-over message whose fence is above it
-/// was issued after this try ran.
+/// caller's place in the queue (0 first, -1 not queued); `seen` the larger of the fence
+/// counter as the try found it (0 when absent or not a number) and the server time in µs: a
+/// hand-over issues a fence above both at its own time, so a hand-over message whose fence is
+/// above `seen` was issued after this try ran, even when the counter was lost in between (an
+/// eviction: a counter alone would then let an old message pass for a new one).
 ///
 /// A waiter queues (`KEYS[4]`, ordered by ticket) when `ARGV[5]` (how long its place lasts
 /// without another try, in ms) is above zero. Its ticket is `ARGV[7]`, or the server time in
@@ -121,9 +123,8 @@ local function rank()
   return redis.call('ZRANK', KEYS[4], ARGV[1]) or -1
 end
 local function seen()
-  local f = redis.pcall('GET', KEYS[2])
-  if type(f) == 'string' then return f end
-  return '0'
+  local f = tonumber(redis.pcall('GET', KEYS[2])) or 0
+  return string.format('%.0f', math.max(f, tonumber(t[1]) * 1000000 + tonumber(t[2])))
 end
 if cur then
   local pttl = redis.call('PTTL', KEYS[1])
@@ -190,7 +191,10 @@ return removed
 });
 
 /// How long the first waiter in the queue has to come for a lock that became free before it
-/// loses its place (a waiter that died or is paused stalls the lock for at most this long).
+/// loses its place (a waiter that died or is paused stalls the lock for at most this long,
+/// when it gets a turn: on Redlock, or when its client's connection is closed or it polls; a
+/// single server or a cluster hands the lock over to a waiter whose client listens, see
+/// [`RELEASE`]).
 pub(crate) const HANDOFF_MS: u64 = 100;
 
 /// Lua that reads the fence counter `key` into `last` (0 when absent), or returns
@@ -340,8 +344,8 @@ return 1
 /// with ten or a thousand waiting clients. Only the client of the first wakes a waiter (the
 /// one whose turn it is), and the first's turn starts now: it keeps its place for at most
 /// `ARGV[3]` ms more. The client of the second retries when that turn ends, unless another
-/// release reaches it first, so a first waiter that died or is paused stalls the lock for one
-/// turn. A waiter queued with no client (`0`) gets no message, and one whose client is not
+/// release reaches it first, so a first waiter that does not come (its client gone, or on
+/// Redlock died or paused) stalls the lock for one turn. A waiter queued with no client (`0`) gets no message, and one whose client is not
 /// subscribed (it polls) hears none.
 ///
 /// A message the server refuses (an ACL without the channel, a cluster older than Redis 7.0

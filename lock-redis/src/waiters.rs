@@ -101,7 +101,8 @@ struct Channel {
     /// when the first one's turn ends, unless woken before.
     second: Arc<Notify>,
     /// The owner tokens of this client's waiters on the channel, one per waiter (a release
-    /// names the first two waiters of the queue by token), each with its own notifiers.
+    /// hands the lock to the first waiter of the queue by token, or names the first two), each
+    /// with its own notifiers.
     tokens: HashMap<String, Named>,
     /// The subscription under way for this channel, shared by its waiters, so a waiter that
     /// loops while the connection does not answer does not queue one more per turn.

@@ -32,8 +32,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
 struct FrozenWaiter {
     /// Aborts the waiter's `lock_with` task (it is dropped when its runtime runs again).
     abort: tokio::task::AbortHandle,
-    /// Blocks the waiter's thread until the sender of the message is sent or dropped.
-    freeze: tokio::sync::mpsc::UnboundedSender<mpsc::Receiver<()>>,
+    /// Blocks the waiter's thread, once it said so on the first channel, until the sender of
+    /// the second is dropped.
+    freeze: tokio::sync::mpsc::UnboundedSender<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
     /// Ends the thread (after a last moment for the tasks the abort spawned).
     thread: thread::JoinHandle<()>,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -47,7 +48,8 @@ impl FrozenWaiter {
         options: LockOptions,
     ) -> Result<Self, Failure> {
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (freeze, mut frozen) = tokio::sync::mpsc::unbounded_channel::<mpsc::Receiver<()>>();
+        let (freeze, mut frozen) =
+            tokio::sync::mpsc::unbounded_channel::<(mpsc::Sender<()>, mpsc::Receiver<()>)>();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = thread::spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -72,8 +74,9 @@ impl FrozenWaiter {
                 let _ = ready_tx.send(Ok(task.abort_handle()));
                 loop {
                     tokio::select! {
-                        Some(until) = frozen.recv() => {
+                        Some((blocked, until)) = frozen.recv() => {
                             // Blocks this runtime's only thread: the client is frozen.
+                            let _ = blocked.send(());
                             let _ = until.recv();
                         }
                         _ = &mut stopped => break,
@@ -93,12 +96,18 @@ impl FrozenWaiter {
         })
     }
 
-    /// Freezes the waiter's thread; it runs again when the returned sender is dropped.
-    fn freeze(&self) -> Result<mpsc::Sender<()>, Failure> {
+    /// Freezes the waiter's thread (returns once it is blocked); it runs again when the
+    /// returned sender is dropped.
+    async fn freeze(&self) -> Result<mpsc::Sender<()>, Failure> {
         let (thaw, until) = mpsc::channel();
+        let (blocked, is_blocked) = mpsc::channel();
         self.freeze
-            .send(until)
+            .send((blocked, until))
             .map_err(|_| Failure("the waiter's thread ended".into()))?;
+        tokio::task::spawn_blocking(move || is_blocked.recv())
+            .await
+            .map_err(fail("waiting for the freeze"))?
+            .map_err(|_| Failure("the waiter's thread ended before it froze".into()))?;
         Ok(thaw)
     }
 
@@ -158,7 +167,7 @@ pub(super) async fn a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next() -> 
         },
     )
     .await?;
-    let thaw = first.freeze()?;
+    let thaw = first.freeze().await?;
     held.release().await.map_err(fail("release"))?;
     let holder_now: Option<String> = raw.get(&keys.lock).await.map_err(fail("GET"))?;
     let handed_fence: Option<u64> = raw.get(&keys.fence).await.map_err(fail("GET fence"))?;

@@ -350,22 +350,9 @@ impl RedisBackend {
         match tried {
             Try::Granted { fence, server_ms } => {
                 let lease = ops::lease(request.name(), token, fence, request.ttl(), server_ms);
-                if self.inner.config.replica_acks > 0 {
-                    self.replicate(conn, &lease).await?;
-                }
-                // A grant that comes back after its local deadline would be a guard already
-                // lost while the store still holds the lock: undo it and say so.
-                if !ops::within_deadline(sent, request.ttl()) {
-                    let _ = ops::release(conn, keys, token, self.tell(), Next::HandOver).await;
-                    return Err(LockError::unavailable_msg(format!(
-                        "lock `{}` was granted {:?} after the request, past its {:?} TTL less \
-                             the drift margin; it was released",
-                        request.name(),
-                        sent.elapsed(),
-                        request.ttl()
-                    )));
-                }
-                Ok(Ok(Grant::new(lease, sent)))
+                self.settle(conn, keys, lease, sent, "granted")
+                    .await
+                    .map(Ok)
             }
             Try::Busy { pttl, seen, .. } => Ok(Err(Busy {
                 left: pttl,
@@ -408,22 +395,37 @@ impl RedisBackend {
             return Ok(Err(not_ours));
         };
         let lease = ops::lease(request.name(), token, fence, request.ttl(), server_ms);
+        self.settle(conn, keys, lease, sent, "confirmed")
+            .await
+            .map(Ok)
+    }
+
+    /// The grant of `lease` (a try's grant, or a confirmed hand-over, `how` it came), valid
+    /// from `sent`, after the replicas acknowledged it when asked. A grant that comes back
+    /// after its local deadline would be a guard already lost while the store still holds the
+    /// lock: it is undone, and the error says so.
+    async fn settle(
+        &self,
+        conn: &mut Conn,
+        keys: &Keys,
+        lease: Lease,
+        sent: Instant,
+        how: &str,
+    ) -> Result<Grant, LockError> {
         if self.inner.config.replica_acks > 0 {
             self.replicate(conn, &lease).await?;
         }
-        // As for a try's grant (see `try_once`): one that answers past its local deadline is
-        // no grant.
-        if !ops::within_deadline(sent, request.ttl()) {
-            let _ = ops::release(conn, keys, token, self.tell(), Next::HandOver).await;
+        if !ops::within_deadline(sent, lease.ttl()) {
+            let _ = ops::release(conn, keys, lease.token(), self.tell(), Next::HandOver).await;
             return Err(LockError::unavailable_msg(format!(
-                "lock `{}` was confirmed {:?} after the request, past its {:?} TTL less the \
-                 drift margin; it was released",
-                request.name(),
+                "lock `{}` was {how} {:?} after the request, past its {:?} TTL less the drift \
+                 margin; it was released",
+                lease.name(),
                 sent.elapsed(),
-                request.ttl()
+                lease.ttl()
             )));
         }
-        Ok(Ok(Grant::new(lease, sent)))
+        Ok(Grant::new(lease, sent))
     }
 }
 

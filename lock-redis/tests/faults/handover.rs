@@ -14,17 +14,27 @@ use conformance_tests::{
 };
 use lock_core::{LockClient, LockOptions};
 use lock_redis::RedisKeys;
-use redis::AsyncCommands;
+use redis::{AsyncCommands, aio::ConnectionLike};
 
-use super::{raw_conn, single_client, until_marked};
+use super::{cluster_client, cluster_urls, raw_conn, single_client};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
-    cases.case(
-        "a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next",
-        || Box::pin(a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next()),
-    )
+    cases
+        .case(
+            "a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next",
+            || Box::pin(a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next()),
+        )
+        .case(
+            "a_cluster_lock_handed_to_a_waiter_that_leaves_goes_to_the_next",
+            || Box::pin(a_cluster_lock_handed_to_a_waiter_that_leaves_goes_to_the_next()),
+        )
 }
+
+/// How the frozen waiter's thread makes its client (on its own runtime).
+type Connect = Box<
+    dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = Result<LockClient, Failure>>>> + Send,
+>;
 
 /// A waiter in a client of its own, on a thread and runtime of its own, which the test can
 /// freeze (its thread blocks, so nothing of that client runs, while its connections stay
@@ -41,9 +51,9 @@ struct FrozenWaiter {
 }
 
 impl FrozenWaiter {
-    /// Starts a client on `url` waiting for `name` with `options`.
+    /// Starts a client made by `connect` waiting for `name` with `options`.
     fn start(
-        url: String,
+        connect: Connect,
         name: lock_core::LockName,
         options: LockOptions,
     ) -> Result<Self, Failure> {
@@ -63,7 +73,7 @@ impl FrozenWaiter {
                 }
             };
             runtime.block_on(async move {
-                let client: LockClient = match single_client(&url).await {
+                let client: LockClient = match connect().await {
                     Ok(client) => client,
                     Err(error) => {
                         let _ = ready_tx.send(Err(error));
@@ -125,19 +135,54 @@ impl FrozenWaiter {
 /// and hand it on, so the second waiter gets it at once, not after the first one's 30 s TTL.
 pub(super) async fn a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let raw = raw_conn(&url).await?;
+    let connect: Connect = Box::new({
+        let url = url.clone();
+        move || Box::pin(async move { single_client(&url).await })
+    });
+    handed_to_a_leaver(raw, connect, async || single_client(&url).await).await
+}
+
+/// The same on a cluster, where the hand-over's message goes on a shard channel (`SPUBLISH`,
+/// and `PUBSUB SHARDNUMSUB` to see that the waiter's client listens).
+pub(super) async fn a_cluster_lock_handed_to_a_waiter_that_leaves_goes_to_the_next() -> Outcome {
+    let urls = cluster_urls()?;
+    let raw = redis::cluster::ClusterClient::new(urls.clone())
+        .map_err(fail("cluster client"))?
+        .get_async_connection()
+        .await
+        .map_err(fail("cluster connect"))?;
+    let connect: Connect = Box::new({
+        let urls = urls.clone();
+        move || Box::pin(async move { cluster_client(&urls).await })
+    });
+    handed_to_a_leaver(raw, connect, async || cluster_client(&urls).await).await
+}
+
+/// The case, with `raw` a plain connection to the store, `connect` making the first waiter's
+/// client (on its own thread), and `client` the holder's and the second waiter's.
+async fn handed_to_a_leaver<C: ConnectionLike + Send + Sync>(
+    mut raw: C,
+    connect: Connect,
+    client: impl AsyncFn() -> Result<LockClient, Failure>,
+) -> Outcome {
     let name = unique_name("handed-to-a-leaver")?;
     let keys = RedisKeys::new("faults", &name);
-    let mut raw = raw_conn(&url).await?;
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(20));
-    let holder = single_client(&url).await?;
+    let holder = client().await?;
     let held = holder
         .lock_with(&name, &options)
         .await
         .map_err(fail("first acquire"))?;
-    let first = FrozenWaiter::start(url.clone(), name.clone(), options.clone())?;
-    until_marked(&mut raw, &keys, "the first waiter").await?;
+    let first = FrozenWaiter::start(connect, name.clone(), options.clone())?;
+    poll_until(
+        Duration::from_secs(10),
+        "the first waiter marking the lock",
+        async || raw.exists(&keys.waiters).await.map_err(fail("EXISTS")),
+    )
+    .await?;
     let line: Vec<String> = raw
         .zrange(&keys.queue, 0, -1)
         .await
@@ -147,7 +192,7 @@ pub(super) async fn a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next() -> 
             "expected one waiter in line, found {line:?}"
         )));
     };
-    let second = single_client(&url).await?;
+    let second = client().await?;
     let waiting = tokio::spawn({
         let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(5)));
         async move {

@@ -229,8 +229,8 @@ impl RedisBackend {
         let mut subscribe_by = Instant::now()
             .checked_add(self.inner.config.response_timeout)
             .map_or(deadline, |by| by.min(deadline));
-        // The last try that found the lock taken: when it was sent, and the fence counter it
-        // saw (see `trust`).
+        // The last try that found the lock taken: when it was sent, and what it saw (the
+        // larger of the fence counter and the server time, see `handed_valid_from`).
         let mut last: Option<(Instant, u64)> = None;
         loop {
             if let Some(handed) = registration.take_handed()
@@ -529,16 +529,16 @@ impl Drop for Queued<'_> {
             runtime.spawn(async move {
                 // A lock handed over to this waiter as it gave up goes on to the next.
                 loop {
-                    let Err(error) = ops::leave(&mut conn, &keys, &token, tell, Next::HandOver).await
-                    else {
+                    let left = ops::leave(&mut conn, &keys, &token, tell, Next::HandOver).await;
+                    let Err(error) = left else {
                         return;
                     };
                     let next = Instant::now() + delays.next().unwrap_or(Duration::from_secs(1));
                     if next >= until {
-                        tracing::debug!(%error, "leaving the waiters' queue failed; the place expires");
+                        tracing::debug!(%error, "leaving the queue failed; the place expires");
                         return;
                     }
-                    tracing::debug!(%error, "leaving the waiters' queue failed; trying again");
+                    tracing::debug!(%error, "leaving the queue failed; trying again");
                     tokio::time::sleep_until(next.into()).await;
                 }
             });

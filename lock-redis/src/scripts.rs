@@ -22,17 +22,18 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// eviction: a counter alone would then let an old message pass for a new one).
 ///
 /// A waiter queues (`KEYS[4]`, ordered by ticket) when `ARGV[5]` (how long its place lasts
-/// without another try, in ms) is above zero. Its ticket is `ARGV[7]`, or the server time in
-/// µs when that is 0: Redlock passes one ticket, fixed for the whole wait, to every server, so
+/// without another try, in ms) is above zero. Its ticket is `ARGV[7]`, or the server time in µs
+/// when that is 0: Redlock passes one ticket, fixed for the whole wait, to every server, so
 /// that every server orders the same waiters alike and a waiter that rejoins (after its place
 /// was taken by a grant it had to give back, or lost with a restart) gets its place back.
 /// `ARGV[6]` is how long the first waiter's turn lasts once the lock is free. `ARGV[8]` names
 /// the waiter's client (`0`: none, it is not woken by push): a queued waiter's client is kept
 /// in the hash `KEYS[6]` with the TTL it asks for (`"<client> <ttl ms>"`), so that a release
-/// publishes only to the clients it names and can hand the lock over (see [`RELEASE`]). The three keys of the queue expire at the latest end any place was given (each
-/// place written pushes their expiry to its own end, never back; the queue and the places
-/// always together, so one `PTTL` decides for both), so the places of waiters that died go
-/// even when nobody tries the lock again to sweep them.
+/// publishes only to the clients it names and can hand the lock over (see [`RELEASE`]). The
+/// three keys of the queue expire at the latest end any place was given (each place written
+/// pushes their expiry to its own end, never back; the queue and the places always together, so
+/// one `PTTL` decides for both), so the places of waiters that died go even when nobody tries
+/// the lock again to sweep them.
 ///
 /// When the lock is free, the fence counter is checked *before* anything is written: it must
 /// be absent or a decimal `0 <= n < 2^53` with no sign or leading zeros (anything else, of any
@@ -322,31 +323,33 @@ return 1
 /// [`RELEASE`], and in [`LEAVE`] of a waiter the lock was handed to): the keys are named by the
 /// arguments, `ARGV[2..6]` are [`RELEASE`]'s.
 ///
-/// **Hand-over** (`ARGV[5]` = `1`): the lock goes to the first waiter in the queue in this
-/// same step, when its place is live and its client is recorded with its TTL (a busy try
-/// records `"<client> <ttl ms>"`, see [`ACQUIRE`]): the lock key takes that waiter's token for
-/// its TTL, with a fence `max(counter + 1, server time in µs)` as a grant's, and the message
-/// `"=<token> <fence> <server ms>"` goes to its client's channel. The waiter's place goes, and
-/// the mark is set again when others still queue. So the waiter holds the lock when its
-/// message arrives: no try of its own, one round trip less per hand-off. Only when the
-/// waiter's client is subscribed to its channel (`PUBSUB NUMSUB`, on a cluster `PUBSUB
-/// SHARDNUMSUB`; pattern subscribers do not count) and the message goes out: a waiter whose
-/// client is gone (its connection closed) or not subscribed (it polls) would otherwise hold the
-/// lock until its TTL. Else (and when the publish is refused, when the hand-over is undone: the
-/// lock key deleted, the counter not written) the turn below applies. A waiter paused with its connection open does get the lock, and holds
-/// it, like a paused holder, until its TTL unless it comes back: the same as a ZooKeeper or
-/// etcd queue, where a waiter whose session lives becomes the holder when its turn comes.
+/// **Hand-over** (`ARGV[5]` = `1`): the lock goes to the first waiter in the queue in this same
+/// step, when its place is live and its client is recorded with its TTL (a busy try records
+/// `"<client> <ttl ms>"`, see [`ACQUIRE`]): the lock key takes that waiter's token for its TTL,
+/// with a fence `max(counter + 1, server time in µs)` as a grant's, and the message `"=<token>
+/// <fence> <server ms>"` goes to its client's channel. The waiter's place goes, and the mark is
+/// set again when others still queue. So the waiter holds the lock when its message arrives: no
+/// try of its own, one round trip less per hand-off. Only when the waiter's client is
+/// subscribed to its channel (`PUBSUB NUMSUB`, on a cluster `PUBSUB SHARDNUMSUB`; pattern
+/// subscribers do not count) and the message goes out: a waiter whose client is gone (its
+/// connection closed) or not subscribed (it polls) would otherwise hold the lock until its TTL.
+/// Else (and when the publish is refused, when the hand-over is undone: the lock key deleted,
+/// the counter not written) the turn below applies. A waiter whose connection the server still
+/// counts as open (its process paused, or its host crashed or cut off until TCP keepalive gives
+/// up) does get the lock, and holds it, like a holder in that state, until its TTL unless it
+/// comes back: the same as a ZooKeeper or etcd queue, where a waiter whose session lives
+/// becomes the holder when its turn comes.
 ///
 /// **Turn** (no hand-over): the message names the first two queued waiters: `"<first>
-/// <second>"`, and goes only to their clients, each on its own channel `ARGV[2]:<client>`,
-/// with the command `ARGV[4]`: `PUBLISH`, or on a cluster `SPUBLISH` (a shard channel, which
-/// stays on the lock's node; the channel has the lock's hash tag). So a release costs the same
-/// with ten or a thousand waiting clients. Only the client of the first wakes a waiter (the
-/// one whose turn it is), and the first's turn starts now: it keeps its place for at most
-/// `ARGV[3]` ms more. The client of the second retries when that turn ends, unless another
-/// release reaches it first, so a first waiter that does not come (its client gone, or on
-/// Redlock died or paused) stalls the lock for one turn. A waiter queued with no client (`0`) gets no message, and one whose client is not
-/// subscribed (it polls) hears none.
+/// <second>"`, and goes only to their clients, each on its own channel `ARGV[2]:<client>`, with
+/// the command `ARGV[4]`: `PUBLISH`, or on a cluster `SPUBLISH` (a shard channel, which stays
+/// on the lock's node; the channel has the lock's hash tag). So a release costs the same with
+/// ten or a thousand waiting clients. Only the client of the first wakes a waiter (the one
+/// whose turn it is), and the first's turn starts now: it keeps its place for at most `ARGV[3]`
+/// ms more. The client of the second retries when that turn ends, unless another release
+/// reaches it first, so a first waiter that does not come (its client gone, or on Redlock died
+/// or paused) stalls the lock for one turn. A waiter queued with no client (`0`) gets no
+/// message, and one whose client is not subscribed (it polls) hears none.
 ///
 /// A message the server refuses (an ACL without the channel, a cluster older than Redis 7.0
 /// that has no `SPUBLISH`) is skipped, and counts as heard by nobody: the key is deleted by

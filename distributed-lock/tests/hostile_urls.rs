@@ -37,6 +37,7 @@ const CASES: &[(&str, &str)] = &[
         "redis://127.0.0.1:6379?replica_acks=18446744073709551616",
         "replica_acks",
     ),
+    ("redis://127.0.0.1:6379?hand_over=no", "hand_over"),
     (
         "rediss+cluster://:hunter2@127.0.0.1:7000,127.0.0.1:7001",
         "TLS",

@@ -198,15 +198,7 @@ impl LockAdmin for RedisBackend {
                     return Ok(None);
                 };
                 let count = waiters(&mut conn, &keys).await;
-                if ops::release(
-                    &mut conn,
-                    &keys,
-                    &info.token,
-                    self.tell(),
-                    ops::Next::HandOver,
-                )
-                .await?
-                {
+                if ops::release(&mut conn, &keys, &info.token, self.tell(), self.next()).await? {
                     return Ok(Some(forced(&info, count)));
                 }
             }

@@ -163,7 +163,7 @@ impl RedisBackend {
             return Ok(());
         }
         let keys = self.keys(lease.name());
-        let _ = ops::release(conn, &keys, lease.token(), self.tell(), Next::HandOver).await;
+        let _ = ops::release(conn, &keys, lease.token(), self.tell(), self.next()).await;
         Err(match acked {
             Ok(acked) => LockError::unavailable_msg(format!(
                 "only {acked} of {} replicas acknowledged lock `{}` within {:?}; it was released",
@@ -192,6 +192,16 @@ impl RedisBackend {
         }
     }
 
+    /// Whether releases hand the lock over to the first waiter, and this client's waiters take
+    /// a lock handed to them (see [`RedisConfig::hand_over`]).
+    pub(crate) fn next(&self) -> Next {
+        if self.inner.config.hand_over {
+            Next::HandOver
+        } else {
+            Next::Turn
+        }
+    }
+
     /// The contended path of `acquire`: a place in the waiters' queue, a subscription to the
     /// release messages, and a try each time this waiter is woken (or its fallback timer runs
     /// out), until granted or the budget is over.
@@ -210,6 +220,7 @@ impl RedisBackend {
             keys,
             token,
             tell: self.tell(),
+            next: self.next(),
             backoff: request.backoff().clone(),
             until: request
                 .deadline()
@@ -344,7 +355,13 @@ impl RedisBackend {
             keys,
             token,
             request.ttl(),
-            Queueing::single(mark, place, self.inner.waiters.id(), self.tell()),
+            Queueing::single(
+                mark,
+                place,
+                self.inner.waiters.id(),
+                self.tell(),
+                self.next(),
+            ),
         )
         .await?;
         match tried {
@@ -387,7 +404,7 @@ impl RedisBackend {
             tried: None,
         };
         let Some(fence) = fence else {
-            ops::release(conn, keys, token, self.tell(), Next::HandOver).await?;
+            ops::release(conn, keys, token, self.tell(), self.next()).await?;
             return Ok(Err(not_ours));
         };
         let sent = Instant::now();
@@ -416,7 +433,7 @@ impl RedisBackend {
             self.replicate(conn, &lease).await?;
         }
         if !ops::within_deadline(sent, lease.ttl()) {
-            let _ = ops::release(conn, keys, lease.token(), self.tell(), Next::HandOver).await;
+            let _ = ops::release(conn, keys, lease.token(), self.tell(), self.next()).await;
             return Err(LockError::unavailable_msg(format!(
                 "lock `{}` was {how} {:?} after the request, past its {:?} TTL less the drift \
                  margin; it was released",
@@ -507,6 +524,7 @@ struct Queued<'a> {
     keys: &'a Keys,
     token: &'a LeaseToken,
     tell: ops::Tell,
+    next: Next,
     backoff: lock_core::Backoff,
     until: Instant,
     served: bool,
@@ -524,12 +542,13 @@ impl Drop for Queued<'_> {
             return;
         }
         let (mut conn, keys, token) = (self.conn.clone(), self.keys.clone(), self.token.clone());
-        let (tell, until, mut delays) = (self.tell, self.until, self.backoff.delays());
+        let (tell, next, until) = (self.tell, self.next, self.until);
+        let mut delays = self.backoff.delays();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 // A lock handed over to this waiter as it gave up goes on to the next.
                 loop {
-                    let left = ops::leave(&mut conn, &keys, &token, tell, Next::HandOver).await;
+                    let left = ops::leave(&mut conn, &keys, &token, tell, next).await;
                     let Err(error) = left else {
                         return;
                     };
@@ -656,7 +675,7 @@ impl LockBackend for RedisBackend {
                 &self.keys(lease.name()),
                 lease.token(),
                 self.tell(),
-                Next::HandOver,
+                self.next(),
             )
             .await?
             {

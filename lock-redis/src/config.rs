@@ -41,6 +41,13 @@ pub struct RedisConfig {
     /// For `rediss://` servers: a PEM file of the certificate authorities to trust, in place
     /// of the system's (the URL's `ca_file`). Read at connect.
     pub tls_ca_file: Option<PathBuf>,
+    /// Whether this client's releases hand the lock over to the first waiter in line (on by
+    /// default; the URL's `hand_over`): one round trip less per hand-off, but a first waiter
+    /// whose connection the server still counts as open (its process paused, its host crashed
+    /// or cut off until TCP keepalive gives up) holds a lock handed to it until its TTL. Off,
+    /// a release gives that waiter a turn of 100 ms to come for the lock instead, which is all
+    /// such a waiter can stall it: worth it with long TTLs. See the crate README, "Hand-over".
+    pub hand_over: bool,
 }
 
 impl Default for RedisConfig {
@@ -53,6 +60,7 @@ impl Default for RedisConfig {
             replica_timeout: Duration::from_millis(500),
             response_timeout: Duration::from_secs(2),
             tls_ca_file: None,
+            hand_over: true,
         }
     }
 }
@@ -85,6 +93,13 @@ impl RedisConfig {
         self
     }
 
+    /// Sets whether releases hand the lock over to the first waiter (see
+    /// [`hand_over`](Self::hand_over)).
+    pub fn hand_over(mut self, on: bool) -> Self {
+        self.hand_over = on;
+        self
+    }
+
     /// Requires `replicas` replicas to acknowledge each acquisition.
     pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_acks = replicas;
@@ -101,8 +116,8 @@ impl RedisConfig {
     /// - `redis+cluster://[user:password@]host:port,host:port,...`: a cluster, through these
     ///   seed nodes (`rediss+cluster://`, a cluster over TLS, is refused: not supported yet);
     ///
-    /// with the settings `prefix`, `replica_acks`, `replica_timeout_ms` and
-    /// `response_timeout_ms` in the query.
+    /// with the settings `prefix`, `replica_acks`, `replica_timeout_ms`, `response_timeout_ms`
+    /// and `hand_over` (`true` or `false`) in the query.
     ///
     /// ```
     /// use lock_redis::RedisConfig;
@@ -176,6 +191,9 @@ impl RedisConfig {
         if let Some(timeout) = parsed.take_millis("response_timeout_ms")? {
             config.response_timeout = timeout;
         }
+        if let Some(on) = parsed.take_parsed("hand_over")? {
+            config.hand_over = on;
+        }
         parsed.finish()?;
         config.validate()?;
         Ok(config)
@@ -247,6 +265,7 @@ impl fmt::Debug for RedisConfig {
             .field("replica_timeout", &self.replica_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("hand_over", &self.hand_over)
             .finish()
     }
 }
@@ -490,10 +509,13 @@ mod tests {
             "redis://:pw@h:1/2?prefix=p&replica_acks=1&replica_timeout_ms=100&response_timeout_ms=900"
                 .parse()
                 .unwrap();
+        let without: RedisConfig = "redis://h:1?hand_over=false".parse().unwrap();
         assert_eq!(config.urls, ["redis://:pw@h:1/2"]);
         assert_eq!((config.key_prefix.as_str(), config.replica_acks), ("p", 1));
         assert_eq!(config.replica_timeout, Duration::from_millis(100));
         assert_eq!(config.response_timeout, Duration::from_millis(900));
+        assert!(config.hand_over, "hand-over is on by default");
+        assert!(!without.hand_over);
         let redis = |url: &str| url.parse::<RedisConfig>().unwrap_err().to_string();
         let redlock = |url: &str| url.parse::<RedlockConfig>().unwrap_err().to_string();
         for (text, word) in [

@@ -78,8 +78,10 @@ pub(crate) struct Queueing {
     /// How a try that starts the first waiter's turn tells that waiter (see
     /// [`scripts::ACQUIRE`]); `None`: it does not.
     pub(crate) tell: Option<Tell>,
-    /// Whether releases hand the lock over to the caller ([`Next::HandOver`]): a try that
-    /// finds the caller's own token then answers [`Try::Handed`] and leaves the queue alone.
+    /// Whether releases may hand the lock over to the caller ([`Next::HandOver`]): its place
+    /// then records the TTL it asks for, which a release needs to hand it the lock, and a try
+    /// that finds the caller's own token answers [`Try::Handed`] and leaves the queue alone.
+    /// [`Next::Turn`]: no TTL is recorded, so no release hands it the lock.
     pub(crate) next: Next,
 }
 
@@ -95,15 +97,15 @@ impl Queueing {
         next: Next::Turn,
     };
 
-    /// A single server's (or a cluster's) waiter of `client`: `mark`, `place` and `tell` as in
-    /// the fields, the server's turn and ticket.
-    pub(crate) fn single(mark: Mark, place: Duration, client: u64, tell: Tell) -> Self {
+    /// A single server's (or a cluster's) waiter of `client`: `mark`, `place`, `tell` and
+    /// `next` as in the fields, the server's turn and ticket.
+    pub(crate) fn single(mark: Mark, place: Duration, client: u64, tell: Tell, next: Next) -> Self {
         Self {
             mark,
             place,
             client,
             tell: Some(tell),
-            next: Next::HandOver,
+            next,
             ..Self::NONE
         }
     }

@@ -28,8 +28,9 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// was taken by a grant it had to give back, or lost with a restart) gets its place back.
 /// `ARGV[6]` is how long the first waiter's turn lasts once the lock is free. `ARGV[8]` names
 /// the waiter's client (`0`: none, it is not woken by push): a queued waiter's client is kept
-/// in the hash `KEYS[6]` with the TTL it asks for (`"<client> <ttl ms>"`), so that a release
-/// publishes only to the clients it names and can hand the lock over (see [`RELEASE`]). The
+/// in the hash `KEYS[6]`, with the TTL it asks for when `ARGV[11]` is `1` (`"<client> <ttl
+/// ms>"`), so that a release publishes only to the clients it names and can hand the lock over
+/// to a waiter that recorded its TTL (see [`RELEASE`]). The
 /// three keys of the queue expire at the latest end any place was given (each place written
 /// pushes their expiry to its own end, never back; the queue and the places always together, so
 /// one `PTTL` decides for both), so the places of waiters that died go even when nobody tries
@@ -115,7 +116,9 @@ local function join()
       redis.call('PEXPIRE', KEYS[5], place)
     end
     if ARGV[8] ~= '0' then
-      redis.call('HSET', KEYS[6], ARGV[1], ARGV[8] .. ' ' .. ARGV[2])
+      local entry = ARGV[8]
+      if ARGV[11] == '1' then entry = entry .. ' ' .. ARGV[2] end
+      redis.call('HSET', KEYS[6], ARGV[1], entry)
       if redis.call('PTTL', KEYS[6]) < place then redis.call('PEXPIRE', KEYS[6], place) end
     end
   end
@@ -324,21 +327,21 @@ return 1
 /// arguments, `ARGV[2..6]` are [`RELEASE`]'s.
 ///
 /// **Hand-over** (`ARGV[5]` = `1`): the lock goes to the first waiter in the queue in this same
-/// step, when its place is live and its client is recorded with its TTL (a busy try records
-/// `"<client> <ttl ms>"`, see [`ACQUIRE`]): the lock key takes that waiter's token for its TTL,
-/// with a fence `max(counter + 1, server time in µs)` as a grant's, and the message `"=<token>
-/// <fence> <server ms>"` goes to its client's channel. The waiter's place goes, and the mark is
-/// set again when others still queue. So the waiter holds the lock when its message arrives: no
-/// try of its own, one round trip less per hand-off. Only when the waiter's client is
-/// subscribed to its channel (`PUBSUB NUMSUB`, on a cluster `PUBSUB SHARDNUMSUB`; pattern
+/// step, when its place is live and its client is recorded with its TTL (a busy try of a client
+/// that takes hand-overs records `"<client> <ttl ms>"`, see [`ACQUIRE`]): the lock key takes that
+/// waiter's token for its TTL, with a fence `max(counter + 1, server time in µs)` as a grant's, and
+/// the message `"=<token> <fence> <server ms>"` goes to its client's channel. The waiter's place
+/// goes, and the mark is set again when others still queue. So the waiter holds the lock when its
+/// message arrives: no try of its own, one round trip less per hand-off. Only when the waiter's
+/// client is subscribed to its channel (`PUBSUB NUMSUB`, on a cluster `PUBSUB SHARDNUMSUB`; pattern
 /// subscribers do not count) and the message goes out: a waiter whose client is gone (its
 /// connection closed) or not subscribed (it polls) would otherwise hold the lock until its TTL.
-/// Else (and when the publish is refused, when the hand-over is undone: the lock key deleted,
-/// the counter not written) the turn below applies. A waiter whose connection the server still
-/// counts as open (its process paused, or its host crashed or cut off until TCP keepalive gives
-/// up) does get the lock, and holds it, like a holder in that state, until its TTL unless it
-/// comes back: the same as a ZooKeeper or etcd queue, where a waiter whose session lives
-/// becomes the holder when its turn comes.
+/// Else (and when the publish is refused, when the hand-over is undone: the lock key deleted, the
+/// counter not written) the turn below applies. A waiter whose connection the server still counts
+/// as open (its process paused, or its host crashed or cut off until TCP keepalive gives up) does
+/// get the lock, and holds it, like a holder in that state, until its TTL unless it comes back: the
+/// same as a ZooKeeper or etcd queue, where a waiter whose session lives becomes the holder when
+/// its turn comes.
 ///
 /// **Turn** (no hand-over): the message names the first two queued waiters: `"<first>
 /// <second>"`, and goes only to their clients, each on its own channel `ARGV[2]:<client>`, with

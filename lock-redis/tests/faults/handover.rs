@@ -13,7 +13,7 @@ use conformance_tests::{
     faults::{env_var, fail, poll_until, unique_name},
 };
 use lock_core::{LockClient, LockOptions};
-use lock_redis::RedisKeys;
+use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
 use redis::{AsyncCommands, aio::ConnectionLike};
 
 use super::{cluster_client, cluster_urls, raw_conn, single_client};
@@ -29,6 +29,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
             "a_cluster_lock_handed_to_a_waiter_that_leaves_goes_to_the_next",
             || Box::pin(a_cluster_lock_handed_to_a_waiter_that_leaves_goes_to_the_next()),
         )
+        .case("without_hand_over_a_release_gives_a_turn", || {
+            Box::pin(without_hand_over_a_release_gives_a_turn())
+        })
 }
 
 /// How the frozen waiter's thread makes its client (on its own runtime).
@@ -243,5 +246,95 @@ async fn handed_to_a_leaver<C: ConnectionLike + Send + Sync>(
     }
     .await;
     first.end()?;
+    outcome
+}
+
+/// A client of the single test server with hand-overs turned off (`hand_over=false`).
+async fn client_without_hand_over(url: &str) -> Result<LockClient, Failure> {
+    let config = format!("{url}?prefix=faults&hand_over=false")
+        .parse::<RedisConfig>()
+        .map_err(fail("config"))?;
+    Ok(LockClient::new(
+        RedisBackend::connect(config)
+            .await
+            .map_err(fail("connect"))?,
+    ))
+}
+
+/// With `hand_over=false` a waiter records no TTL with its client, so a release does not hand it
+/// the lock even while its client listens (here frozen, its connections open): the lock is
+/// free after the release, and the waiter takes it by a try of its own once it runs again,
+/// within its 100 ms turn.
+pub(super) async fn without_hand_over_a_release_gives_a_turn() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let mut raw = raw_conn(&url).await?;
+    let name = unique_name("no-hand-over")?;
+    let keys = RedisKeys::new("faults", &name);
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(20));
+    let held = client_without_hand_over(&url)
+        .await?
+        .lock_with(&name, &options)
+        .await
+        .map_err(fail("first acquire"))?;
+    let connect: Connect = Box::new({
+        let url = url.clone();
+        move || Box::pin(async move { client_without_hand_over(&url).await })
+    });
+    let waiter = FrozenWaiter::start(connect, name.clone(), options)?;
+    poll_until(
+        Duration::from_secs(10),
+        "the waiter marking the lock",
+        async || raw.exists(&keys.waiters).await.map_err(fail("EXISTS")),
+    )
+    .await?;
+    let line: Vec<String> = raw
+        .zrange(&keys.queue, 0, -1)
+        .await
+        .map_err(fail("ZRANGE"))?;
+    let [token] = line.as_slice() else {
+        return Err(Failure(format!(
+            "expected one waiter in line, found {line:?}"
+        )));
+    };
+    let entry: Option<String> = raw
+        .hget(&keys.clients, token)
+        .await
+        .map_err(fail("HGET clients"))?;
+    let thaw = waiter.freeze().await?;
+    held.release().await.map_err(fail("release"))?;
+    let holder_now: Option<String> = raw.get(&keys.lock).await.map_err(fail("GET"))?;
+    drop(thaw);
+    let outcome = async {
+        ensure!(
+            entry.as_deref().is_some_and(|entry| !entry.contains(' ')),
+            "the waiter recorded its client as {entry:?}, with a TTL a release could hand it \
+             the lock by"
+        );
+        ensure!(
+            holder_now.is_none(),
+            "the release handed the lock over ({holder_now:?}) with hand_over=false"
+        );
+        let thawed = std::time::Instant::now();
+        poll_until(
+            Duration::from_secs(5),
+            "the waiter taking the lock",
+            async || {
+                let now: Option<String> = raw.get(&keys.lock).await.map_err(fail("GET"))?;
+                Ok(now.as_deref() == Some(token.as_str()))
+            },
+        )
+        .await?;
+        let took = thawed.elapsed();
+        ensure!(
+            took <= Duration::from_secs(2),
+            "the waiter took the lock {took:?} after it ran again"
+        );
+        Ok(())
+    }
+    .await;
+    let _: () = raw.del(&keys.lock).await.map_err(fail("clean-up"))?;
+    waiter.end()?;
     outcome
 }

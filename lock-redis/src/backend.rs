@@ -42,10 +42,10 @@ use crate::{
 ///   where a failover continues on a replica that may lack the last grant and whose clock may
 ///   be behind. See the crate docs, "Fences".
 /// - Waiters queue and mark the lock. A release hands the lock over to the first waiter in the
-///   same script and tells it on one pub/sub connection shared by all waiting locks of its
-///   client, so the waiter holds the lock when the message arrives, without a try of its own
-///   (see `scripts::RELEASE`). Waiters retry when the holder's TTL runs out in case a message
-///   is lost.
+///   same script (unless either client has [`RedisConfig::hand_over`] off) and tells it on one
+///   pub/sub connection shared by all waiting locks of its client, so the waiter holds the lock
+///   when the message arrives, without a try of its own (see `scripts::RELEASE`). Waiters retry
+///   when the holder's TTL runs out in case a message is lost.
 /// - The watchdog's renewals of many locks go out as calls of one script of up to 500 leases
 ///   each (on a cluster, which refuses a script's keys across slots, as pipelines of calls of
 ///   one lease each, one per node and 500 leases: see `cluster_renewals`).
@@ -398,10 +398,12 @@ impl RedisBackend {
         token: &LeaseToken,
         fence: Option<u64>,
     ) -> Result<Result<Grant, Busy>, LockError> {
+        // The lock is not ours after all (given back below, or gone): a hand-over message read
+        // meanwhile (it comes with the `{4}` answer) must not be trusted on an older try.
         let not_ours = Busy {
             left: None,
             queued: false,
-            tried: None,
+            tried: Some((Instant::now(), u64::MAX)),
         };
         let Some(fence) = fence else {
             ops::release(conn, keys, token, self.tell(), self.next()).await?;
@@ -498,7 +500,9 @@ fn behind_the_second(rank: Option<u64>) -> Duration {
 const BEHIND_MAX: u64 = 2;
 
 /// A busy try: how long the lock stays taken (when the server said), whether it is free but a
-/// waiter queued earlier has its turn, and when the try was sent with the fence counter it saw.
+/// waiter queued earlier has its turn, and when the try was sent with what it saw (the larger of
+/// the fence counter and the server time in µs; `u64::MAX` after a hand-over found and lost, so
+/// that no message is trusted on it).
 struct Busy {
     left: Option<Duration>,
     queued: bool,
@@ -743,6 +747,11 @@ mod tests {
         assert_eq!(handed_valid_from(8, Some((sent, 9)), TTL, sent), None);
         // No busy try yet.
         assert_eq!(handed_valid_from(8, None, TTL, sent), None);
+        // A try that found the lock handed and lost it again (`confirm`): nothing is trusted.
+        assert_eq!(
+            handed_valid_from(8, Some((sent, u64::MAX)), TTL, sent),
+            None
+        );
     }
 
     #[test]

@@ -41,11 +41,13 @@ pub struct RedisConfig {
     /// For `rediss://` servers: a PEM file of the certificate authorities to trust, in place
     /// of the system's (the URL's `ca_file`). Read at connect.
     pub tls_ca_file: Option<PathBuf>,
-    /// Whether this client's releases hand the lock over to the first waiter in line (on by
-    /// default; the URL's `hand_over`): one round trip less per hand-off, but a first waiter
-    /// whose connection the server still counts as open (its process paused, its host crashed
-    /// or cut off until TCP keepalive gives up) holds a lock handed to it until its TTL. Off,
-    /// a release gives that waiter a turn of 100 ms to come for the lock instead, which is all
+    /// Whether this client takes part in hand-overs (on by default; the URL's `hand_over`):
+    /// its releases hand the lock over to the first waiter in line, and its waiters may be
+    /// handed a lock by any client's release. A lock is handed over only when both the
+    /// releasing and the waiting client have it on. One round trip less per hand-off, but a
+    /// waiter whose connection the server still counts as open (its process paused, its host
+    /// crashed or cut off until TCP keepalive gives up) holds a lock handed to it until its TTL.
+    /// Off, this client's waiters get a turn of 100 ms to come for the lock instead, which is all
     /// such a waiter can stall it: worth it with long TTLs. See the crate README, "Hand-over".
     pub hand_over: bool,
 }

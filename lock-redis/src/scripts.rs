@@ -185,6 +185,7 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 if ARGV[5] == '1' and redis.pcall('GET', KEYS[4]) == ARGV[1] then
   redis.call('DEL', KEYS[4])
+  local mark_left = redis.call('PTTL', KEYS[5])
   if redis.call('DEL', KEYS[5]) == 1 then
 {hand_on}
   end
@@ -314,6 +315,7 @@ pub(crate) static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
 redis.replicate_commands()
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+local mark_left = redis.call('PTTL', KEYS[2])
 if redis.call('DEL', KEYS[2]) == 1 then
 {hand_on}
 end
@@ -324,24 +326,27 @@ return 1
 
 /// Lua that sees to the waiters in line once a lock is free and its waiter mark deleted (in
 /// [`RELEASE`], and in [`LEAVE`] of a waiter the lock was handed to): the keys are named by the
-/// arguments, `ARGV[2..6]` are [`RELEASE`]'s.
+/// arguments, `ARGV[2..6]` are [`RELEASE`]'s, and `mark_left` is what the mark had left (its
+/// `PTTL` before the delete).
 ///
 /// **Hand-over** (`ARGV[5]` = `1`): the lock goes to the first waiter in the queue in this same
 /// step, when its place is live and its client is recorded with its TTL (a busy try of a client
 /// that takes hand-overs records `"<client> <ttl ms>"`, see [`ACQUIRE`]): the lock key takes that
 /// waiter's token for its TTL, with a fence `max(counter + 1, server time in µs)` as a grant's, and
 /// the message `"=<token> <fence> <server ms>"` goes to its client's channel. The waiter's place
-/// goes, and the mark is set again when others still queue. So the waiter holds the lock when its
-/// message arrives: no try of its own, one round trip less per hand-off. Only when the waiter's
-/// client is subscribed to its channel (`PUBSUB NUMSUB`, on a cluster `PUBSUB SHARDNUMSUB`; pattern
-/// subscribers do not count) and the message goes out: a waiter whose client is gone (its
-/// connection closed) or not subscribed (it polls) would otherwise hold the lock until its TTL.
-/// Else (and when the publish is refused, when the hand-over is undone: the lock key deleted, the
-/// counter not written) the turn below applies. A waiter whose connection the server still counts
-/// as open (its process paused, or its host crashed or cut off until TCP keepalive gives up) does
-/// get the lock, and holds it, like a holder in that state, until its TTL unless it comes back: the
-/// same as a ZooKeeper or etcd queue, where a waiter whose session lives becomes the holder when
-/// its turn comes.
+/// goes, and the mark is set again when others still queue, for as long as it had left or the new
+/// holder's TTL and a margin, whichever is longer (the waiters behind, who are not told, sleep
+/// until the expiry they were last told, which the old mark covered: they must find it when they
+/// come to renew it). So the waiter holds the lock when its message arrives: no try of its own, one
+/// round trip less per hand-off. Only when the waiter's client is subscribed to its channel
+/// (`PUBSUB NUMSUB`, on a cluster `PUBSUB SHARDNUMSUB`; pattern subscribers do not count) and the
+/// message goes out: a waiter whose client is gone (its connection closed) or not subscribed (it
+/// polls) would otherwise hold the lock until its TTL. Else (and when the publish is refused, when
+/// the hand-over is undone: the lock key deleted, the counter not written) the turn below applies.
+/// A waiter whose connection the server still counts as open (its process paused, or its host
+/// crashed or cut off until TCP keepalive gives up) does get the lock, and holds it, like a holder
+/// in that state, until its TTL unless it comes back: the same as a ZooKeeper or etcd queue, where
+/// a waiter whose session lives becomes the holder when its turn comes.
 ///
 /// **Turn** (no hand-over): the message names the first two queued waiters: `"<first>
 /// <second>"`, and goes only to their clients, each on its own channel `ARGV[2]:<client>`, with
@@ -402,7 +407,7 @@ fn hand_on(
           redis.call('ZREM', {places}, next[1])
           redis.call('HDEL', {clients}, next[1])
           if redis.call('EXISTS', {queue}) == 1 then
-            redis.call('SET', {mark}, '1', 'PX', tonumber(ttl) + tonumber(ARGV[6]))
+            redis.call('SET', {mark}, '1', 'PX', math.max(mark_left, tonumber(ttl) + tonumber(ARGV[6])))
           end
           handed = true
         else

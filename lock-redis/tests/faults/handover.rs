@@ -32,6 +32,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         .case("without_hand_over_a_release_gives_a_turn", || {
             Box::pin(without_hand_over_a_release_gives_a_turn())
         })
+        .case("a_release_without_hand_over_hands_nothing_over", || {
+            Box::pin(a_release_without_hand_over_hands_nothing_over())
+        })
 }
 
 /// How the frozen waiter's thread makes its client (on its own runtime).
@@ -267,21 +270,45 @@ async fn client_without_hand_over(url: &str) -> Result<LockClient, Failure> {
 /// within its 100 ms turn.
 pub(super) async fn without_hand_over_a_release_gives_a_turn() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
-    let mut raw = raw_conn(&url).await?;
+    let holder = client_without_hand_over(&url).await?;
+    let connect: Connect = Box::new({
+        let url = url.clone();
+        move || Box::pin(async move { client_without_hand_over(&url).await })
+    });
+    turn_instead(&url, &holder, connect, false).await
+}
+
+/// A release of a client with `hand_over=false` hands nothing over, even to a waiter of a
+/// client that takes hand-overs (it records its TTL): that waiter gets a turn.
+pub(super) async fn a_release_without_hand_over_hands_nothing_over() -> Outcome {
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let holder = client_without_hand_over(&url).await?;
+    let connect: Connect = Box::new({
+        let url = url.clone();
+        move || Box::pin(async move { single_client(&url).await })
+    });
+    turn_instead(&url, &holder, connect, true).await
+}
+
+/// `holder` holds a lock with one waiter in line (its client made by `connect`, which records
+/// its TTL or not, `records_ttl`), frozen when `holder` releases: the release must leave the
+/// lock free, and the waiter must take it by a try of its own once it runs again.
+async fn turn_instead(
+    url: &str,
+    holder: &LockClient,
+    connect: Connect,
+    records_ttl: bool,
+) -> Outcome {
+    let mut raw = raw_conn(url).await?;
     let name = unique_name("no-hand-over")?;
     let keys = RedisKeys::new("faults", &name);
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(20));
-    let held = client_without_hand_over(&url)
-        .await?
+    let held = holder
         .lock_with(&name, &options)
         .await
         .map_err(fail("first acquire"))?;
-    let connect: Connect = Box::new({
-        let url = url.clone();
-        move || Box::pin(async move { client_without_hand_over(&url).await })
-    });
     let waiter = FrozenWaiter::start(connect, name.clone(), options)?;
     poll_until(
         Duration::from_secs(10),
@@ -308,9 +335,10 @@ pub(super) async fn without_hand_over_a_release_gives_a_turn() -> Outcome {
     drop(thaw);
     let outcome = async {
         ensure!(
-            entry.as_deref().is_some_and(|entry| !entry.contains(' ')),
-            "the waiter recorded its client as {entry:?}, with a TTL a release could hand it \
-             the lock by"
+            entry
+                .as_deref()
+                .is_some_and(|entry| entry.contains(' ') == records_ttl),
+            "the waiter recorded its client as {entry:?}; with a TTL: {records_ttl} expected"
         );
         ensure!(
             holder_now.is_none(),

@@ -172,32 +172,16 @@ async fn handed_to_a_leaver<C: ConnectionLike + Send + Sync>(
     connect: Connect,
     client: impl AsyncFn() -> Result<LockClient, Failure>,
 ) -> Outcome {
-    let name = unique_name("handed-to-a-leaver")?;
-    let keys = RedisKeys::new("faults", &name);
-    let options = LockOptions::new()
-        .ttl(Duration::from_secs(30))
-        .wait(Duration::from_secs(20));
     let holder = client().await?;
-    let held = holder
-        .lock_with(&name, &options)
-        .await
-        .map_err(fail("first acquire"))?;
-    let first = FrozenWaiter::start(connect, name.clone(), options.clone())?;
-    poll_until(
-        Duration::from_secs(10),
-        "the first waiter marking the lock",
-        async || raw.exists(&keys.waiters).await.map_err(fail("EXISTS")),
-    )
-    .await?;
-    let line: Vec<String> = raw
-        .zrange(&keys.queue, 0, -1)
-        .await
-        .map_err(fail("ZRANGE"))?;
-    let [first_token] = line.as_slice() else {
-        return Err(Failure(format!(
-            "expected one waiter in line, found {line:?}"
-        )));
-    };
+    let line = OneInLine::start(&mut raw, &holder, connect, "handed-to-a-leaver").await?;
+    let OneInLine {
+        name,
+        keys,
+        options,
+        held,
+        waiter: first,
+        token: first_token,
+    } = line;
     let second = client().await?;
     let waiting = tokio::spawn({
         let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(5)));
@@ -300,33 +284,16 @@ async fn turn_instead(
     records_ttl: bool,
 ) -> Outcome {
     let mut raw = raw_conn(url).await?;
-    let name = unique_name("no-hand-over")?;
-    let keys = RedisKeys::new("faults", &name);
-    let options = LockOptions::new()
-        .ttl(Duration::from_secs(30))
-        .wait(Duration::from_secs(20));
-    let held = holder
-        .lock_with(&name, &options)
-        .await
-        .map_err(fail("first acquire"))?;
-    let waiter = FrozenWaiter::start(connect, name.clone(), options)?;
-    poll_until(
-        Duration::from_secs(10),
-        "the waiter marking the lock",
-        async || raw.exists(&keys.waiters).await.map_err(fail("EXISTS")),
-    )
-    .await?;
-    let line: Vec<String> = raw
-        .zrange(&keys.queue, 0, -1)
-        .await
-        .map_err(fail("ZRANGE"))?;
-    let [token] = line.as_slice() else {
-        return Err(Failure(format!(
-            "expected one waiter in line, found {line:?}"
-        )));
-    };
+    let line = OneInLine::start(&mut raw, holder, connect, "no-hand-over").await?;
+    let OneInLine {
+        keys,
+        held,
+        waiter,
+        token,
+        ..
+    } = line;
     let entry: Option<String> = raw
-        .hget(&keys.clients, token)
+        .hget(&keys.clients, &token)
         .await
         .map_err(fail("HGET clients"))?;
     let thaw = waiter.freeze().await?;
@@ -365,4 +332,62 @@ async fn turn_instead(
     let _: () = raw.del(&keys.lock).await.map_err(fail("clean-up"))?;
     waiter.end()?;
     outcome
+}
+
+/// A lock held by one client with one waiter in line behind it, the waiter's client on a
+/// thread of its own ([`FrozenWaiter`]); both ask for a 30 s TTL.
+struct OneInLine {
+    name: lock_core::LockName,
+    keys: RedisKeys,
+    options: LockOptions,
+    held: lock_core::LockGuard,
+    waiter: FrozenWaiter,
+    /// The waiter's token, as its place in the queue names it.
+    token: String,
+}
+
+impl OneInLine {
+    /// `holder` takes a new lock (named after `tag`), and a client made by `connect` waits for
+    /// it; returns once that waiter has queued and marked the lock (`raw` watches the keys).
+    async fn start<C: ConnectionLike + Send + Sync>(
+        raw: &mut C,
+        holder: &LockClient,
+        connect: Connect,
+        tag: &str,
+    ) -> Result<Self, Failure> {
+        let name = unique_name(tag)?;
+        let keys = RedisKeys::new("faults", &name);
+        let options = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(20));
+        let held = holder
+            .lock_with(&name, &options)
+            .await
+            .map_err(fail("first acquire"))?;
+        let waiter = FrozenWaiter::start(connect, name.clone(), options.clone())?;
+        poll_until(
+            Duration::from_secs(10),
+            "the waiter marking the lock",
+            async || raw.exists(&keys.waiters).await.map_err(fail("EXISTS")),
+        )
+        .await?;
+        let line: Vec<String> = raw
+            .zrange(&keys.queue, 0, -1)
+            .await
+            .map_err(fail("ZRANGE"))?;
+        let [token] = line.as_slice() else {
+            return Err(Failure(format!(
+                "expected one waiter in line, found {line:?}"
+            )));
+        };
+        let token = token.clone();
+        Ok(Self {
+            name,
+            keys,
+            options,
+            held,
+            waiter,
+            token,
+        })
+    }
 }

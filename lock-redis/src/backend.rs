@@ -381,7 +381,7 @@ impl RedisBackend {
                 queued: true,
                 tried: Some((sent, seen)),
             })),
-            Try::Handed { fence, .. } => self.confirm(conn, request, keys, token, fence).await,
+            Try::Handed { fence } => self.confirm(conn, request, keys, token, fence).await,
         }
     }
 

@@ -33,12 +33,9 @@ pub(crate) enum Try {
         seen: u64,
     },
     /// The lock holds the caller's own token already, with this fence (the counter: nothing
-    /// raises it while the lock is held; `None` when the counter is gone or unreadable), for
-    /// this long: a release handed it over (see [`scripts::RELEASE`]).
-    Handed {
-        fence: Option<u64>,
-        pttl: Option<Duration>,
-    },
+    /// raises it while the lock is held; `None` when the counter is gone or unreadable): a
+    /// release handed it over (see [`scripts::RELEASE`]).
+    Handed { fence: Option<u64> },
 }
 
 /// What a release does for the first waiter in line (see [`scripts::RELEASE`]).
@@ -291,14 +288,9 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         }
         Some(4) => Ok(Try::Handed {
             fence: reply
-                .get(2)
+                .get(1)
                 .and_then(text)
                 .and_then(|fence| fence.parse().ok()),
-            pttl: reply
-                .get(1)
-                .and_then(int)
-                .and_then(|ms| u64::try_from(ms).ok())
-                .map(Duration::from_millis),
         }),
         _ => Err(unexpected("acquire", &reply)),
     }

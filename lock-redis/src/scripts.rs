@@ -11,7 +11,7 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 
 /// Acquire, in one atomic step. Returns `{1, fence, server_ms}` when granted (the fence as a
 /// decimal string); `{0, pttl, value, rank, seen}` when held; `{3, turn, rank, seen}` when
-/// free but the turn of the first waiter in the queue; `{4, pttl, fence}` when the lock holds
+/// free but the turn of the first waiter in the queue; `{4, fence}` when the lock holds
 /// the caller's own token already and `ARGV[11]` is `1` (a release handed it over, see
 /// [`hand_on`]; Redlock passes `0`, and its own token counts as busy); `{2, which, what}`
 /// when a key holds something this library did not write, with nothing written. `rank` is the
@@ -90,7 +90,7 @@ end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then return {{2, 'lock', redis.call('TYPE', KEYS[1]).ok}} end
 if cur == ARGV[1] and ARGV[11] == '1' then
-  return {{4, redis.call('PTTL', KEYS[1]), redis.pcall('GET', KEYS[2])}}
+  return {{4, redis.pcall('GET', KEYS[2])}}
 end
 if not cur and redis.call('EXISTS', KEYS[4]) == 0 then
   local t = redis.call('TIME')

@@ -373,7 +373,7 @@ impl RedlockBackend {
                 Ok(Try::Queued { turn, rank, .. }) => wait.heard(Some(turn), rank),
                 Ok(Try::Busy { pttl, rank, .. }) => wait.heard(pttl, rank),
                 // Not asked for (Redlock never hands a lock over): counts as busy.
-                Ok(Try::Handed { pttl, .. }) => wait.heard(pttl, None),
+                Ok(Try::Handed { .. }) => wait.heard(None, None),
                 Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
                 Err(_) => failed += 1,
             }

@@ -13,10 +13,13 @@ use conformance_tests::{
     faults::{env_var, fail, poll_until, unique_name},
 };
 use lock_core::{LockClient, LockOptions};
-use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
+use lock_redis::{RedisConfig, RedisKeys};
 use redis::{AsyncCommands, aio::ConnectionLike};
 
-use super::{cluster_client, cluster_urls, raw_conn, single_client};
+use super::{
+    client_of, cluster_client, cluster_urls, queue_line, raw_cluster_conn, raw_conn, single_client,
+    until_marked,
+};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
@@ -142,10 +145,7 @@ impl FrozenWaiter {
 pub(super) async fn a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
     let raw = raw_conn(&url).await?;
-    let connect: Connect = Box::new({
-        let url = url.clone();
-        move || Box::pin(async move { single_client(&url).await })
-    });
+    let connect = connecting(&url, true);
     handed_to_a_leaver(raw, connect, async || single_client(&url).await).await
 }
 
@@ -153,11 +153,7 @@ pub(super) async fn a_lock_handed_to_a_waiter_that_leaves_goes_to_the_next() -> 
 /// and `PUBSUB SHARDNUMSUB` to see that the waiter's client listens).
 pub(super) async fn a_cluster_lock_handed_to_a_waiter_that_leaves_goes_to_the_next() -> Outcome {
     let urls = cluster_urls()?;
-    let raw = redis::cluster::ClusterClient::new(urls.clone())
-        .map_err(fail("cluster client"))?
-        .get_async_connection()
-        .await
-        .map_err(fail("cluster connect"))?;
+    let raw = raw_cluster_conn(&urls).await?;
     let connect: Connect = Box::new({
         let urls = urls.clone();
         move || Box::pin(async move { cluster_client(&urls).await })
@@ -238,14 +234,27 @@ async fn handed_to_a_leaver<C: ConnectionLike + Send + Sync>(
 
 /// A client of the single test server with hand-overs turned off (`hand_over=false`).
 async fn client_without_hand_over(url: &str) -> Result<LockClient, Failure> {
-    let config = format!("{url}?prefix=faults&hand_over=false")
-        .parse::<RedisConfig>()
-        .map_err(fail("config"))?;
-    Ok(LockClient::new(
-        RedisBackend::connect(config)
-            .await
-            .map_err(fail("connect"))?,
-    ))
+    client_of(
+        RedisConfig::single(url)
+            .key_prefix("faults")
+            .hand_over(false),
+    )
+    .await
+}
+
+/// What makes the frozen waiter's client of the single test server at `url`, with hand-overs
+/// on or off.
+fn connecting(url: &str, hand_over: bool) -> Connect {
+    let url = url.to_owned();
+    Box::new(move || {
+        Box::pin(async move {
+            if hand_over {
+                single_client(&url).await
+            } else {
+                client_without_hand_over(&url).await
+            }
+        })
+    })
 }
 
 /// With `hand_over=false` a waiter records no TTL with its client, so a release does not hand it
@@ -255,11 +264,7 @@ async fn client_without_hand_over(url: &str) -> Result<LockClient, Failure> {
 pub(super) async fn without_hand_over_a_release_gives_a_turn() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
     let holder = client_without_hand_over(&url).await?;
-    let connect: Connect = Box::new({
-        let url = url.clone();
-        move || Box::pin(async move { client_without_hand_over(&url).await })
-    });
-    turn_instead(&url, &holder, connect, false).await
+    turn_instead(&url, &holder, false).await
 }
 
 /// A release of a client with `hand_over=false` hands nothing over, even to a waiter of a
@@ -267,23 +272,15 @@ pub(super) async fn without_hand_over_a_release_gives_a_turn() -> Outcome {
 pub(super) async fn a_release_without_hand_over_hands_nothing_over() -> Outcome {
     let url = env_var("LOCK_TEST_REDIS_URL")?;
     let holder = client_without_hand_over(&url).await?;
-    let connect: Connect = Box::new({
-        let url = url.clone();
-        move || Box::pin(async move { single_client(&url).await })
-    });
-    turn_instead(&url, &holder, connect, true).await
+    turn_instead(&url, &holder, true).await
 }
 
-/// `holder` holds a lock with one waiter in line (its client made by `connect`, which records
-/// its TTL or not, `records_ttl`), frozen when `holder` releases: the release must leave the
-/// lock free, and the waiter must take it by a try of its own once it runs again.
-async fn turn_instead(
-    url: &str,
-    holder: &LockClient,
-    connect: Connect,
-    records_ttl: bool,
-) -> Outcome {
+/// `holder` holds a lock with one waiter in line (a client with hand-overs on or off,
+/// `records_ttl`: on, it records its TTL), frozen when `holder` releases: the release must
+/// leave the lock free, and the waiter must take it by a try of its own once it runs again.
+async fn turn_instead(url: &str, holder: &LockClient, records_ttl: bool) -> Outcome {
     let mut raw = raw_conn(url).await?;
+    let connect = connecting(url, records_ttl);
     let line = OneInLine::start(&mut raw, holder, connect, "no-hand-over").await?;
     let OneInLine {
         keys,
@@ -365,16 +362,8 @@ impl OneInLine {
             .await
             .map_err(fail("first acquire"))?;
         let waiter = FrozenWaiter::start(connect, name.clone(), options.clone())?;
-        poll_until(
-            Duration::from_secs(10),
-            "the waiter marking the lock",
-            async || raw.exists(&keys.waiters).await.map_err(fail("EXISTS")),
-        )
-        .await?;
-        let line: Vec<String> = raw
-            .zrange(&keys.queue, 0, -1)
-            .await
-            .map_err(fail("ZRANGE"))?;
+        until_marked(raw, &keys, "the waiter").await?;
+        let line = queue_line(raw, &keys).await?;
         let [token] = line.as_slice() else {
             return Err(Failure(format!(
                 "expected one waiter in line, found {line:?}"

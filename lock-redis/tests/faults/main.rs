@@ -30,7 +30,10 @@ use conformance_tests::{
 };
 use lock_core::LockClient;
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
-use redis::{AsyncCommands, aio::MultiplexedConnection};
+use redis::{
+    AsyncCommands,
+    aio::{ConnectionLike, MultiplexedConnection},
+};
 
 fn redlock_urls() -> Result<Vec<String>, Failure> {
     Ok(env_var("LOCK_TEST_REDLOCK_URLS")?
@@ -64,6 +67,18 @@ async fn raw_conn(url: &str) -> Result<MultiplexedConnection, Failure> {
         .map_err(fail(url))
 }
 
+/// A plain cluster connection through the seed nodes `urls`, for what the test does behind the
+/// library's back.
+async fn raw_cluster_conn(
+    urls: &[String],
+) -> Result<redis::cluster_async::ClusterConnection, Failure> {
+    redis::cluster::ClusterClient::new(urls.to_vec())
+        .map_err(fail("cluster client"))?
+        .get_async_connection()
+        .await
+        .map_err(fail("cluster connect"))
+}
+
 async fn exists_on(url: &str, key: &str) -> Result<bool, Failure> {
     raw_conn(url)
         .await?
@@ -82,21 +97,23 @@ fn cluster_urls() -> Result<Vec<String>, Failure> {
 
 /// A lock client of the test cluster, with a backend (and connections) of its own.
 async fn cluster_client(urls: &[String]) -> Result<LockClient, Failure> {
-    let config = RedisConfig::cluster(urls.to_vec()).key_prefix("faults");
-    Ok(LockClient::new(
-        RedisBackend::connect(config)
-            .await
-            .map_err(fail("cluster connect"))?,
-    ))
+    client_of(RedisConfig::cluster(urls.to_vec()).key_prefix("faults")).await
 }
 
 /// A lock client of the single test server, with a backend (and connections) of its own.
 async fn single_client(url: &str) -> Result<LockClient, Failure> {
-    let config = RedisConfig::single(url).key_prefix("faults");
+    client_of(RedisConfig::single(url).key_prefix("faults")).await
+}
+
+/// A lock client of `config`, with a backend (and connections) of its own.
+async fn client_of(config: RedisConfig) -> Result<LockClient, Failure> {
+    let what = if config.cluster {
+        "cluster connect"
+    } else {
+        "connect"
+    };
     Ok(LockClient::new(
-        RedisBackend::connect(config)
-            .await
-            .map_err(fail("connect"))?,
+        RedisBackend::connect(config).await.map_err(fail(what))?,
     ))
 }
 
@@ -116,7 +133,11 @@ async fn handed_over(
 }
 
 /// Waits until a waiter has marked the lock (its busy try is done and it sleeps).
-async fn until_marked(conn: &mut MultiplexedConnection, keys: &RedisKeys, who: &str) -> Outcome {
+async fn until_marked<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    who: &str,
+) -> Outcome {
     let what = format!("{who} marking the lock");
     poll_until(Duration::from_secs(10), &what, async || {
         marked(conn, keys).await
@@ -124,8 +145,21 @@ async fn until_marked(conn: &mut MultiplexedConnection, keys: &RedisKeys, who: &
     .await
 }
 
-async fn marked(conn: &mut MultiplexedConnection, keys: &RedisKeys) -> Result<bool, Failure> {
+async fn marked<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+) -> Result<bool, Failure> {
     conn.exists(&keys.waiters).await.map_err(fail("EXISTS"))
+}
+
+/// The tokens of the waiters' queue of `keys`, first in line first.
+async fn queue_line<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+) -> Result<Vec<String>, Failure> {
+    conn.zrange(&keys.queue, 0, -1)
+        .await
+        .map_err(fail("ZRANGE"))
 }
 
 fn main() -> ExitCode {

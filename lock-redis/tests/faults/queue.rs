@@ -14,8 +14,8 @@ use lock_redis::RedisKeys;
 use redis::{AsyncCommands, PushKind, aio::MultiplexedConnection};
 
 use super::{
-    cluster_client, cluster_urls, handed_over, raw_conn, redlock_client, redlock_raw_conns,
-    single_client, until_marked,
+    cluster_client, cluster_urls, handed_over, raw_cluster_conn, raw_conn, redlock_client,
+    redlock_raw_conns, single_client, until_marked,
     wakeups::{next_message, release_listener},
 };
 
@@ -443,11 +443,7 @@ pub(super) async fn a_cluster_release_tells_only_the_clients_it_names() -> Outco
     let urls = cluster_urls()?;
     let name = unique_name("cluster-named-clients")?;
     let keys = RedisKeys::new("faults", &name);
-    let mut raw = redis::cluster::ClusterClient::new(urls.clone())
-        .map_err(fail("cluster client"))?
-        .get_async_connection()
-        .await
-        .map_err(fail("cluster connect"))?;
+    let mut raw = raw_cluster_conn(&urls).await?;
     let mut line =
         ThreeWaiting::start(&mut raw, &name, async || cluster_client(&urls).await).await?;
     // Shard channels take no patterns: the listener names each waiter's channel, a marker's,

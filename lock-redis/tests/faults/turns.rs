@@ -15,8 +15,8 @@ use redis::{
 };
 
 use super::{
-    cluster_client, cluster_urls, queue::until_queued_everywhere, raw_conn, redlock_client,
-    redlock_raw_conns, single_client,
+    cluster_client, cluster_urls, queue::until_queued_everywhere, queue_line, raw_cluster_conn,
+    raw_conn, redlock_client, redlock_raw_conns, single_client, until_marked,
 };
 
 /// The cases of this file.
@@ -48,11 +48,7 @@ async fn a_waiter_hears_the_turn_another_try_starts() -> Outcome {
 /// The same on the cluster, where the try's message is an `SPUBLISH` on the lock's node.
 async fn a_cluster_waiter_hears_the_turn_another_try_starts() -> Outcome {
     let urls = cluster_urls()?;
-    let raw = redis::cluster::ClusterClient::new(urls.clone())
-        .map_err(fail("cluster client"))?
-        .get_async_connection()
-        .await
-        .map_err(fail("cluster connect"))?;
+    let raw = raw_cluster_conn(&urls).await?;
     hears_the_turn(
         raw,
         async || cluster_client(&urls).await,
@@ -79,16 +75,8 @@ async fn hears_the_turn<C: ConnectionLike + Send + Sync>(
     let stop = waiting.abort_handle();
     let outcome = async {
         // The live waiter's busy try marked the lock: it is subscribed, and sleeps.
-        poll_until(
-            Duration::from_secs(10),
-            "the live waiter marking the lock",
-            async || raw.exists(&keys.waiters).await.map_err(fail("EXISTS")),
-        )
-        .await?;
-        let line: Vec<String> = raw
-            .zrange(&keys.queue, 0, -1)
-            .await
-            .map_err(fail("ZRANGE"))?;
+        until_marked(&mut raw, &keys, "the live waiter").await?;
+        let line = queue_line(&mut raw, &keys).await?;
         ensure!(
             line.len() == 3 && line[..2] == DEAD,
             "the queue is {line:?}, expected the two dead waiters and the live one"

@@ -30,8 +30,56 @@ use crate::{
 /// How long creating a name's row may take even when the wait budget is spent.
 const CREATE_GRACE: Duration = Duration::from_secs(1);
 
-/// Where the acquisition task answers its caller.
-pub(super) type Answer = oneshot::Sender<Result<PendingGrant, LockError>>;
+/// Where the acquisition task answers its caller: the answer, and a word sent the moment
+/// the wait budget runs out while a statement waits (see [`Shared::wait`]), before that
+/// statement is killed.
+///
+/// The answer after a wait stopped by the budget is [`LockError::Timeout`] whatever the kill
+/// finds (a grant that lands just before the kill is rolled back with the connection), so the
+/// caller answers at once on that word and leaves the kill, the drain and the close to the
+/// task. A server slow to kill (a thousand waits ending together) or not answering does not
+/// hold up the answer to such a wait. (The other steps, a connect or the steps after a
+/// grant, are bounded as before, and lock-core cuts an answer a second after the budget.)
+///
+/// The task's clean-up runs while the client's runtime does: a runtime shut down right
+/// after the answer drops the task, its connection closes without the kill, and the server
+/// ends the orphaned wait at its `innodb_lock_wait_timeout` (the budget rounded up to whole
+/// seconds), rolling back a grant that lands meanwhile.
+pub(super) struct Answer {
+    tx: oneshot::Sender<Result<PendingGrant, LockError>>,
+    out_of_time: Option<oneshot::Sender<()>>,
+}
+
+impl Answer {
+    /// Answers on `tx`; tells `out_of_time` when the budget ran out mid-wait.
+    pub(super) fn new(
+        tx: oneshot::Sender<Result<PendingGrant, LockError>>,
+        out_of_time: oneshot::Sender<()>,
+    ) -> Self {
+        Self {
+            tx,
+            out_of_time: Some(out_of_time),
+        }
+    }
+
+    /// Resolves when the caller has left (dropped its future, or answered on
+    /// [`Answer::out_of_time`]).
+    pub(super) async fn closed(&mut self) {
+        self.tx.closed().await;
+    }
+
+    /// Whether the caller has left.
+    pub(super) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// The wait budget ran out while a statement waited: the caller may answer Timeout now.
+    pub(super) fn out_of_time(&mut self) {
+        if let Some(out_of_time) = self.out_of_time.take() {
+            let _ = out_of_time.send(());
+        }
+    }
+}
 
 /// A failed acquisition step.
 pub(super) enum Failed {
@@ -92,7 +140,7 @@ impl Shared {
         };
         // If the caller left meanwhile, the answer comes back and a grant in it is released
         // as it drops.
-        let _ = tx.send(answer);
+        let _ = tx.tx.send(answer);
     }
 
     /// Takes the row lock on a dedicated connection, bumps the fence, records the hold.

@@ -5,9 +5,8 @@ use std::time::{Duration, Instant};
 
 use lock_core::LockError;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row, mysql::MySqlRow};
-use tokio::sync::oneshot;
 
-use super::Shared;
+use super::{Shared, acquire::Answer};
 use crate::{
     config::ceil_secs,
     error::{Error, server_code},
@@ -139,15 +138,18 @@ impl Shared {
     }
 
     /// Runs `sql` on `dedicated`, racing it against `deadline` (unless `nowait`) and the
-    /// caller leaving. When either wins, the statement is killed and its answer drained, so
-    /// the connection is never left mid-statement; the caller then closes it.
-    pub(super) async fn wait<T>(
+    /// caller of `acquire` leaving. When either wins, the statement is killed (tried until
+    /// the connect time-out) and, when the kill went through, its answer drained, so the
+    /// connection is never reused mid-statement: the caller of `wait` then closes it. When
+    /// the deadline wins, `tx` is told so first ([`Answer::out_of_time`]): the caller of
+    /// `acquire` answers Timeout without waiting for the kill.
+    pub(super) async fn wait(
         &self,
         dedicated: &mut Dedicated,
         sql: String,
         deadline: Instant,
         nowait: bool,
-        tx: &mut oneshot::Sender<T>,
+        tx: &mut Answer,
     ) -> Result<Vec<MySqlRow>, (Option<Stop>, sqlx::Error)> {
         let id = dedicated.id;
         let query = run(&mut dedicated.conn, AssertSqlSafe(sql));
@@ -160,6 +162,9 @@ impl Shared {
             () = &mut deadline, if !nowait => Stop::Deadline,
             () = tx.closed() => Stop::Cancelled,
         };
+        if stop == Stop::Deadline {
+            tx.out_of_time();
+        }
         if self
             .kill_query(id, Instant::now() + self.connect_timeout)
             .await

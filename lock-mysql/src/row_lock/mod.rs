@@ -6,8 +6,11 @@
 //!   enforced to the millisecond although `innodb_lock_wait_timeout` counts whole seconds: the
 //!   session timeout is set to the budget rounded up, the query is raced against the budget,
 //!   and on expiry the waiting statement is stopped with `KILL QUERY` from a pooled
-//!   connection; the dedicated connection is then closed, never reused mid-statement. A zero
-//!   budget is `FOR UPDATE NOWAIT`. Of one client's acquisitions of a name only one waits in
+//!   connection; the dedicated connection is then closed, never reused mid-statement. A wait
+//!   stopped so answers [`LockError::Timeout`] at expiry, before the kill: the kill, the
+//!   drain and the close go on in the background, so a server slow to kill (a thousand waits
+//!   ending together) or not answering does not hold that answer up (see `acquire::Answer`).
+//!   A zero budget is `FOR UPDATE NOWAIT`. Of one client's acquisitions of a name only one waits in
 //!   InnoDB at a time; the others queue in the client ([`LocalQueue`]).
 //! - **Fences** live in a separate `<table>_fences` row bumped by an autocommitted statement on
 //!   a pooled connection *after* the row lock is granted, so they follow the order of grants
@@ -192,11 +195,20 @@ impl RowLockStrategy {
                 "acquiring a row lock outside a Tokio runtime (the wait runs in a spawned task)",
             ));
         };
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
+        let (out_of_time_tx, out_of_time) = oneshot::channel();
         let shared = self.shared.clone();
         let task_request = request.clone();
-        runtime.spawn(async move { shared.acquire_task(task_request, tx).await });
-        match rx.await {
+        let answer = acquire::Answer::new(tx, out_of_time_tx);
+        runtime.spawn(async move { shared.acquire_task(task_request, answer).await });
+        let answer = tokio::select! {
+            biased;
+            answer = &mut rx => answer,
+            // The budget ran out mid-wait: Timeout, whatever the kill that follows finds (the
+            // task rolls back a grant that lands meanwhile, as for a caller that left).
+            Ok(()) = out_of_time => return Err(request.timeout_error()),
+        };
+        match answer {
             Ok(Ok(pending)) => Ok(pending.claim()),
             Ok(Err(error)) => Err(error),
             Err(_) => Err(LockError::backend_msg(format!(

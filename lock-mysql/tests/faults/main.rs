@@ -5,7 +5,9 @@
 //! - a row locked by a long foreign transaction (lock-wait timeout 1205) and a renewal batch
 //!   chosen as a deadlock victim (1213): classified, retried where safe;
 //! - wait budgets below a second on the row-lock strategy: on time, and no statement is left
-//!   waiting on the server; a waiting `acquire` dropped mid-wait leaves nothing behind;
+//!   waiting on the server; a waiting `acquire` dropped mid-wait leaves nothing behind; a
+//!   budget that ends while the server does not answer the wait's `KILL QUERY` still answers
+//!   Timeout on time;
 //! - one client's waiters for a name: only one waits in InnoDB, the others (and their budgets)
 //!   in the client; a fence issued by someone else between a grant and its bump is recorded
 //!   as the fence the holder really got;
@@ -87,6 +89,9 @@ fn main() -> ExitCode {
     })
     .case("row_lock/dropped_waiter_leaves_nothing", || {
         Box::pin(row_lock_waits::row_lock_dropped_waiter())
+    })
+    .case("row_lock/budget_ends_before_the_kill_answers", || {
+        Box::pin(row_lock_waits::row_lock_budget_ends_before_the_kill_answers())
     })
     .case("row_lock/one_waiter_per_name_per_client", || {
         Box::pin(row_lock_waits::row_lock_one_waiter_per_client())

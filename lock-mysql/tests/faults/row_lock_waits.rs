@@ -8,11 +8,14 @@ use conformance_tests::{
     faults::{err, poll_every, unique_name},
 };
 use lock_core::{Holder, LockError, LockOptions};
-use lock_mysql::Strategy;
+use lock_mysql::{MySqlConfig, Strategy};
 
 use super::{
     client, spawn_acquire,
-    support::{self, MySqlStore},
+    support::{
+        self, MySqlStore,
+        proxy::{Proxy, upstream},
+    },
     until_no_statement, until_waiting,
 };
 
@@ -165,6 +168,57 @@ pub(super) async fn row_lock_one_waiter_per_client() -> Outcome {
         "fence {} after {held_fence}",
         next.fence()
     );
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Row lock: a waiter whose budget ends while the server does not answer its `KILL QUERY`
+/// (every connection of its client goes through a proxy, blackholed while it waits in InnoDB)
+/// answers [`LockError::Timeout`] when its budget ends, not after the kill's own time limit.
+/// Before, it answered only once the kill was done: lock-core then cut it a second after
+/// the budget as a store that did not answer ([`LockError::Unavailable`]). A thousand
+/// clients whose waits ended together made the server that slow to kill: 836 turns of the
+/// compare's 1,000-client row-lock run ended so. The wait left behind ends with the proxy's
+/// connections, and the lock goes on to the next client.
+pub(super) async fn row_lock_budget_ends_before_the_kill_answers() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let url = support::url().map_err(Failure)?;
+    let proxy = Proxy::start(upstream(&url).map_err(Failure)?)
+        .await
+        .map_err(Failure)?;
+    let mut proxied = MySqlConfig::new(&proxy.url(&url).map_err(Failure)?)
+        .strategy(Strategy::RowLock)
+        .connect_timeout(Duration::from_secs(5));
+    proxied.table = store.config().table.clone();
+    let (a, b, c) = (
+        client(store.config()).await?,
+        client(&proxied).await?,
+        client(store.config()).await?,
+    );
+    let name = unique_name("kill-unanswered")?;
+    let long = LockOptions::new().ttl(Duration::from_secs(10));
+    let held = a.lock_with(&name, &long).await.map_err(err)?;
+    let budget = Duration::from_millis(1500);
+    let start = Instant::now();
+    let waiter = spawn_acquire(&b, &name, long.clone().wait(budget));
+    until_waiting(&store, &name).await?;
+    proxy.blackhole();
+    let result = waiter.await.map_err(err)?;
+    let took = start.elapsed();
+    ensure!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?} after {took:?}, expected Timeout"
+    );
+    ensure!(
+        took <= budget + Duration::from_millis(250),
+        "Timeout only after {took:?} (budget {budget:?})"
+    );
+    drop(proxy);
+    held.release().await.map_err(err)?;
+    let next = c
+        .lock_with(&name, &long.clone().wait(Duration::from_secs(5)))
+        .await
+        .map_err(err)?;
     next.release().await.map_err(err)?;
     Ok(())
 }

@@ -38,6 +38,83 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         .case("a_release_without_hand_over_hands_nothing_over", || {
             Box::pin(a_release_without_hand_over_hands_nothing_over())
         })
+        .case(
+            "a_hand_over_read_late_is_confirmed_before_it_is_held",
+            || Box::pin(a_hand_over_read_late_is_confirmed_before_it_is_held()),
+        )
+}
+
+/// A lock handed over to a waiter whose client was frozen for longer than half the waiter's
+/// TTL: the message cannot be trusted on its own (its grant would be valid from the waiter's
+/// last try, with less than half the TTL left), so the waiter's next try finds the lock its
+/// own (`{4}`) and renews it before it answers (`confirm`). It gets the handed fence (the
+/// lock was not lost and taken again) with the lock key renewed to its full TTL; a grant that
+/// skipped the renewal would be trusted for a TTL from now while the server key had only what
+/// was left of the hand-over's (here under a second of two).
+pub(super) async fn a_hand_over_read_late_is_confirmed_before_it_is_held() -> Outcome {
+    const TTL: Duration = Duration::from_secs(2);
+    let url = env_var("LOCK_TEST_REDIS_URL")?;
+    let mut raw = raw_conn(&url).await?;
+    let holder = single_client(&url).await?;
+    let waiter_options = LockOptions::new().ttl(TTL).wait(Duration::from_secs(20));
+    let line = OneInLine::waiting_with(
+        &mut raw,
+        &holder,
+        connecting(&url, true),
+        "handed-read-late",
+        waiter_options,
+    )
+    .await?;
+    let OneInLine {
+        keys,
+        held,
+        mut waiter,
+        token,
+        ..
+    } = line;
+    let thaw = waiter.freeze().await?;
+    held.release().await.map_err(fail("release"))?;
+    let holder_now: Option<String> = raw.get(&keys.lock).await.map_err(fail("GET"))?;
+    let handed_fence: Option<u64> = raw.get(&keys.fence).await.map_err(fail("GET fence"))?;
+    // The fault: the waiter stays frozen past half its TTL after the hand-over (its last try
+    // was sent before the freeze, earlier still).
+    tokio::time::sleep(TTL.mul_f64(0.65)).await;
+    let left_at_thaw: i64 = raw.pttl(&keys.lock).await.map_err(fail("PTTL"))?;
+    drop(thaw);
+    let outcome = async {
+        ensure!(
+            holder_now.as_deref() == Some(token.as_str()),
+            "the release did not hand the lock to the waiter: the lock key holds {holder_now:?}"
+        );
+        ensure!(
+            (1..TTL.as_millis() as i64 / 2).contains(&left_at_thaw),
+            "the handed lock had {left_at_thaw} ms left when the waiter ran again"
+        );
+        let fence = waiter
+            .acquired(Duration::from_secs(5))
+            .await?
+            .map_err(|e| Failure(format!("the waiter's acquisition failed: {e}")))?;
+        let left: i64 = raw.pttl(&keys.lock).await.map_err(fail("PTTL"))?;
+        let holder_after: Option<String> = raw.get(&keys.lock).await.map_err(fail("GET"))?;
+        ensure!(
+            Some(fence) == handed_fence,
+            "the waiter got fence {fence}, the hand-over issued {handed_fence:?}"
+        );
+        ensure!(
+            holder_after.as_deref() == Some(token.as_str()),
+            "after the waiter's acquisition the lock key holds {holder_after:?}"
+        );
+        ensure!(
+            left > TTL.as_millis() as i64 * 3 / 4,
+            "the waiter's acquisition returned with {left} ms left on the lock key (TTL {TTL:?}): \
+             the handed lock was not renewed before it was held"
+        );
+        Ok(())
+    }
+    .await;
+    let _: () = raw.del(&keys.lock).await.map_err(fail("clean-up"))?;
+    waiter.end()?;
+    outcome
 }
 
 /// How the frozen waiter's thread makes its client (on its own runtime).
@@ -51,6 +128,9 @@ type Connect = Box<
 struct FrozenWaiter {
     /// Aborts the waiter's `lock_with` task (it is dropped when its runtime runs again).
     abort: tokio::task::AbortHandle,
+    /// The acquisition's outcome (the fence, or the error as text), once it returns; the
+    /// guard stays held in the task until the thread ends.
+    acquired: mpsc::Receiver<Result<u64, String>>,
     /// Blocks the waiter's thread, once it said so on the first channel, until the sender of
     /// the second is dropped.
     freeze: tokio::sync::mpsc::UnboundedSender<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
@@ -67,6 +147,7 @@ impl FrozenWaiter {
         options: LockOptions,
     ) -> Result<Self, Failure> {
         let (ready_tx, ready_rx) = mpsc::channel();
+        let (acquired_tx, acquired) = mpsc::channel();
         let (freeze, mut frozen) =
             tokio::sync::mpsc::unbounded_channel::<(mpsc::Sender<()>, mpsc::Receiver<()>)>();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
@@ -89,7 +170,12 @@ impl FrozenWaiter {
                         return;
                     }
                 };
-                let task = tokio::spawn(async move { client.lock_with(&name, &options).await });
+                let task = tokio::spawn(async move {
+                    let result = client.lock_with(&name, &options).await;
+                    let outcome = result.as_ref().map(|guard| guard.fence().get());
+                    let _ = acquired_tx.send(outcome.map_err(|e| e.to_string()));
+                    result
+                });
                 let _ = ready_tx.send(Ok(task.abort_handle()));
                 loop {
                     tokio::select! {
@@ -109,6 +195,7 @@ impl FrozenWaiter {
         let abort = ready_rx.recv().map_err(fail("the waiter's thread"))??;
         Ok(Self {
             abort,
+            acquired,
             freeze,
             thread,
             stop,
@@ -128,6 +215,18 @@ impl FrozenWaiter {
             .map_err(fail("waiting for the freeze"))?
             .map_err(|_| Failure("the waiter's thread ended before it froze".into()))?;
         Ok(thaw)
+    }
+
+    /// The acquisition's outcome, waiting up to `limit` for it.
+    async fn acquired(&mut self, limit: Duration) -> Result<Result<u64, String>, Failure> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let acquired = std::mem::replace(&mut self.acquired, mpsc::channel().1);
+        thread::spawn(move || {
+            let _ = tx.send((acquired.recv_timeout(limit), acquired));
+        });
+        let (outcome, acquired) = rx.await.map_err(fail("waiting for the acquisition"))?;
+        self.acquired = acquired;
+        outcome.map_err(|_| Failure(format!("the waiter did not acquire within {limit:?}")))
     }
 
     fn end(self) -> Outcome {
@@ -352,6 +451,21 @@ impl OneInLine {
         connect: Connect,
         tag: &str,
     ) -> Result<Self, Failure> {
+        let options = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(20));
+        Self::waiting_with(raw, holder, connect, tag, options).await
+    }
+
+    /// As [`OneInLine::start`], the waiter asking with `waiter_options` (the holder asks for
+    /// a 30 s TTL).
+    async fn waiting_with<C: ConnectionLike + Send + Sync>(
+        raw: &mut C,
+        holder: &LockClient,
+        connect: Connect,
+        tag: &str,
+        waiter_options: LockOptions,
+    ) -> Result<Self, Failure> {
         let name = unique_name(tag)?;
         let keys = RedisKeys::new("faults", &name);
         let options = LockOptions::new()
@@ -361,7 +475,7 @@ impl OneInLine {
             .lock_with(&name, &options)
             .await
             .map_err(fail("first acquire"))?;
-        let waiter = FrozenWaiter::start(connect, name.clone(), options.clone())?;
+        let waiter = FrozenWaiter::start(connect, name.clone(), waiter_options)?;
         until_marked(raw, &keys, "the waiter").await?;
         let line = queue_line(raw, &keys).await?;
         let [token] = line.as_slice() else {

@@ -2,8 +2,8 @@
 //! a cluster, on every server of Redlock) and read as `inspect` reads one; a forced release
 //! runs the owner-only release with the holder's own token (so the waiters are told, as by
 //! any release). Its floor is the evicted fence plus one: no counter needs raising, since
-//! every later fence is `max(counter + 1, server time in µs)` over a counter already at the
-//! evicted fence.
+//! every later fence is at least `counter + 1` (`max(counter + 1, server time in µs)`, and on
+//! Redlock the client's floor too) over a counter already at the evicted fence.
 
 use lock_core::{
     Fence, Forced, HeldLock, LockAdmin, LockBackend, LockError, LockInfo, LockName,
@@ -209,8 +209,8 @@ impl LockAdmin for RedisBackend {
 }
 
 /// What a forced release of `info`'s hold answers. The floor is the evicted fence plus one:
-/// every later grant's fence is `max(counter + 1, server time in µs)` with the counter at
-/// least the evicted fence on every server that granted it.
+/// every later grant's fence is at least `counter + 1` (see `scripts::ACQUIRE`) with the
+/// counter at least the evicted fence on every server that granted it.
 fn forced(info: &LockInfo, waiters: Option<u64>) -> Forced {
     Forced::new(
         held(info, waiters),

@@ -80,6 +80,11 @@ pub(crate) struct Queueing {
     /// that finds the caller's own token answers [`Try::Handed`] and leaves the queue alone.
     /// [`Next::Turn`]: no TTL is recorded, so no release hands it the lock.
     pub(crate) next: Next,
+    /// The least fence a grant issues (0: none; see [`scripts::ACQUIRE`], which ignores one
+    /// too far ahead of the server's clock): Redlock proposes its clock in µs plus a second,
+    /// usually above every server's counter and clock, so that the servers of a majority
+    /// issue the same fence (see `RedlockBackend`'s fences).
+    pub(crate) fence_floor: u64,
 }
 
 impl Queueing {
@@ -92,6 +97,7 @@ impl Queueing {
         client: 0,
         tell: None,
         next: Next::Turn,
+        fence_floor: 0,
     };
 
     /// A single server's (or a cluster's) waiter of `client`: `mark`, `place`, `tell` and
@@ -244,6 +250,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         .arg(queueing.tell.map_or("", |_| keys.channel.as_str()))
         .arg(queueing.tell.map_or("", Tell::command))
         .arg(queueing.next.flag())
+        .arg(queueing.fence_floor)
         .invoke_async(conn)
         .await
         .map_err(|e| Error::new("acquire", e))?;

@@ -4,6 +4,10 @@ use std::sync::LazyLock;
 
 use crate::eval::LockScript;
 
+/// How far ahead of the server's clock a fence floor proposed by the caller may be (ms); one
+/// further ahead is ignored (see [`ACQUIRE`]).
+pub(crate) const FLOOR_LEAD_MS: u64 = 5_000;
+
 /// The largest fence a counter may reach: 2^53, so that every fence is exact in a double
 /// (Lua's numbers, JSON readers) and the script's arithmetic never rounds. The server clock in
 /// microseconds reaches it in the year 2255.
@@ -38,10 +42,20 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 ///
 /// When the lock is free, the fence counter is checked *before* anything is written: it must
 /// be absent or a decimal `0 <= n < 2^53` with no sign or leading zeros (anything else, of any
-/// type, is reported). The new fence is `max(counter + 1, server time in µs)`, written back to
-/// the counter: a hybrid clock. It is above every fence issued before even when the counter
+/// type, is reported). The new fence is `max(counter + 1, server time in µs)`, written back
+/// to the counter: a hybrid clock. It is above every fence issued before even when the counter
 /// was lost (a restart without persistence, an eviction), as long as the server's clock does
-/// not step back. Every number stays below 2^53, so Lua's doubles hold them exactly.
+/// not step back. A fence that would reach 2^53 is not issued: the counter is reported as at
+/// its maximum (`{2, 'fence', counter}`), nothing written. Every number stays below 2^53, so
+/// Lua's doubles hold them exactly.
+///
+/// `ARGV[12]` is a floor the caller proposes for the fence (0: none; Redlock sends its client's
+/// clock in µs plus a second, so that the servers of a majority usually issue one fence and
+/// need no write-back round): the fence is raised to it when it is above both, unless it is
+/// more than [`FLOOR_LEAD_MS`] ms ahead of the server's clock (a client clock far ahead
+/// would push the counters, and every later fence, as far), when it is ignored. A counter
+/// raised by a floor leads the server's clock by up to that much, so on a server that then
+/// loses its counter within that lead, the next fence can be lower than that floor.
 /// `redis.replicate_commands()` makes servers before 5.0 replicate the writes (the fence
 /// computed here) rather than the script, which is non-deterministic; later servers always do.
 ///
@@ -76,7 +90,12 @@ local function mark(ms)
 end
 local function grant(t, now, first)
 {counter}
-  local fence = string.format('%.0f', math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local floor = tonumber(ARGV[12]) or 0
+  if not (floor <= us + {FLOOR_LEAD_MS} * 1000) then floor = 0 end
+  local issued = math.max(last + 1, us, floor)
+  if issued >= {MAX_FENCE} then return {{2, 'fence', string.format('%.0f', last)}} end
+  local fence = string.format('%.0f', issued)
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   redis.call('SET', KEYS[2], fence)
   if first then

@@ -37,18 +37,23 @@ use wakeups::Wakeups;
 ///   retries after a random delay: `lock_core::backend::poll_until_acquired`'s jittered back-off,
 ///   bounded by the holder's TTL and the wait budget.
 /// - Renewal must reach a majority within the validity.
-/// - **Fences are best effort**. Each server proposes `max(its counter + 1, its clock in µs)`
-///   (the acquire script of the single-server backend); the fence is the highest proposal of
-///   the granting majority, and it is written back to that majority (`SET fence max(cur, F)`)
-///   before the grant is returned. Any two majorities share a server, so while servers keep
-///   their counters every fence is above every earlier one, whichever servers granted.
+/// - **Fences are best effort**. Each server proposes `max(its counter + 1, its clock in µs,
+///   the client's floor)` (the acquire script of the single-server backend; the floor is the
+///   client's clock in µs plus a second); the fence is the highest proposal of the granting
+///   majority, and it is written back to that majority (`SET fence max(cur, F)`) before the
+///   grant is returned, unless every server of the majority proposed that same fence (the
+///   floor was above their counters and clocks, the usual case): each wrote it to its own
+///   counter already, so an uncontended acquisition is one round of votes, not two. Any two
+///   majorities share a server, so while servers keep their counters every fence is above
+///   every earlier one, whichever servers granted.
 ///   Fences can still repeat or go back only when servers **lose their counters** (a restart
 ///   without persistence, an eviction, `FLUSHALL`): when every server the next majority shares
 ///   with the last one lost its counter, the next fence comes from the other servers' counters
 ///   and from clocks, and repeats if those are behind the last fence (for example when a
-///   server whose clock runs ahead made it). Use persistence (`appendonly yes`,
-///   `appendfsync always`) and synchronized clocks where fencing must hold, or a backend whose
-///   capabilities say `Strict`.
+///   server whose clock runs ahead made it, or a client whose clock runs ahead proposed it:
+///   a floor counts when it is at most 5 s ahead of the server's clock). Use persistence
+///   (`appendonly yes`, `appendfsync always`) and synchronized clocks, the clients' included,
+///   where fencing must hold, or a backend whose capabilities say `Strict`.
 /// - **Mutual exclusion across a restart** (`Failover::Quorum`) needs what the Redlock
 ///   algorithm asks of operators: a server restarted without persistence has forgotten the
 ///   locks it granted, so it must stay down for at least the longest TTL in use before it
@@ -129,6 +134,26 @@ fn ticket() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| {
         u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
     })
+}
+
+/// How far above the client's clock the fence floor of a vote is (see [`fence_floor`]).
+const FLOOR_AHEAD: Duration = Duration::from_secs(1);
+
+/// The fence floor a vote proposes to every server: the client's clock in µs plus
+/// [`FLOOR_AHEAD`], usually above the servers' clocks when the vote reaches them (unless one
+/// runs that much ahead of the client's) and, as time passes, above the counters the grants
+/// before it left. Then every server of a granting majority issues this same fence and no
+/// write-back round is needed. A server whose counter or clock is above it issues its own
+/// (so does one that ignores it, see `scripts::ACQUIRE`), and the fence is written back as
+/// before. 0 (no floor) when the clock reads before 1970 or the floor would reach 2^53.
+fn fence_floor() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|now| now.checked_add(FLOOR_AHEAD))
+        .and_then(|floor| u64::try_from(floor.as_micros()).ok())
+        .filter(|&floor| floor < crate::scripts::MAX_FENCE)
+        .unwrap_or(0)
 }
 
 /// What a vote that was not granted heard: how long the holder (or the first waiter's turn)
@@ -357,6 +382,10 @@ impl RedlockBackend {
         queueing: Queueing,
     ) -> Result<Result<Grant, Wait>, LockError> {
         let (name, ttl) = (request.name(), request.ttl());
+        let queueing = Queueing {
+            fence_floor: fence_floor(),
+            ..queueing
+        };
         let start = Instant::now();
         let votes = self
             .everywhere("acquire", |mut conn| async move {
@@ -385,20 +414,27 @@ impl RedlockBackend {
             let fence = granted.iter().map(|(_, f, _)| *f).max().unwrap_or_default();
             let server_ms = granted.iter().map(|(_, _, t)| *t).max().unwrap_or_default();
             // The fence goes back to the granting majority before the grant is returned: the
-            // next majority shares a server with it, so its fence is higher.
-            let raised = self
-                .on(
-                    granted.iter().map(|(node, ..)| *node),
-                    "raise the fence",
-                    |mut conn| async move { ops::raise_fence(&mut conn, name, keys, fence).await },
-                )
-                .await;
-            let mut written = 0;
-            for vote in raised {
-                match vote {
-                    Ok(()) => written += 1,
-                    Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
-                    Err(_) => {}
+            // next majority shares a server with it, so its fence is higher. When every
+            // granting server issued this same fence (the proposed floor was above their
+            // counters and clocks), each wrote it to its own counter already.
+            let mut written = granted.len();
+            if granted.iter().any(|(_, f, _)| *f != fence) {
+                let raised = self
+                    .on(
+                        granted.iter().map(|(node, ..)| *node),
+                        "raise the fence",
+                        |mut conn| async move {
+                            ops::raise_fence(&mut conn, name, keys, fence).await
+                        },
+                    )
+                    .await;
+                written = 0;
+                for vote in raised {
+                    match vote {
+                        Ok(()) => written += 1,
+                        Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
+                        Err(_) => {}
+                    }
                 }
             }
             // Checked again after the write-back: a grant past its local deadline is no grant.

@@ -11,7 +11,7 @@ use lock_core::{LockClient, LockError, LockName, LockOptions};
 use lock_redis::{RedisKeys, RedlockBackend, RedlockConfig};
 use redis::AsyncCommands;
 
-use super::{raw_conn, single_client};
+use super::{raw_conn, redlock_client, redlock_raw_conns, single_client};
 
 /// Acquires and releases `lock` `times` times; the last fence issued.
 pub(super) async fn cycle(
@@ -191,4 +191,167 @@ pub(super) async fn redlock_fences_grow_across_majorities() -> Outcome {
             .map_err(fail("DEL"))?;
     }
     outcome
+}
+
+/// An uncontended Redlock acquisition is one round of votes. The client proposes a fence
+/// floor (its clock in µs and a second) that is above every server's counter and clock, so
+/// every granting server issues that same fence and writes it to its own counter: there is
+/// nothing to write back. Counted on the servers: one script call each (before, two: the vote
+/// and the write-back round). Every server's counter holds the fence the guard has.
+pub(super) async fn redlock_uncontended_acquire_is_one_round() -> Outcome {
+    let client = redlock_client().await?;
+    let mut raws = redlock_raw_conns().await?;
+    // Loads the scripts on every server first (a server that does not know one answers the
+    // first call with NOSCRIPT and runs it by source: two calls).
+    cycle(&client, &unique_name("redlock-one-round-warm")?, 1).await?;
+    let lock = unique_name("redlock-one-round")?;
+    let keys = RedisKeys::new("faults", &lock);
+    let before = script_calls(&mut raws).await?;
+    let guard = client
+        .lock_with(&lock, &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .map_err(fail("acquire"))?;
+    let after = script_calls(&mut raws).await?;
+    let mut counters = Vec::new();
+    for raw in &mut raws {
+        let counter: Option<u64> = raw.get(&keys.fence).await.map_err(fail("GET fence"))?;
+        counters.push(counter);
+    }
+    let fence = guard.fence().get();
+    guard.release().await.map_err(fail("release"))?;
+    let calls: Vec<u64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    ensure!(
+        calls.iter().all(|&n| n == 1),
+        "script calls per server for one uncontended acquisition: {calls:?}, expected one each"
+    );
+    ensure!(
+        counters.iter().all(|&c| c == Some(fence)),
+        "the servers' fence counters are {counters:?}; the guard's fence is {fence}"
+    );
+    Ok(())
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) each server has served so far.
+async fn script_calls(raws: &mut [redis::aio::MultiplexedConnection]) -> Result<Vec<u64>, Failure> {
+    let mut calls = Vec::new();
+    for raw in raws {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(raw)
+            .await
+            .map_err(fail("INFO commandstats"))?;
+        let count = |command: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        calls.push(count("evalsha") + count("eval"));
+    }
+    Ok(calls)
+}
+
+/// The role of a child of this binary run under `faketime` with its wall clock an hour ahead
+/// (see [`redlock_floor_far_ahead_of_the_servers_is_ignored`]).
+pub(super) const SKEWED_ROLE: &str = "redlock-skewed";
+/// The lock the skewed child takes.
+const SKEWED_NAME_VAR: &str = "LOCK_FAULTS_SKEWED_NAME";
+/// How far ahead the child's wall clock runs.
+const SKEW_SECS: u64 = 3_600;
+
+/// The skewed child: acquires the lock named by [`SKEWED_NAME_VAR`] on Redlock and prints
+/// `GOT <fence> <its wall clock in s>`.
+pub(super) fn skewed_child() -> std::process::ExitCode {
+    let result = conformance_tests::runtime().and_then(|runtime| {
+        runtime.block_on(async {
+            let name = std::env::var(SKEWED_NAME_VAR).map_err(|e| e.to_string())?;
+            let client = redlock_client().await.map_err(|Failure(why)| why)?;
+            let guard = client
+                .lock_with(name.as_str(), &LockOptions::new())
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("GOT {} {}", guard.fence().get(), wall_secs());
+            guard.release().await.map_err(|e| e.to_string())
+        })
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("skewed client: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn wall_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A Redlock client whose wall clock runs an hour ahead proposes a fence floor an hour
+/// ahead of the servers' clocks: the servers ignore it (a floor counts when it is at most
+/// 5 s ahead of the server's clock), so its fence stays near their clocks and the counters
+/// are not pushed an hour ahead (every later fence would be, and a client clock near 2^53 µs
+/// would make the name unusable). The child reports its clock, so the test proves the skew
+/// took effect.
+pub(super) async fn redlock_floor_far_ahead_of_the_servers_is_ignored() -> Outcome {
+    let faketime = env_var("LOCK_TEST_FAKETIME")?;
+    let name = unique_name("redlock-skewed-floor")?;
+    let keys = RedisKeys::new("faults", &name);
+    let exe = std::env::current_exe().map_err(fail("this executable"))?;
+    // Only the wall clock runs ahead (the monotonic clock, which Instant and the timers read,
+    // stays right), in libfaketime's thread-safe variant.
+    let output = tokio::process::Command::new(&faketime)
+        .args(["-m", "--exclude-monotonic", "-f"])
+        .arg(format!("+{SKEW_SECS}s"))
+        .arg(exe)
+        .env(conformance_tests::holder_process::ROLE_VAR, SKEWED_ROLE)
+        .env(SKEWED_NAME_VAR, name.as_str())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(30), output)
+        .await
+        .map_err(|_| Failure("the skewed client did not end within 30 s".into()))?
+        .map_err(fail("running the skewed client"))?;
+    let said = String::from_utf8_lossy(&output.stdout).into_owned();
+    let words: Vec<&str> = said.split_whitespace().collect();
+    let (fence, clock) = match words.as_slice() {
+        ["GOT", fence, clock] => (
+            fence.parse::<u64>().map_err(fail("the child's fence"))?,
+            clock.parse::<u64>().map_err(fail("the child's clock"))?,
+        ),
+        _ => {
+            return Err(Failure(format!(
+                "the skewed client said {said:?} ({})",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+    };
+    let mut raws = redlock_raw_conns().await?;
+    let mut highest_clock = 0;
+    for raw in &mut raws {
+        let (seconds, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(raw)
+            .await
+            .map_err(fail("TIME"))?;
+        highest_clock = highest_clock.max(seconds * 1_000_000 + micros);
+        let _: i64 = raw.del(&keys.fence).await.map_err(fail("DEL"))?;
+    }
+    let off = clock.saturating_sub(wall_secs());
+    ensure!(
+        off + 60 >= SKEW_SECS,
+        "the child's clock is {off} s ahead, not {SKEW_SECS} s: faketime did not take effect"
+    );
+    ensure!(
+        fence < highest_clock + 5_000_000,
+        "the skewed client's fence {fence} is {} s ahead of the servers' clocks",
+        fence.saturating_sub(highest_clock) / 1_000_000
+    );
+    Ok(())
 }

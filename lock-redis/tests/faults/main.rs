@@ -163,6 +163,9 @@ async fn queue_line<C: ConnectionLike + Send + Sync>(
 }
 
 fn main() -> ExitCode {
+    if conformance_tests::holder_process::role().as_deref() == Some(fences::SKEWED_ROLE) {
+        return fences::skewed_child();
+    }
     let cases = renewals::cases(conformance_tests::Cases::<Failure>::new("redis faults"));
     let cases = wakeups::cases(cases);
     let cases = queue::cases(cases);
@@ -205,6 +208,12 @@ fn main() -> ExitCode {
         })
         .case("redlock_fences_grow_across_majorities", || {
             Box::pin(fences::redlock_fences_grow_across_majorities())
+        })
+        .case("redlock_uncontended_acquire_is_one_round", || {
+            Box::pin(fences::redlock_uncontended_acquire_is_one_round())
+        })
+        .case("redlock_floor_far_ahead_of_the_servers_is_ignored", || {
+            Box::pin(fences::redlock_floor_far_ahead_of_the_servers_is_ignored())
         })
         .case("foreign_values_are_reported_not_taken", || {
             Box::pin(foreign::foreign_values_are_reported_not_taken())

@@ -56,6 +56,7 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// would push the counters, and every later fence, as far), when it is ignored. A counter
 /// raised by a floor leads the server's clock by up to that much, so on a server that then
 /// loses its counter within that lead, the next fence can be lower than that floor.
+///
 /// `redis.replicate_commands()` makes servers before 5.0 replicate the writes (the fence
 /// computed here) rather than the script, which is non-deterministic; later servers always do.
 ///

@@ -47,6 +47,32 @@ pub fn child(role: &str) -> Result<tokio::process::Command, String> {
     Ok(command(&exe, role))
 }
 
+/// [`child`] with its wall clock `offset_secs` seconds off, run under `faketime` (the
+/// program at the path `faketime`, which `cargo xtask services up` installs): only the wall
+/// clock is off (the monotonic clock, which `Instant` and the timers read, stays right, as on
+/// a real machine), in libfaketime's thread-safe variant.
+///
+/// # Errors
+/// When the path of the running executable cannot be found.
+pub fn child_with_clock(
+    role: &str,
+    faketime: &str,
+    offset_secs: i64,
+) -> Result<tokio::process::Command, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let mut command = tokio::process::Command::new(faketime);
+    command
+        .args(["-m", "--exclude-monotonic", "-f"])
+        .arg(format!("{offset_secs:+}s"))
+        .arg(exe)
+        .env(ROLE_VAR, role)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    Ok(command)
+}
+
 /// `exe` in `role`, with the stdio and kill-on-drop of every child role.
 fn command(exe: &std::path::Path, role: &str) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(exe);

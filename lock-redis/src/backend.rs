@@ -556,13 +556,13 @@ impl Drop for Queued<'_> {
                     let Err(error) = left else {
                         return;
                     };
-                    let next = Instant::now() + delays.next().unwrap_or(Duration::from_secs(1));
-                    if next >= until {
+                    let retry_at = Instant::now() + delays.next().unwrap_or(Duration::from_secs(1));
+                    if retry_at >= until {
                         tracing::debug!(%error, "leaving the queue failed; the place expires");
                         return;
                     }
                     tracing::debug!(%error, "leaving the queue failed; trying again");
-                    tokio::time::sleep_until(next.into()).await;
+                    tokio::time::sleep_until(retry_at.into()).await;
                 }
             });
         }

@@ -11,13 +11,13 @@ use std::{
 use conformance_tests::{
     Failure, Outcome, ensure,
     faults::{env_var, err, signal, unique_name},
-    holder_process::ROLE_VAR,
+    holder_process,
 };
 use lock_core::{LockError, LockName, LockOptions};
 use lock_mysql::{Strategy, TableName};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
-    process::{Child, ChildStdout, Command},
+    process::{Child, ChildStdout},
 };
 
 use super::support;
@@ -101,19 +101,11 @@ impl Skewed {
         table: &TableName,
     ) -> Result<Self, Failure> {
         let faketime = env_var("LOCK_TEST_FAKETIME")?;
-        let exe = std::env::current_exe().map_err(err)?;
-        // Only the wall clock is off (the monotonic clock, which Instant and the timers
-        // read, stays right, as on a real machine), in libfaketime's thread-safe variant.
-        let mut child = Command::new(&faketime)
-            .args(["-m", "--exclude-monotonic", "-f"])
-            .arg(format!("{skew_secs:+}s"))
-            .arg(exe)
-            .env(ROLE_VAR, role)
+        let mut child = holder_process::child_with_clock(role, &faketime, skew_secs)
+            .map_err(Failure)?
             .env(SKEWED_NAME_VAR, name.as_str())
             .env(SKEWED_TABLE_VAR, table.as_str())
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .map_err(|e| Failure(format!("running {faketime}: {e}")))?;
         let stdout = child

@@ -413,30 +413,10 @@ impl RedlockBackend {
         {
             let fence = granted.iter().map(|(_, f, _)| *f).max().unwrap_or_default();
             let server_ms = granted.iter().map(|(_, _, t)| *t).max().unwrap_or_default();
-            // The fence goes back to the granting majority before the grant is returned: the
-            // next majority shares a server with it, so its fence is higher. When every
-            // granting server issued this same fence (the proposed floor was above their
-            // counters and clocks), each wrote it to its own counter already.
-            let mut written = granted.len();
-            if granted.iter().any(|(_, f, _)| *f != fence) {
-                let raised = self
-                    .on(
-                        granted.iter().map(|(node, ..)| *node),
-                        "raise the fence",
-                        |mut conn| async move {
-                            ops::raise_fence(&mut conn, name, keys, fence).await
-                        },
-                    )
-                    .await;
-                written = 0;
-                for vote in raised {
-                    match vote {
-                        Ok(()) => written += 1,
-                        Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
-                        Err(_) => {}
-                    }
-                }
-            }
+            let granting: Vec<(&Conn, u64)> = granted.iter().map(|(n, f, _)| (*n, *f)).collect();
+            let written = self
+                .write_back(&granting, name, keys, fence, &mut foreign)
+                .await;
             // Checked again after the write-back: a grant past its local deadline is no grant.
             if foreign.is_none() && written >= self.quorum() && Self::validity(ttl, start).is_some()
             {
@@ -460,6 +440,41 @@ impl RedlockBackend {
             )));
         }
         Ok(Err(wait))
+    }
+
+    /// Writes `fence` back to the granting majority (`granting`: each server and the fence it
+    /// issued) before the grant is returned: the next majority shares a server with it, so its
+    /// fence is higher. When every granting server issued this same fence (the proposed floor
+    /// was above their counters and clocks), each wrote it to its own counter already: nothing
+    /// is sent. Returns how many servers hold it; a counter this library did not write goes to
+    /// `foreign`.
+    async fn write_back(
+        &self,
+        granting: &[(&Conn, u64)],
+        name: &LockName,
+        keys: &Keys,
+        fence: u64,
+        foreign: &mut Option<LockError>,
+    ) -> usize {
+        if granting.iter().all(|(_, issued)| *issued == fence) {
+            return granting.len();
+        }
+        let raised = self
+            .on(
+                granting.iter().map(|(node, _)| *node),
+                "raise the fence",
+                |mut conn| async move { ops::raise_fence(&mut conn, name, keys, fence).await },
+            )
+            .await;
+        let mut written = 0;
+        for vote in raised {
+            match vote {
+                Ok(()) => written += 1,
+                Err(error @ LockError::Foreign { .. }) => *foreign = Some(error),
+                Err(_) => {}
+            }
+        }
+        written
     }
 
     /// Judges a renewal vote: granted by a majority in time, else not held or unavailable.

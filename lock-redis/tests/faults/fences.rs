@@ -309,16 +309,10 @@ pub(super) async fn redlock_floor_far_ahead_of_the_servers_is_ignored() -> Outco
     let faketime = env_var("LOCK_TEST_FAKETIME")?;
     let name = unique_name("redlock-skewed-floor")?;
     let keys = RedisKeys::new("faults", &name);
-    let exe = std::env::current_exe().map_err(fail("this executable"))?;
-    // Only the wall clock runs ahead (the monotonic clock, which Instant and the timers read,
-    // stays right), in libfaketime's thread-safe variant.
-    let output = tokio::process::Command::new(&faketime)
-        .args(["-m", "--exclude-monotonic", "-f"])
-        .arg(format!("+{SKEW_SECS}s"))
-        .arg(exe)
-        .env(conformance_tests::holder_process::ROLE_VAR, SKEWED_ROLE)
+    let skew = i64::try_from(SKEW_SECS).map_err(fail("the skew"))?;
+    let output = conformance_tests::holder_process::child_with_clock(SKEWED_ROLE, &faketime, skew)
+        .map_err(Failure)?
         .env(SKEWED_NAME_VAR, name.as_str())
-        .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(Duration::from_secs(30), output)
         .await

@@ -130,7 +130,7 @@ struct FrozenWaiter {
     abort: tokio::task::AbortHandle,
     /// The acquisition's outcome (the fence, or the error as text), once it returns; the
     /// guard stays held in the task until the thread ends.
-    acquired: mpsc::Receiver<Result<u64, String>>,
+    acquired: tokio::sync::mpsc::UnboundedReceiver<Result<u64, String>>,
     /// Blocks the waiter's thread, once it said so on the first channel, until the sender of
     /// the second is dropped.
     freeze: tokio::sync::mpsc::UnboundedSender<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
@@ -147,7 +147,7 @@ impl FrozenWaiter {
         options: LockOptions,
     ) -> Result<Self, Failure> {
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (acquired_tx, acquired) = mpsc::channel();
+        let (acquired_tx, acquired) = tokio::sync::mpsc::unbounded_channel();
         let (freeze, mut frozen) =
             tokio::sync::mpsc::unbounded_channel::<(mpsc::Sender<()>, mpsc::Receiver<()>)>();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
@@ -219,14 +219,11 @@ impl FrozenWaiter {
 
     /// The acquisition's outcome, waiting up to `limit` for it.
     async fn acquired(&mut self, limit: Duration) -> Result<Result<u64, String>, Failure> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let acquired = std::mem::replace(&mut self.acquired, mpsc::channel().1);
-        thread::spawn(move || {
-            let _ = tx.send((acquired.recv_timeout(limit), acquired));
-        });
-        let (outcome, acquired) = rx.await.map_err(fail("waiting for the acquisition"))?;
-        self.acquired = acquired;
-        outcome.map_err(|_| Failure(format!("the waiter did not acquire within {limit:?}")))
+        tokio::time::timeout(limit, self.acquired.recv())
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| Failure(format!("the waiter did not acquire within {limit:?}")))
     }
 
     fn end(self) -> Outcome {

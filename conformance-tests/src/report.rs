@@ -85,6 +85,21 @@ impl SuiteReport {
             .collect()
     }
 
+    /// One line per failure, `store/scenario: detail` (the set-up error counts as one), for
+    /// the summary at the end of a run.
+    pub fn failure_lines(&self) -> Vec<String> {
+        let setup = self
+            .error
+            .iter()
+            .map(|error| format!("{}: could not be set up: {error}", self.store));
+        let scenarios = self
+            .results
+            .iter()
+            .filter(|r| r.verdict == Verdict::Fail)
+            .map(|r| format!("{}/{}: {}", self.store, r.scenario, r.detail));
+        setup.chain(scenarios).collect()
+    }
+
     fn count(&self, verdict: Verdict) -> usize {
         self.results.iter().filter(|r| r.verdict == verdict).count()
     }
@@ -97,5 +112,43 @@ impl SuiteReport {
         std::fs::create_dir_all(dir)?;
         let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
         std::fs::write(dir.join(format!("{}.json", self.store)), json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(scenario: &str, verdict: Verdict, detail: &str) -> ScenarioResult {
+        ScenarioResult {
+            scenario: scenario.to_owned(),
+            covers: String::new(),
+            verdict,
+            detail: detail.to_owned(),
+            millis: 1,
+        }
+    }
+
+    #[test]
+    fn failure_lines_name_the_store_scenario_and_detail() {
+        let report = SuiteReport {
+            store: "mysql-lease".to_owned(),
+            url: String::new(),
+            capabilities: None,
+            error: Some("no server".to_owned()),
+            results: vec![
+                result("exclusion/a", Verdict::Pass, ""),
+                result("waiting/b", Verdict::Fail, "too slow"),
+                result("process/c", Verdict::NotApplicable, "in-process"),
+            ],
+        };
+        assert_eq!(
+            report.failure_lines(),
+            [
+                "mysql-lease: could not be set up: no server",
+                "mysql-lease/waiting/b: too slow"
+            ]
+        );
+        assert_eq!(report.failed(), report.failure_lines().len());
     }
 }

@@ -96,6 +96,9 @@ impl Runner {
         let exe = std::env::current_exe().ok();
         let report_dir = std::env::var_os(REPORT_DIR_VAR).map(PathBuf::from);
         let (mut passed, mut failed, mut not_applicable) = (0, 0, 0);
+        // Repeated at the end: CI logs keep a run's tail, and a long suite's failures scroll
+        // far above it.
+        let mut failure_lines = Vec::new();
         for (label, factory) in &self.stores {
             if !crate::selection::selected(label) {
                 println!("`{label}` not selected ({})", crate::selection::ONLY_VAR);
@@ -130,6 +133,7 @@ impl Runner {
                 report.failed(),
                 report.not_applicable()
             );
+            failure_lines.extend(report.failure_lines());
             passed += report.passed();
             failed += report.failed();
             not_applicable += report.not_applicable();
@@ -137,6 +141,9 @@ impl Runner {
         println!(
             "({not_applicable} scenarios not applicable to a store, by its declared capabilities)"
         );
+        for line in &failure_lines {
+            println!("  FAILED {line}");
+        }
         println!("conformance: {passed} passed, {failed} failed");
         if failed == 0 {
             Ok(())

@@ -547,8 +547,7 @@ impl LeaseStrategy {
         let (name_bytes, token_bytes) = (name.as_str().as_bytes(), token.as_str().as_bytes());
         let until = Instant::now() + park.length + ANSWER_GRACE;
         // Two round trips: the refresh, then the wait alone (see `queue::park_refresh`).
-        let refresh =
-            queue::park_refresh(&self.table, name_bytes, token_bytes, (park.length, place));
+        let refresh = queue::park_refresh(&self.table, name_bytes, token_bytes, (park, place));
         if let Err(error) = within(until, run(&mut *conn, AssertSqlSafe(refresh))).await {
             tracing::debug!(lock = %name, %error, "parking failed; trying again");
             return (queue::Parked::Skipped, true);

@@ -39,7 +39,11 @@
 //!   back from a pause whose place lapsed), until its next batch finds the lease held.
 //! - **Direct hand-off**: release gives the lease to the first live waiter in the same step
 //!   ([`release_batch`]): its token, a fence one higher, and an expiry of that waiter's turn;
-//!   then it wakes the waiter (below). The waiter's next try finds the lease held by its own
+//!   then it wakes the waiter (below). A release that freed the lease without handing it over
+//!   (its read of the queue, a plain one, came before the first waiter's place was written)
+//!   looks again once committed and wakes the first live waiter it finds then: that waiter may
+//!   have parked after its place was written and before the release committed, seeing the
+//!   lease still held. The waiter's next try finds the lease held by its own
 //!   token and takes it for its TTL with a fence one higher again (the acquire statement's
 //!   "taken" rule covers its own token). A waiter that died or is paused lets the handed
 //!   lease expire after its turn (1.1 s with the default back-off), and its place lapses
@@ -53,10 +57,17 @@
 //!   killed between two statements without the rest of its answer, and in `GET_LOCK` because
 //!   a killed `SLEEP` waits for a mutex every sleeping session shares (see
 //!   [`crate::anchor`]); either made a woken waiter stall for up to 2 s. While it waits, the
-//!   statement holds a user lock named after the waiter's token (its *marker*). The release,
-//!   *after* handing the lease over, finds the session holding the waiter's marker
-//!   (`IS_USED_LOCK`) and sends it `KILL QUERY`, which ends the wait. A kill that lands before
-//!   the wait starts is lost, but then the wait sees the hand-off and does not begin.
+//!   connection holds a user lock named after the waiter's token (its *marker*), taken by the
+//!   refresh's last statement, before the wait's statement begins. The release, *after*
+//!   handing the lease over, finds the session holding the waiter's marker (`IS_USED_LOCK`)
+//!   and sends it `KILL QUERY`, which ends the wait. A kill that lands before the wait starts
+//!   is lost, but then the wait, whose reads all come after the marker was taken, sees the
+//!   hand-off and does not begin. (The marker was once taken inside the wait's statement,
+//!   first; but MariaDB reads a primary-key lookup of a statement while it plans it, before
+//!   any of the statement runs, so the wait's checks could read the lease before a release
+//!   committed and the marker be taken after that release looked for it: nobody woke the
+//!   waiter, which slept its park out, up to [`PARK_MAX`], with the lease handed to it; fault
+//!   case `lease/a_release_wakes_a_waiter_parking_just_then`.)
 //! - **Short and long parks**: a park that waited its time out is followed at once by another,
 //!   which keeps the place alive and tries nothing unless the lease was handed over or became
 //!   free. A waiter near the head (fewer than [`NEAR`] live places ahead) parks at most
@@ -402,11 +413,17 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// long park of a waiter still far back waits its whole length (see [`park_wait`]).
 ///
 /// Every read is a plain `SELECT` (into variables): MariaDB runs `SET @v = (SELECT ..)` as a
-/// locking read, and a park must not wait for, nor hold up, the lease row's lock. This batch
-/// holds no marker (see [`park_wait`]), so no release's `KILL QUERY` is aimed at it: MariaDB
-/// ends a batch killed between two of its statements without the rest of its answer, though
-/// the answer before said more would follow, and the client would wait for it until its own
-/// time limit (fault case `lease/park_killed_between_statements`). (A kill sent just as the
+/// locking read, and a park must not wait for, nor hold up, the lease row's lock. Its last
+/// statement takes the park's marker (without waiting; see [`park_wait`]), so that every read
+/// of the wait's statement comes after the marker is held. Until that last statement the
+/// batch holds no marker, so no release's `KILL QUERY` is aimed at it between two of its
+/// statements: MariaDB ends a batch killed there without the rest of its answer, though the
+/// answer before said more would follow, and the client would wait for it until its own time
+/// limit (fault case `lease/park_killed_between_statements`). A kill that lands on the last
+/// statement fails the batch (the park counts as not parked, the connection is closed, which
+/// gives the marker back, and the waiter tries); one that lands after it, before the wait's
+/// statement, is lost or stops that statement, and either way the wait sees the hand-off.
+/// (A kill sent just as the
 /// waiter's previous wait gave its marker back can still land here: the release looks the
 /// marker up and kills in two statements. Rare; this park then ends at its time limit, the
 /// park's length and 250 ms, which can be longer than the waiter's turn: a waiter handed the
@@ -417,11 +434,13 @@ pub(crate) fn park_refresh(
     table: &TableName,
     name: &[u8],
     token: &[u8],
-    (park, place): (Duration, Duration),
+    (park, place): (Park, Duration),
 ) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
     let place = place.as_micros();
+    let mark = marker(token, park.long);
+    let park = park.length;
     let left = |until: &str| {
         format!("GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), {until}), 0) / 1000000 + 0.001")
     };
@@ -439,7 +458,8 @@ pub(crate) fn park_refresh(
          AND token <> {k} AND expires_at > NOW(6)), {park})), \
          {ahead} INTO @lm_mine, @lm_sleep, @lm_ahead; \
          UPDATE {q} SET until_at = LEAST(until_at, @lm_mine) \
-         WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL",
+         WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL; \
+         DO GET_LOCK('{mark}', 0)",
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
         park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
@@ -468,15 +488,17 @@ pub(crate) fn park_refresh(
 /// It waits in `GET_LOCK` on the client's `anchor` (see [`crate::anchor`]: a `SLEEP` is slow
 /// to kill when many sessions sleep), or in `SLEEP` without one. While it waits it holds its
 /// *marker*, a user lock named after the waiter's token (and whether the park is long), which
-/// it takes first (without waiting; if another session holds it, a park of this waiter on
-/// another connection that has not given it back, it does not wait) and gives back last: a
-/// release finds the connection to wake with `IS_USED_LOCK` of the marker, a lookup, where it
-/// read `information_schema.PROCESSLIST` before (which copies every session's statement: with
-/// a thousand parked waiters each release spent its time "Filling schema table"). Answers
-/// `'parked'` with what [`Parked::read`] reads, and the count of live places ahead
-/// [`park_refresh`] read. ([`park_refresh`] gives back any user lock of the connection first:
-/// a marker left behind by a statement that failed must not make a later release kill
-/// another statement of that connection.)
+/// [`park_refresh`] took, in a statement before this one, so that every read here comes after
+/// it (MariaDB reads a primary-key lookup while it plans a statement, before the statement's
+/// first expression runs). If the connection does not hold it (another session does: a park
+/// of this waiter on another connection that has not given it back), it does not wait. It
+/// gives the marker back last: a release finds the connection to wake with `IS_USED_LOCK` of
+/// the marker, a lookup, where it read `information_schema.PROCESSLIST` before (which copies
+/// every session's statement: with a thousand parked waiters each release spent its time
+/// "Filling schema table"). Answers `'parked'` with what [`Parked::read`] reads, and the
+/// count of live places ahead [`park_refresh`] read. ([`park_refresh`] gives back this
+/// waiter's markers first: a marker left behind by a statement that failed must not make a
+/// later release kill another statement of that connection.)
 pub(crate) fn park_wait(
     table: &TableName,
     (name, token): (&[u8], &[u8]),
@@ -501,12 +523,12 @@ pub(crate) fn park_wait(
         }
         None => format!("IF(SLEEP({seconds}) = 0, 0, 2)"),
     };
-    // The marker first (4: it was not free, nothing waited), then whether to wait, then the
-    // wait, then the marker back: a release that commits its hand-off and then finds no
-    // marker comes before the marker was taken, so before the check, which sees the hand-off.
+    // The marker held (4: it was not, nothing waited), then whether to wait, then the wait,
+    // then the marker back: a release that commits its hand-off and then finds no marker came
+    // before the refresh took it, so before this statement's reads, which see the hand-off.
     let m = marker(token, park.long);
     format!(
-        "SELECT 'parked', CAST(IF(COALESCE(GET_LOCK('{m}', 0), 0) = 0, 4, IF(@lm_placed = 0 \
+        "SELECT 'parked', CAST(IF(NOT (IS_USED_LOCK('{m}') <=> CONNECTION_ID()), 4, IF(@lm_placed = 0 \
          OR EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token = {k}) \
          OR (NOT EXISTS (SELECT 1 FROM {t} WHERE name = {n} AND token IS NOT NULL AND expires_at > NOW(6)) \
          AND ({again} OR {first} = 0)), \
@@ -610,6 +632,18 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 /// be dead (so that two dead waiters in a row stall the lock for their two turns, not for a
 /// long park: fault case `lease/a_long_parker_near_the_head_wakes_at_the_release`). Each
 /// release brings one waiter near, so that costs one wake-up and one park per hand-off.
+///
+/// The first waiter is chosen by a plain read, which can miss a place committed just before
+/// the lease row's update (whose own read of the queue, a locking one, sees it and keeps the
+/// lease marked as released while someone queued): the lease is then freed, not handed over.
+/// That waiter may already be parked, having seen the lease held before this commit, and
+/// nothing else wakes it before its park ends (up to [`PARK_MAX`]). So a release that freed
+/// the lease reads the queue again after its commit and wakes the first live waiter (whose
+/// park took its marker before it read the lease, see [`park_wait`], so a park that saw the
+/// lease held holds its marker by then). With 16 clients on one lock for 8 s, 7 runs of 10
+/// had a waiter sleep a whole park before this; with the marker taken before the park's
+/// reads but without this look, 4 of 27; with both, none of 14 (fault case
+/// `lease/a_release_wakes_a_waiter_parking_just_then`).
 /// Answers `'released'` with the number of rows released (0 or 1) and the fence released
 /// (`LAST_INSERT_ID(fence)`), before the wake-ups, whose failure does not undo it.
 ///
@@ -647,8 +681,8 @@ pub(crate) fn release_batch(
         u64::MAX - u64::from(bump)
     );
     format!(
-        "SET @lm_next = NULL, @lm_turn = NULL, @lm_second = NULL, @lm_third = NULL, \
-         @lm_id = LAST_INSERT_ID(0); \
+        "SET @lm_next = NULL, @lm_turn = NULL, @lm_late = NULL, @lm_second = NULL, \
+         @lm_third = NULL, @lm_id = LAST_INSERT_ID(0); \
          START TRANSACTION; \
          SELECT token, turn_us INTO @lm_next, @lm_turn FROM {q} \
          WHERE name = {n} AND until_at > NOW(6) AND token <> {k} ORDER BY arrived_at, token LIMIT 1; \
@@ -664,15 +698,19 @@ pub(crate) fn release_batch(
          WHERE name = {n} AND token = @lm_next AND @lm_done > 0; \
          COMMIT; \
          SELECT 'released', @lm_done, @lm_fence; \
+         SELECT token INTO @lm_late FROM {q} FORCE INDEX (by_arrival) \
+         WHERE name = {n} AND until_at > NOW(6) AND @lm_done > 0 AND @lm_next IS NULL \
+         ORDER BY arrived_at, token LIMIT 1; \
          SELECT token INTO @lm_second FROM {q} FORCE INDEX (by_arrival) \
          WHERE name = {n} AND until_at > NOW(6) AND @lm_done > 0 \
          ORDER BY arrived_at, token LIMIT 1 OFFSET 1; \
          SELECT token INTO @lm_third FROM {q} FORCE INDEX (by_arrival) \
          WHERE name = {n} AND until_at > NOW(6) AND @lm_done > 0 \
          ORDER BY arrived_at, token LIMIT 1 OFFSET 2; \
-         SET @lm_conn = IF(@lm_done > 0, IS_USED_LOCK(CONCAT('{MARKER}', CAST(@lm_next AS CHAR))), NULL), \
+         SET @lm_conn = IF(@lm_done > 0, \
+         IS_USED_LOCK(CONCAT('{MARKER}', CAST(COALESCE(@lm_next, @lm_late) AS CHAR))), NULL), \
          @lm_long = IF(@lm_done > 0, \
-         IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_next AS CHAR))), NULL), \
+         IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(COALESCE(@lm_next, @lm_late) AS CHAR))), NULL), \
          @lm_near = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_second AS CHAR))), \
          @lm_nearer = IS_USED_LOCK(CONCAT('{MARKER}{LONG_MARK}', CAST(@lm_third AS CHAR))); \
          {kills}",

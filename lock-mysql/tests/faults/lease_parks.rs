@@ -43,6 +43,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         .case("lease/park_killed_between_statements", || {
             Box::pin(lease_park_killed_between_statements())
         })
+        .case("lease/a_release_wakes_a_waiter_parking_just_then", || {
+            Box::pin(lease_release_wakes_a_waiter_parking_just_then())
+        })
 }
 
 /// A lease client of `store`'s table (a pool of 2: it parks) whose statements go through a
@@ -354,6 +357,105 @@ async fn lease_park_killed_between_statements() -> Outcome {
     ensure!(
         took <= bound,
         "the waiter took the lock {took:?} after the release (bound {bound:?}): its park's answer was cut"
+    );
+    Ok(())
+}
+
+/// A release wakes the waiter that parks just as it releases. Two ways it did not, each found
+/// by this case (the waiter then slept its park out, up to a second, with the lock free or
+/// handed to it, and nobody held the lock meanwhile):
+/// - the park's statement took its marker first and then checked the lease, but MariaDB reads
+///   a primary-key lookup while it plans a statement, before the statement's first
+///   expression runs: the check could read the lease before a release committed, and the
+///   marker be taken after that release looked for it and found none. The refresh before
+///   the park's statement now takes the marker;
+/// - a release whose plain read of the queue came just before the waiter's place was
+///   committed freed the lease instead of handing it over, and woke nobody, while the waiter
+///   had parked on seeing the lease still held. Such a release now looks again after its
+///   commit and wakes the first live waiter.
+///
+/// 16 clients (each on a thread and runtime of its own, a pool of 2, so each parks) contend
+/// for one lock for [`CONTENDED_FOR`], holding 1 ms, with two busy threads keeping both cores
+/// contended (the server's threads are then preempted mid-statement, as on a loaded host);
+/// the case fails when the lock went [`STALL`] or longer without a grant. In runs of 8 s,
+/// before both fixes 7 of 10 failed; with the first only, 4 of 27; with both, none of 14.
+async fn lease_release_wakes_a_waiter_parking_just_then() -> Outcome {
+    const CLIENTS: usize = 16;
+    const HOGS: usize = 2;
+    const CONTENDED_FOR: Duration = Duration::from_secs(10);
+    // A lost wake-up costs a park of up to a second (`PARK_MAX`); a hand-off, milliseconds.
+    const STALL: Duration = Duration::from_millis(800);
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let config = store.config().clone().pool_size(2);
+    let name = unique_name("parking-just-then")?;
+    let grants = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let end = Instant::now() + CONTENDED_FOR;
+    // Busy threads keep both cores contended, so the server's threads are preempted
+    // mid-statement, as on a loaded host.
+    let hogs: Vec<_> = (0..HOGS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut spins = 0u64;
+                while Instant::now() < end {
+                    spins = std::hint::black_box(spins.wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    // Each client on a thread and runtime of its own, as separate processes would be.
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (config, name, grants) = (config.clone(), name.clone(), grants.clone());
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(err)?;
+                runtime.block_on(async move {
+                    let client = client(&config).await?;
+                    let options = LockOptions::new().wait(Duration::from_secs(10));
+                    while Instant::now() < end {
+                        let guard = client.lock_with(&name, &options).await.map_err(err)?;
+                        grants
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(Instant::now());
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        guard.release().await.map_err(err)?;
+                    }
+                    Ok::<_, Failure>(())
+                })
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread
+            .join()
+            .map_err(|_| Failure("a client's thread panicked".into()))??;
+    }
+    for hog in hogs {
+        hog.join()
+            .map_err(|_| Failure("a busy thread panicked".into()))?;
+    }
+    let mut grants = std::mem::take(
+        &mut *grants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    grants.sort();
+    ensure!(grants.len() >= CLIENTS, "only {} grants", grants.len());
+    let stalls: Vec<Duration> = grants
+        .windows(2)
+        .map(|pair| pair[1] - pair[0])
+        .filter(|gap| *gap >= STALL)
+        .collect();
+    ensure!(
+        stalls.is_empty(),
+        "of {} grants, {} came {:?} or more after the one before ({stalls:?}): a waiter \
+         slept through the release that freed the lock or handed it to it",
+        grants.len(),
+        stalls.len(),
+        STALL
     );
     Ok(())
 }

@@ -536,7 +536,10 @@ impl LeaseStrategy {
     /// One park on `conn` (see [`queue::park_refresh`] and [`queue::park_wait`]): how it
     /// ended, and whether `conn` must be closed. A failure to park counts as
     /// [`queue::Parked::Skipped`] (the caller tries); a `KILL QUERY` that ended the statement
-    /// with an error as [`queue::Parked::Woken`].
+    /// with an error as [`queue::Parked::Woken`]. Dropped between the refresh and the wait's
+    /// answer (the caller's `acquire` future dropped), it closes `conn`, which may hold the
+    /// park's marker: back in the pool, a connection holding it would take a later release's
+    /// `KILL QUERY` meant for this waiter in whatever statement it then runs.
     async fn park_once(
         &self,
         conn: &mut sqlx::pool::PoolConnection<sqlx::MySql>,
@@ -546,31 +549,39 @@ impl LeaseStrategy {
     ) -> (queue::Parked, bool) {
         let (name_bytes, token_bytes) = (name.as_str().as_bytes(), token.as_str().as_bytes());
         let until = Instant::now() + park.length + ANSWER_GRACE;
+        let mut marked = Marked {
+            conn,
+            maybe_held: true,
+        };
         // Two round trips: the refresh, then the wait alone (see `queue::park_refresh`).
         let refresh = queue::park_refresh(&self.table, name_bytes, token_bytes, (park, place));
-        if let Err(error) = within(until, run(&mut *conn, AssertSqlSafe(refresh))).await {
+        if let Err(error) = within(until, run(marked.conn, AssertSqlSafe(refresh))).await {
             tracing::debug!(lock = %name, %error, "parking failed; trying again");
             return (queue::Parked::Skipped, true);
         }
         let wait = queue::park_wait(&self.table, (name_bytes, token_bytes), park, anchor);
-        match within(until, run(&mut *conn, AssertSqlSafe(wait))).await {
-            Ok(rows) => match queue::Parked::read(&rows) {
-                Some(queue::Parked::TookAnchor) => {
-                    if let Some(anchor) = anchor {
-                        self.anchor.lost(anchor);
+        match within(until, run(marked.conn, AssertSqlSafe(wait))).await {
+            Ok(rows) => {
+                // The statement gave the marker back.
+                marked.maybe_held = false;
+                match queue::Parked::read(&rows) {
+                    Some(queue::Parked::TookAnchor) => {
+                        if let Some(anchor) = anchor {
+                            self.anchor.lost(anchor);
+                        }
+                        (queue::Parked::TookAnchor, false)
                     }
-                    (queue::Parked::TookAnchor, false)
+                    Some(parked) => (parked, false),
+                    None => (queue::Parked::Skipped, false),
                 }
-                Some(parked) => (parked, false),
-                None => (queue::Parked::Skipped, false),
-            },
-            // Woken by the release's `KILL QUERY` (a `SLEEP` without an anchor: the kill ended
-            // the statement before it gave its marker back, so give it back now, or close the
-            // connection).
+            }
+            // Woken by the release's `KILL QUERY` (the kill ended the statement before it gave
+            // its marker back, so give it back now, or close the connection).
             Err(error) if classify(&error) == Class::Interrupted => {
                 let unmark = queue::unmark(token_bytes, park.long);
                 let until = Instant::now() + ANSWER_GRACE;
-                let unmarked = within(until, run(&mut *conn, AssertSqlSafe(unmark))).await;
+                let unmarked = within(until, run(marked.conn, AssertSqlSafe(unmark))).await;
+                marked.maybe_held = unmarked.is_err();
                 (queue::Parked::Woken, unmarked.is_err())
             }
             Err(error) => {
@@ -672,5 +683,20 @@ impl LeaseStrategy {
             // No answer to read: count the caller as placed (it parks as it would have).
             .unwrap_or((0, 1));
         Ok((state, ahead, placed != 0))
+    }
+}
+
+/// A park's connection while it may hold the park's marker: closed if dropped so (see
+/// `LeaseStrategy::park_once`).
+struct Marked<'c> {
+    conn: &'c mut sqlx::pool::PoolConnection<sqlx::MySql>,
+    maybe_held: bool,
+}
+
+impl Drop for Marked<'_> {
+    fn drop(&mut self) {
+        if self.maybe_held {
+            self.conn.close_on_drop();
+        }
     }
 }

@@ -60,9 +60,9 @@
 //!   connection holds a user lock named after the waiter's token (its *marker*), taken by the
 //!   refresh's last statement, before the wait's statement begins. The release, *after*
 //!   handing the lease over, finds the session holding the waiter's marker (`IS_USED_LOCK`)
-//!   and sends it `KILL QUERY`, which ends the wait. A kill that lands before the wait starts
-//!   is lost, but then the wait, whose reads all come after the marker was taken, sees the
-//!   hand-off and does not begin. (The marker was once taken inside the wait's statement,
+//!   and sends it `KILL QUERY`, which ends the wait. A kill that lands before the wait's
+//!   statement starts is lost (or stops that statement), but that statement starts after the
+//!   kill, so after the hand-off was committed, which it then sees: it does not wait. (The marker was once taken inside the wait's statement,
 //!   first; but MariaDB reads a primary-key lookup of a statement while it plans it, before
 //!   any of the statement runs, so the wait's checks could read the lease before a release
 //!   committed and the marker be taken after that release looked for it: nobody woke the
@@ -420,9 +420,10 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// statements: MariaDB ends a batch killed there without the rest of its answer, though the
 /// answer before said more would follow, and the client would wait for it until its own time
 /// limit (fault case `lease/park_killed_between_statements`). A kill that lands on the last
-/// statement fails the batch (the park counts as not parked, the connection is closed, which
-/// gives the marker back, and the waiter tries); one that lands after it, before the wait's
-/// statement, is lost or stops that statement, and either way the wait sees the hand-off.
+/// statement fails the batch (the park ends as if it had not waited: the connection is
+/// closed, which gives the marker back, and the waiter tries); one that lands after it,
+/// before the wait's statement, is lost or stops that statement, and either way the wait
+/// sees the hand-off.
 /// (A kill sent just as the
 /// waiter's previous wait gave its marker back can still land here: the release looks the
 /// marker up and kills in two statements. Rare; this park then ends at its time limit, the
@@ -609,6 +610,12 @@ impl Parked {
 /// next `acquire` takes without reading the queue. A place of the releasing holder counts too: it
 /// queued before its grant and takes its place out in the background, so the place may outlive the
 /// hold, and a newcomer would find it ahead of itself; [`release_batch`] takes it out.
+///
+/// It wakes nobody. A place committed after its read of the queue and before its own commit
+/// (pooled connections run at `READ COMMITTED`, where that read takes no lock) is missed,
+/// and if that waiter parked before the commit, seeing the lease held, it sleeps until its
+/// park ends (at most [`PARK_MAX`]) or a later release wakes it. (A release after waiting,
+/// [`release_batch`], looks again once committed; this one does not, to stay one statement.)
 pub(crate) fn release_alone(table: &TableName) -> String {
     format!(
         "UPDATE {} SET token = NULL, expires_at = NULL, acquired_at = NULL, \
@@ -633,9 +640,10 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 /// long park: fault case `lease/a_long_parker_near_the_head_wakes_at_the_release`). Each
 /// release brings one waiter near, so that costs one wake-up and one park per hand-off.
 ///
-/// The first waiter is chosen by a plain read, which can miss a place committed just before
-/// the lease row's update (whose own read of the queue, a locking one, sees it and keeps the
-/// lease marked as released while someone queued): the lease is then freed, not handed over.
+/// The first waiter is chosen by a plain read, which can miss a place committed just after
+/// it and before the lease row's update (whose own read of the queue, later, sees it and
+/// keeps the lease marked as released while someone queued): the lease is then freed, not
+/// handed over.
 /// That waiter may already be parked, having seen the lease held before this commit, and
 /// nothing else wakes it before its park ends (up to [`PARK_MAX`]). So a release that freed
 /// the lease reads the queue again after its commit and wakes the first live waiter (whose

@@ -648,10 +648,10 @@ pub(crate) fn release_alone(table: &TableName) -> String {
 /// nothing else wakes it before its park ends (up to [`PARK_MAX`]). So a release that freed
 /// the lease reads the queue again after its commit and wakes the first live waiter (whose
 /// park took its marker before it read the lease, see [`park_wait`], so a park that saw the
-/// lease held holds its marker by then). With 16 clients on one lock for 8 s, 7 runs of 10
-/// had a waiter sleep a whole park before this; with the marker taken before the park's
-/// reads but without this look, 4 of 27; with both, none of 14 (fault case
-/// `lease/a_release_wakes_a_waiter_parking_just_then`).
+/// lease held holds its marker by then). With 16 clients on one lock for 8 s, a waiter
+/// slept a whole park in 7 runs of 10 (1 of 8 in a later series) before this; with the
+/// marker taken before the park's reads but without this look, in 4 of 27; with both, in
+/// none of 21 (fault case `lease/a_release_wakes_a_waiter_parking_just_then`).
 /// Answers `'released'` with the number of rows released (0 or 1) and the fence released
 /// (`LAST_INSERT_ID(fence)`), before the wake-ups, whose failure does not undo it.
 ///

@@ -78,11 +78,7 @@ impl SuiteReport {
 
     /// The names of the failed scenarios.
     pub fn failures(&self) -> Vec<&str> {
-        self.results
-            .iter()
-            .filter(|r| r.verdict == Verdict::Fail)
-            .map(|r| r.scenario.as_str())
-            .collect()
+        self.failed_results().map(|r| r.scenario.as_str()).collect()
     }
 
     /// One line per failure, `store/scenario: detail` (the set-up error counts as one), for
@@ -93,11 +89,13 @@ impl SuiteReport {
             .iter()
             .map(|error| format!("{}: could not be set up: {error}", self.store));
         let scenarios = self
-            .results
-            .iter()
-            .filter(|r| r.verdict == Verdict::Fail)
+            .failed_results()
             .map(|r| format!("{}/{}: {}", self.store, r.scenario, r.detail));
         setup.chain(scenarios).collect()
+    }
+
+    fn failed_results(&self) -> impl Iterator<Item = &ScenarioResult> {
+        self.results.iter().filter(|r| r.verdict == Verdict::Fail)
     }
 
     fn count(&self, verdict: Verdict) -> usize {

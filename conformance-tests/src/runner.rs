@@ -124,7 +124,9 @@ impl Runner {
             if let Some(dir) = &report_dir
                 && let Err(e) = report.write_json(dir)
             {
-                println!("  cannot write the report to {}: {e}", dir.display());
+                let line = format!("{label}: cannot write the report to {}: {e}", dir.display());
+                println!("  {line}");
+                failure_lines.push(line);
                 failed += 1;
             }
             println!(

@@ -441,11 +441,10 @@ pub(crate) fn park_refresh(
     let (n, k) = (hex(name), hex(token));
     let place = place.as_micros();
     let mark = marker(token, park.long);
-    let park = park.length;
     let left = |until: &str| {
         format!("GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), {until}), 0) / 1000000 + 0.001")
     };
-    let park = park.min(PARK_MAX);
+    let longest = park.length.min(PARK_MAX);
     format!(
         "DO RELEASE_LOCK('{short}'), RELEASE_LOCK('{long}'); \
          UPDATE {q} SET connection_id = CONNECTION_ID(), \
@@ -463,7 +462,7 @@ pub(crate) fn park_refresh(
          DO GET_LOCK('{mark}', 0)",
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
-        park = format_args!("{}.{:06}", park.as_secs(), park.subsec_micros()),
+        park = format_args!("{}.{:06}", longest.as_secs(), longest.subsec_micros()),
         ahead = ahead((&t, &q), &n, &k, NEAR),
         short = marker(token, false),
         long = marker(token, true),

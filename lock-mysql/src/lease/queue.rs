@@ -291,6 +291,11 @@ fn text_literal(sql: &str) -> String {
     format!("'{}'", sql.replace('\'', "''"))
 }
 
+/// The longest park of a waiter at the head of the queue that found a write of the lease row
+/// in flight (see [`park_refresh`]): a release that then commits wakes nobody, so the waiter
+/// looks again this soon.
+pub(crate) const WRITTEN_PARK: Duration = Duration::from_millis(20);
+
 /// The label a park's waiting statement carries, followed by the waiter's token (for
 /// whoever reads the server's process list).
 const PARK_MARK: &str = "lock-mysql park ";
@@ -412,8 +417,22 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// being written; fault case `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). A
 /// long park of a waiter still far back waits its whole length (see [`park_wait`]).
 ///
-/// Every read is a plain `SELECT` (into variables): MariaDB runs `SET @v = (SELECT ..)` as a
-/// locking read, and a park must not wait for, nor hold up, the lease row's lock. Its last
+/// Every read is a plain `SELECT` (into variables), which takes no lock: MariaDB runs `SET
+/// @v = (SELECT ..)` as a locking read, and a park must not wait for, nor hold up, the lease
+/// row's lock. The waiter at the head of the queue (no live place ahead: the variable is read
+/// first, so for the others the statement's condition is false before any row is read) also
+/// looks whether a write of the lease row is in flight, with a locking read that skips a
+/// locked row (`SKIP LOCKED`, so it waits for nothing): then its park lasts at most
+/// [`WRITTEN_PARK`], and the next park reads what that write left. A lone release
+/// ([`release_alone`]) reads the queue without a lock, so it can miss a place committed after
+/// its read and free the lease, waking nobody, while the waiter of that place reads the lease
+/// as still held (the release has not committed) and parks: without this look the waiter
+/// slept its park out (fault case `lease/a_lone_release_wakes_a_waiter_parked_before_its_commit`:
+/// a second, every run). A release that locks the lease row only after this look reads the
+/// queue once it has the row, so after this look, and sees the place, written before this
+/// batch (shown by hand on MariaDB 10.11: such an update that waited for the row's lock while
+/// a place was committed found the place once it had the lock, and changed nothing).
+/// Its last
 /// statement takes the park's marker (without waiting; see [`park_wait`]), so that every read
 /// of the wait's statement comes after the marker is held. Until that last statement the
 /// batch holds no marker, so no release's `KILL QUERY` is aimed at it between two of its
@@ -459,10 +478,19 @@ pub(crate) fn park_refresh(
          {ahead} INTO @lm_mine, @lm_sleep, @lm_ahead; \
          UPDATE {q} SET until_at = LEAST(until_at, @lm_mine) \
          WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL; \
+         SELECT COUNT(*) INTO @lm_unlocked FROM {t} WHERE name = {n} AND @lm_ahead = 0 \
+         LOCK IN SHARE MODE SKIP LOCKED; \
+         SET @lm_sleep = IF(@lm_ahead = 0 AND @lm_unlocked = 0, LEAST(@lm_sleep, {written}), \
+         @lm_sleep); \
          DO GET_LOCK('{mark}', 0)",
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
         park = format_args!("{}.{:06}", longest.as_secs(), longest.subsec_micros()),
+        written = format_args!(
+            "{}.{:06}",
+            WRITTEN_PARK.as_secs(),
+            WRITTEN_PARK.subsec_micros()
+        ),
         ahead = ahead((&t, &q), &n, &k, NEAR),
         short = marker(token, false),
         long = marker(token, true),
@@ -611,10 +639,11 @@ impl Parked {
 /// hold, and a newcomer would find it ahead of itself; [`release_batch`] takes it out.
 ///
 /// It wakes nobody. A place committed after its read of the queue and before its own commit
-/// (pooled connections run at `READ COMMITTED`, where that read takes no lock) is missed,
-/// and if that waiter parked before the commit, seeing the lease held, it sleeps until its
-/// park ends (at most [`PARK_MAX`]) or a later release wakes it. (A release after waiting,
-/// [`release_batch`], looks again once committed; this one does not, to stay one statement.)
+/// (pooled connections run at `READ COMMITTED`, where that read takes no lock) is missed; the
+/// waiter of that place, at the head of the queue, finds the lease row locked by this
+/// statement when it parks, so it parks only briefly (see [`park_refresh`]), sees the lease
+/// free and tries. (A release after waiting, [`release_batch`], looks again
+/// once committed; this one does not, to stay one statement.)
 pub(crate) fn release_alone(table: &TableName) -> String {
     format!(
         "UPDATE {} SET token = NULL, expires_at = NULL, acquired_at = NULL, \

@@ -14,7 +14,8 @@
 //! - a renewal's `KILL QUERY` of the row-lock hold's parked statement landing between two
 //!   statements of its batch (played by a proxy): the hold goes on; the anchor holds park on
 //!   killed: the hold goes on, a new anchor comes up, and the hold is still watched;
-//! - the lease's waiters' queue: a dead waiter, the holder's own place, places locked behind;
+//! - the lease's waiters' queue: a dead waiter, the holder's own place, places locked behind,
+//!   a release of a lease taken without waiting that commits after a waiter parked;
 //!   waiters that give up answer on time and wait for no one else's locks; the gate waiters
 //!   of other clients wait on, and its holder stopped or dropped;
 //! - an unreachable server and a refused login: typed errors;
@@ -40,6 +41,7 @@ mod connections;
 mod foreign_transactions;
 mod lease_gate;
 mod lease_leaving;
+mod lease_lone_release;
 mod lease_long_parks;
 mod lease_parks;
 mod lease_queue;
@@ -67,7 +69,7 @@ fn main() -> ExitCode {
     }
     let cases = Cases::<Failure>::new("faults").limit(Duration::from_secs(120));
     lease_gate::cases(lease_leaving::cases(lease_queue::cases(
-        lease_long_parks::cases(lease_parks::cases(cases)),
+        lease_long_parks::cases(lease_parks::cases(lease_lone_release::cases(cases))),
     )))
     .case("row_lock/kill_holder_connection", || {
         Box::pin(connections::row_lock_kill_holder())

@@ -66,7 +66,11 @@ use wakeups::Wakeups;
 ///   goes to the oldest waiter, and a client that releases and votes again goes behind the
 ///   others. The waiter subscribes to its release channel on every server (one pub/sub
 ///   connection per server and client: `redlock/wakeups.rs`); each server's release names
-///   its first two waiters, and the first votes as soon as one server's message reaches it. While
+///   its first two waiters, and the first votes once a majority of servers' messages reached
+///   it, or 5 ms after the first one did (a vote on the first message alone found the lock
+///   still held where the release had not come yet: 16 clients holding 1 ms, three alternating
+///   runs, 277, 274, 269 acquisitions/s before, 314, 304, 307 after, hand-off p99 3.7-3.8 ms
+///   before, 2.0-2.3 ms after). While
 ///   a majority of its subscriptions is confirmed, a waiter polls only to keep its place (the
 ///   first two in line when the holder's time or the first waiter's turn runs out, else
 ///   every 187-250 ms; those further back every 0.75-1 s); without
@@ -562,7 +566,7 @@ impl LockBackend for RedlockBackend {
             let step = delays.next().unwrap_or(request.backoff().max);
             let until = (now + wait.delay(step, request.backoff().min, push)).min(deadline);
             match armed.take() {
-                Some(armed) => wakeups::Armed::sleep(armed, until, deadline).await,
+                Some(armed) => wakeups::Armed::sleep(armed, until, deadline, self.quorum()).await,
                 None => tokio::time::sleep_until(until.into()).await,
             }
             let subscribe_by = match subscribe_wait.take() {

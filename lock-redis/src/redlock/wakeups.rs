@@ -1,6 +1,6 @@
 //! Redlock's push wake-ups: a waiter listens for releases on every server, so the first in
-//! line votes as soon as one server tells it the lock was released, instead of at its next
-//! poll.
+//! line votes as soon as a majority of servers told it the lock was released (or shortly after
+//! the first did, see [`Armed::sleep`]), instead of at its next poll.
 //!
 //! Each server has its own pub/sub connection per client ([`Waiters`], opened at the first
 //! wait), and every server knows the client by the same id, so each server's release names the
@@ -12,8 +12,10 @@
 //! line is kept (the ticket is), but the turn may go to the second in line meanwhile.
 
 use std::{
+    future::Future,
     pin::Pin,
     sync::Arc,
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -142,10 +144,11 @@ pub(super) struct Armed<'a> {
 }
 
 impl Armed<'_> {
-    /// Sleeps until `until` (or the `deadline`), or until a server's release names this waiter
-    /// first in line; when one names it second, until [`SECOND_STEPS_IN`] after that at the
-    /// latest.
-    pub(super) async fn sleep(mut self, mut until: Instant, deadline: Instant) {
+    /// Sleeps until `until` (or the `deadline`), or until the servers' releases name this
+    /// waiter first in line: once `quorum` servers did, or [`GATHER`] after the first did,
+    /// whichever comes first; when one names it second, until [`SECOND_STEPS_IN`] after that
+    /// at the latest.
+    pub(super) async fn sleep(mut self, mut until: Instant, deadline: Instant, quorum: usize) {
         if self.first.is_empty() {
             // No server (a configuration the backend refuses): nothing to listen to.
             tokio::time::sleep_until(until.min(deadline).into()).await;
@@ -153,10 +156,24 @@ impl Armed<'_> {
         }
         let mut second = select_all(self.second.iter_mut().map(Pin::as_mut));
         let mut stepping_in = false;
+        let mut heard = vec![false; self.first.len()];
+        let mut gathering = false;
         loop {
-            let first = select_all(self.first.iter_mut().map(Pin::as_mut));
+            let first = Heard {
+                notified: &mut self.first,
+                heard: &mut heard,
+            };
             tokio::select! {
-                _ = first => return,
+                count = first => {
+                    if count >= quorum.min(heard.len()) {
+                        return;
+                    }
+                    if !gathering {
+                        // The release reached one server; the others are a moment behind.
+                        gathering = true;
+                        until = until.min(Instant::now() + GATHER);
+                    }
+                }
                 () = tokio::time::sleep_until(until.min(deadline).into()) => return,
                 _ = &mut second, if !stepping_in => {
                     // Named second: step in once the first one's turn could be over.
@@ -165,5 +182,98 @@ impl Armed<'_> {
                 }
             }
         }
+    }
+}
+
+/// How long a waiter named first by one server's release waits for the others' before it
+/// votes (see [`Armed::sleep`]): the releaser asks every server at once, so their messages
+/// come close together, and a vote sent on the first alone finds the lock still held on
+/// servers the release has not reached yet, and fails.
+const GATHER: Duration = Duration::from_millis(5);
+
+/// Ready with how many servers have named the waiter first so far, each time one more has.
+struct Heard<'a, 'n> {
+    notified: &'a mut Vec<Pin<Box<Notified<'n>>>>,
+    heard: &'a mut Vec<bool>,
+}
+
+impl Future for Heard<'_, '_> {
+    type Output = usize;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<usize> {
+        let this = self.get_mut();
+        let mut more = false;
+        for (notified, heard) in this.notified.iter_mut().zip(this.heard.iter_mut()) {
+            if !*heard && notified.as_mut().poll(cx).is_ready() {
+                *heard = true;
+                more = true;
+            }
+        }
+        if more {
+            Poll::Ready(this.heard.iter().filter(|h| **h).count())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Five servers' notifications, and a waiter armed on them.
+    fn armed_on<'a>(first: &'a [Notify], second: &'a [Notify]) -> Armed<'a> {
+        Armed {
+            first: first.iter().map(armed).collect(),
+            second: second.iter().map(armed).collect(),
+        }
+    }
+
+    /// A waiter named first by a majority of servers votes at once; named first by one server
+    /// only, it waits [`GATHER`] for the others' releases (before, it voted at once, and the
+    /// vote found the lock still held where the release had not come yet). Time is paused
+    /// and read on Tokio's clock; the deadlines the sleep is given are read on the real one,
+    /// which moves on by a little meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn one_server_naming_the_waiter_first_is_gathered_with_the_others() {
+        use tokio::time::Instant as Clock;
+        let (first, second): (Vec<Notify>, Vec<Notify>) =
+            (0..5).map(|_| (Notify::new(), Notify::new())).unzip();
+        let far = Instant::now() + Duration::from_secs(10);
+        let slack = Duration::from_millis(50);
+
+        let waiter = armed_on(&first, &second);
+        for server in &first[..3] {
+            server.notify_waiters();
+        }
+        let start = Clock::now();
+        waiter.sleep(far, far, 3).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "a majority named it first");
+
+        let waiter = armed_on(&first, &second);
+        first[2].notify_waiters();
+        let start = Clock::now();
+        waiter.sleep(far, far, 3).await;
+        let took = start.elapsed();
+        assert!(
+            took >= GATHER && took < GATHER + slack,
+            "one server named it first: {took:?}"
+        );
+
+        // A second message within the gather does not extend it; the third ends it.
+        let waiter = armed_on(&first, &second);
+        let start = Clock::now();
+        let ((), ()) = tokio::join!(waiter.sleep(far, far, 3), async {
+            first[0].notify_waiters();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            first[4].notify_waiters();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            first[1].notify_waiters();
+        });
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(2) && took < GATHER,
+            "three named it first: {took:?}"
+        );
     }
 }

@@ -417,12 +417,12 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// being written; fault case `lease/a_lapsing_place_ahead_stalls_only_until_it_lapses`). A
 /// long park of a waiter still far back waits its whole length (see [`park_wait`]).
 ///
-/// Every read is a plain `SELECT` (into variables), which takes no lock: MariaDB runs `SET
-/// @v = (SELECT ..)` as a locking read, and a park must not wait for, nor hold up, the lease
-/// row's lock. The waiter at the head of the queue (no live place ahead: the variable is read
-/// first, so for the others the statement's condition is false before any row is read) also
-/// looks whether a write of the lease row is in flight, with a locking read that skips a
-/// locked row (`SKIP LOCKED`, so it waits for nothing): then its park lasts at most
+/// Every read but one is a plain `SELECT` (into variables), which takes no lock: MariaDB runs
+/// `SET @v = (SELECT ..)` as a locking read, and a park must not wait for, nor hold up, the
+/// lease row's lock. The one: the waiter at the head of the queue (no live place ahead; the
+/// variable is read first, so for the others the statement's condition is false before any
+/// row is read) looks whether a write of the lease row is in flight, with a locking read that
+/// skips a locked row (`SKIP LOCKED`, so it waits for nothing): then its park lasts at most
 /// [`WRITTEN_PARK`], and the next park reads what that write left. A lone release
 /// ([`release_alone`]) reads the queue without a lock, so it can miss a place committed after
 /// its read and free the lease, waking nobody, while the waiter of that place reads the lease

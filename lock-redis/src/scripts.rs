@@ -74,7 +74,7 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// naming it alone, with the command `ARGV[10]` (see [`RELEASE`]): a waiter that became first
 /// without a release naming it (those ahead gave up, died, or missed their turns) learns that
 /// its turn runs, rather than at its next try, when the turn may be over. On Redlock each
-/// server tells it (the servers' messages make a Redlock waiter vote, as a release's do).
+/// server tells it (these messages make a Redlock waiter vote, as releases' messages do).
 ///
 /// A free lock with no queue (the uncontended case) takes a short path: `GET`, `EXISTS`,
 /// `TIME`, the counter, two `SET`s, without sweeping the places of waiters that left. With

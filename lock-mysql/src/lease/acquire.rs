@@ -554,7 +554,13 @@ impl LeaseStrategy {
             maybe_held: true,
         };
         // Two round trips: the refresh, then the wait alone (see `queue::park_refresh`).
-        let refresh = queue::park_refresh(&self.table, name_bytes, token_bytes, (park, place));
+        let refresh = queue::park_refresh(
+            &self.table,
+            name_bytes,
+            token_bytes,
+            (park, place),
+            self.limits.mariadb,
+        );
         if let Err(error) = within(until, run(marked.conn, AssertSqlSafe(refresh))).await {
             tracing::debug!(lock = %name, %error, "parking failed; trying again");
             return (queue::Parked::Skipped, true);

@@ -81,8 +81,10 @@
 //!   so costs the server one park (two short round trips) per [`LONG_PARK`], not a try and a
 //!   queue batch a second (a thousand waiters parking a second at a time kept the server
 //!   busy with about 5,500 statements a second, and it granted almost nothing). Reads a park
-//!   makes of the lease and of others' places are plain `SELECT`s (into variables): a
-//!   waiter never waits for, nor holds up, the lease row's lock. At most half the pool's
+//!   makes of the lease and of others' places are plain `SELECT`s (into variables), but for
+//!   one look of the waiter at the head that skips a locked row (see [`park_refresh`]): a
+//!   waiter never waits for the lease row's lock, and holds it up for one statement at most.
+//!   At most half the pool's
 //!   connections park at once (the others stay free for renewals; a pool of one connection
 //!   never parks); a waiter that finds none polls instead (the first two every 1 to
 //!   [`FIRST_POLL_MAX`] ms, the others with their back-off). Killing another session's query
@@ -420,9 +422,11 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// Every read but one is a plain `SELECT` (into variables), which takes no lock: MariaDB runs
 /// `SET @v = (SELECT ..)` as a locking read, and a park must not wait for, nor hold up, the
 /// lease row's lock. The one: the waiter at the head of the queue (no live place ahead; the
-/// variable is read first, so for the others the statement's condition is false before any
-/// row is read) looks whether a write of the lease row is in flight, with a locking read that
-/// skips a locked row (`SKIP LOCKED`, so it waits for nothing): then its park lasts at most
+/// variable is read first, so for the waiters further back the statement's condition is false
+/// before any row is read; a caller without a place reads too, and does not wait anyway)
+/// looks whether a write of the lease row is in flight, with a locking read that skips a
+/// locked row (`SKIP LOCKED`, so it waits for nothing; its shared lock lasts the statement):
+/// then its park lasts at most
 /// [`WRITTEN_PARK`], and the next park reads what that write left. A lone release
 /// ([`release_alone`]) reads the queue without a lock, so it can miss a place committed after
 /// its read and free the lease, waking nobody, while the waiter of that place reads the lease
@@ -450,11 +454,14 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// lease then may miss its turn and queue again. The same holds for a busy batch, and for a
 /// release batch, which keeps the lease row locked meanwhile: see [`release_batch`].)
 /// It first gives back this waiter's markers, should a failed statement have left one.
+/// `mariadb` picks the look's syntax: MariaDB has no `FOR SHARE`, and MySQL takes `SKIP
+/// LOCKED` only after `FOR SHARE` or `FOR UPDATE`.
 pub(crate) fn park_refresh(
     table: &TableName,
     name: &[u8],
     token: &[u8],
     (park, place): (Park, Duration),
+    mariadb: bool,
 ) -> String {
     let (t, q) = (table.quoted(), table.queue().quoted());
     let (n, k) = (hex(name), hex(token));
@@ -479,7 +486,7 @@ pub(crate) fn park_refresh(
          UPDATE {q} SET until_at = LEAST(until_at, @lm_mine) \
          WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL; \
          SELECT COUNT(*) INTO @lm_unlocked FROM {t} WHERE name = {n} AND @lm_ahead = 0 \
-         LOCK IN SHARE MODE SKIP LOCKED; \
+         {shared} SKIP LOCKED; \
          SET @lm_sleep = IF(@lm_ahead = 0 AND @lm_unlocked = 0, LEAST(@lm_sleep, {written}), \
          @lm_sleep); \
          DO GET_LOCK('{mark}', 0)",
@@ -492,6 +499,11 @@ pub(crate) fn park_refresh(
             WRITTEN_PARK.subsec_micros()
         ),
         ahead = ahead((&t, &q), &n, &k, NEAR),
+        shared = if mariadb {
+            "LOCK IN SHARE MODE"
+        } else {
+            "FOR SHARE"
+        },
         short = marker(token, false),
         long = marker(token, true),
     )
@@ -873,6 +885,23 @@ mod tests {
             assert!(!sql.contains("FROM DUAL"), "{sql}");
             assert_eq!(sql.matches("INSERT INTO").count(), 1, "{sql}");
         }
+    }
+
+    #[test]
+    fn the_heads_look_takes_each_servers_syntax() {
+        // MariaDB has no `FOR SHARE`; MySQL takes `SKIP LOCKED` only after `FOR SHARE` or
+        // `FOR UPDATE`.
+        let t = TableName::new("t").unwrap();
+        let park = Park {
+            length: PARK_MAX,
+            again: false,
+            long: false,
+        };
+        let refresh = |mariadb| park_refresh(&t, b"n", b"k", (park, PARK_MAX), mariadb);
+        assert!(refresh(true).contains("LOCK IN SHARE MODE SKIP LOCKED;"));
+        assert!(!refresh(true).contains("FOR SHARE"));
+        assert!(refresh(false).contains("FOR SHARE SKIP LOCKED;"));
+        assert!(!refresh(false).contains("LOCK IN SHARE MODE"));
     }
 
     #[test]

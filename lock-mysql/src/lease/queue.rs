@@ -62,12 +62,13 @@
 //!   handing the lease over, finds the session holding the waiter's marker (`IS_USED_LOCK`)
 //!   and sends it `KILL QUERY`, which ends the wait. A kill that lands before the wait's
 //!   statement starts is lost (or stops that statement), but that statement starts after the
-//!   kill, so after the hand-off was committed, which it then sees: it does not wait. (The marker was once taken inside the wait's statement,
-//!   first; but MariaDB reads a primary-key lookup of a statement while it plans it, before
-//!   any of the statement runs, so the wait's checks could read the lease before a release
-//!   committed and the marker be taken after that release looked for it: nobody woke the
-//!   waiter, which slept its park out, up to [`PARK_MAX`], with the lease handed to it; fault
-//!   case `lease/a_release_wakes_a_waiter_parking_just_then`.)
+//!   kill, so after the hand-off was committed, which it then sees: it does not wait. (The
+//!   marker was once taken inside the wait's statement, first; but MariaDB reads a
+//!   primary-key lookup of a statement while it plans it, before any of the statement runs,
+//!   so the wait's checks could read the lease before a release committed and the marker be
+//!   taken after that release looked for it: nobody woke the waiter, which slept its park
+//!   out, up to [`PARK_MAX`], with the lease handed to it; fault case
+//!   `lease/a_release_wakes_a_waiter_parking_just_then`.)
 //! - **Short and long parks**: a park that waited its time out is followed at once by another,
 //!   which keeps the place alive and tries nothing unless the lease was handed over or became
 //!   free. A waiter near the head (fewer than [`NEAR`] live places ahead) parks at most
@@ -426,36 +427,33 @@ pub(crate) fn leave_batch(table: &TableName, name: &[u8], token: &[u8], mariadb:
 /// before any row is read; a caller without a place reads too, and does not wait anyway)
 /// looks whether a write of the lease row is in flight, with a locking read that skips a
 /// locked row (`SKIP LOCKED`, so it waits for nothing; its shared lock lasts the statement):
-/// then its park lasts at most
-/// [`WRITTEN_PARK`], and the next park reads what that write left. A lone release
-/// ([`release_alone`]) reads the queue without a lock, so it can miss a place committed after
-/// its read and free the lease, waking nobody, while the waiter of that place reads the lease
-/// as still held (the release has not committed) and parks: without this look the waiter
-/// slept its park out (fault case `lease/a_lone_release_wakes_a_waiter_parked_before_its_commit`:
-/// a second, every run). A release that locks the lease row only after this look reads the
-/// queue once it has the row, so after this look, and sees the place, written before this
-/// batch (shown by hand on MariaDB 10.11: such an update that waited for the row's lock while
-/// a place was committed found the place once it had the lock, and changed nothing).
-/// Its last
-/// statement takes the park's marker (without waiting; see [`park_wait`]), so that every read
-/// of the wait's statement comes after the marker is held. Until that last statement the
-/// batch holds no marker, so no release's `KILL QUERY` is aimed at it between two of its
-/// statements: MariaDB ends a batch killed there without the rest of its answer, though the
-/// answer before said more would follow, and the client would wait for it until its own time
-/// limit (fault case `lease/park_killed_between_statements`). A kill that lands on the last
-/// statement fails the batch (the park ends as if it had not waited: the connection is
-/// closed, which gives the marker back, and the waiter tries); one that lands after it,
-/// before the wait's statement, is lost or stops that statement, and either way the wait
-/// sees the hand-off.
-/// (A kill sent just as the
-/// waiter's previous wait gave its marker back can still land here: the release looks the
-/// marker up and kills in two statements. Rare; this park then ends at its time limit, the
-/// park's length and 250 ms, which can be longer than the waiter's turn: a waiter handed the
-/// lease then may miss its turn and queue again. The same holds for a busy batch, and for a
-/// release batch, which keeps the lease row locked meanwhile: see [`release_batch`].)
-/// It first gives back this waiter's markers, should a failed statement have left one.
-/// `mariadb` picks the look's syntax: MariaDB has no `FOR SHARE`, and MySQL takes `SKIP
-/// LOCKED` only after `FOR SHARE` or `FOR UPDATE`.
+/// then its park lasts at most [`WRITTEN_PARK`], and the next park reads what that write
+/// left. A lone release ([`release_alone`]) reads the queue without a lock, so it can miss a
+/// place committed after its read and free the lease, waking nobody, while the waiter of that
+/// place reads the lease as still held (the release has not committed) and parks: without
+/// this look the waiter slept its park out (fault case
+/// `lease/a_lone_release_wakes_a_waiter_parked_before_its_commit`: a second, every run). A
+/// release that locks the lease row only after this look reads the queue once it has the
+/// row, so after this look, and sees the place, written before this batch (shown by hand on
+/// MariaDB 10.11: such an update that waited for the row's lock while a place was committed
+/// found the place once it had the lock, and changed nothing). A release batch reads the
+/// queue before it locks the row, and looks again after its commit (see [`release_batch`]).
+/// Its last statement takes the park's marker (without waiting; see [`park_wait`]), so that every
+/// read of the wait's statement comes after the marker is held. Until that last statement the batch
+/// holds no marker, so no release's `KILL QUERY` is aimed at it between two of its statements:
+/// MariaDB ends a batch killed there without the rest of its answer, though the answer before said
+/// more would follow, and the client would wait for it until its own time limit (fault case
+/// `lease/park_killed_between_statements`). A kill that lands on the last statement fails the batch
+/// (the park ends as if it had not waited: the connection is closed, which gives the marker back,
+/// and the waiter tries); one that lands after it, before the wait's statement, is lost or stops
+/// that statement, and either way the wait sees the hand-off. (A kill sent just as the waiter's
+/// previous wait gave its marker back can still land here: the release looks the marker up and
+/// kills in two statements. Rare; this park then ends at its time limit, the park's length and 250
+/// ms, which can be longer than the waiter's turn: a waiter handed the lease then may miss its turn
+/// and queue again. The same holds for a busy batch, and for a release batch, which keeps the lease
+/// row locked meanwhile: see [`release_batch`].) It first gives back this waiter's markers, should
+/// a failed statement have left one. `mariadb` picks the look's syntax: MariaDB has no `FOR SHARE`,
+/// and MySQL takes `SKIP LOCKED` only after `FOR SHARE` or `FOR UPDATE`.
 pub(crate) fn park_refresh(
     table: &TableName,
     name: &[u8],
@@ -485,10 +483,8 @@ pub(crate) fn park_refresh(
          {ahead} INTO @lm_mine, @lm_sleep, @lm_ahead; \
          UPDATE {q} SET until_at = LEAST(until_at, @lm_mine) \
          WHERE name = {n} AND token = {k} AND @lm_mine IS NOT NULL; \
-         SELECT COUNT(*) INTO @lm_unlocked FROM {t} WHERE name = {n} AND @lm_ahead = 0 \
-         {shared} SKIP LOCKED; \
-         SET @lm_sleep = IF(@lm_ahead = 0 AND @lm_unlocked = 0, LEAST(@lm_sleep, {written}), \
-         @lm_sleep); \
+         SELECT IF(@lm_ahead = 0 AND COUNT(*) = 0, LEAST(@lm_sleep, {written}), @lm_sleep) \
+         INTO @lm_sleep FROM {t} WHERE name = {n} AND @lm_ahead = 0 {shared} SKIP LOCKED; \
          DO GET_LOCK('{mark}', 0)",
         place_left = left("o.until_at"),
         lease_left = left("expires_at"),
@@ -654,8 +650,8 @@ impl Parked {
 /// (pooled connections run at `READ COMMITTED`, where that read takes no lock) is missed; the
 /// waiter of that place, at the head of the queue, finds the lease row locked by this
 /// statement when it parks, so it parks only briefly (see [`park_refresh`]), sees the lease
-/// free and tries. (A release after waiting, [`release_batch`], looks again
-/// once committed; this one does not, to stay one statement.)
+/// free and tries. (A release after waiting, [`release_batch`], looks again once committed;
+/// this one does not, to stay one statement.)
 pub(crate) fn release_alone(table: &TableName) -> String {
     format!(
         "UPDATE {} SET token = NULL, expires_at = NULL, acquired_at = NULL, \

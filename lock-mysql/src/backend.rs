@@ -12,15 +12,12 @@ use sqlx::{AssertSqlSafe, Connection, MySqlPool, mysql::MySqlPoolOptions};
 use crate::{
     MySqlConfig, Strategy, TableName, anchor,
     error::Error,
+    kept,
     lease::{LeaseStrategy, Limits},
     row_lock::{self, RowLockStrategy},
     schema,
     server::Server,
 };
-
-/// Pooled connections idle longer than this are pinged before use (a restarted server
-/// leaves dead ones behind); fresher ones were pinged when they went back to the pool.
-const PING_IF_IDLE: Duration = Duration::from_secs(1);
 
 /// Locks in a MySQL or MariaDB table, with the [`Strategy`] of its [`MySqlConfig`].
 ///
@@ -235,7 +232,8 @@ fn pool_options(config: &MySqlConfig, server_setup: &str) -> MySqlPoolOptions {
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {
-                if meta.idle_for >= PING_IF_IDLE {
+                // Fresher ones were pinged when they went back to the pool.
+                if meta.idle_for >= kept::TRUSTED_IDLE {
                     conn.ping().await?;
                 }
                 Ok(true)

@@ -87,14 +87,17 @@ impl FromStr for Strategy {
 ///
 /// # Connections
 /// Each backend has one sqlx pool of `pool_size` connections for its short statements (one
-/// per concurrent acquire try, renewal batch, release or inspect). The lease strategy needs
-/// nothing else. The row-lock strategy also opens one dedicated connection per held lock and
+/// per concurrent acquire try, renewal batch, release or inspect), and one connection kept
+/// beside it for the statements of an uncontended lock, which sqlx would ping each time it went
+/// back to the pool (see the crate's README, "Connections"). The lease strategy needs nothing
+/// else. The row-lock strategy also opens one dedicated connection per held lock and
 /// per lock name being waited on, outside the pool (so held locks never starve it): of one
 /// client's `acquire` calls waiting for the same name, only the first waits in the server, the
 /// others queue in the client, in arrival order. It keeps up to `idle_hold_connections` of
 /// them open for reuse, and on MariaDB, from the moment it connects, one more, idle, holding
-/// the user lock its holds park on: plan `pool_size + held + names waited on + idle_hold_connections + 1` connections per
-/// client against the server's `max_connections`.
+/// the user lock its holds park on: plan
+/// `pool_size + held + names waited on + idle_hold_connections + 2` connections per client
+/// against the server's `max_connections`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]

@@ -5,6 +5,7 @@ mod anchor;
 mod backend;
 mod config;
 mod error;
+mod kept;
 mod lease;
 mod local_queue;
 mod row_lock;

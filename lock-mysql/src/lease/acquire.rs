@@ -20,7 +20,7 @@ use super::{
 use crate::{
     error::{Class, Error, classify},
     rows::{LEASE_COLUMNS, LeaseRow, LeaseState},
-    sql::{close_if_broken, retry_deadlocks, run, run_pooled, tagged, within},
+    sql::{retry_deadlocks, run, run_pooled, tagged, within},
 };
 
 /// Takes an abandoned `acquire` call's place out of the queue, in the background, when the
@@ -321,7 +321,7 @@ impl LeaseStrategy {
         let server_bound = limit < self.limits.lock_wait;
         retry_deadlocks(|| async {
             let k = token.as_str().as_bytes();
-            let mut conn = within(until, self.pool.acquire()).await?;
+            let mut conn = self.kept.acquire(until).await?;
             let result = if server_bound {
                 let sql = self.bounded_acquire(
                     (first, nowait),
@@ -342,7 +342,7 @@ impl LeaseStrategy {
                 }
                 within(until, query.execute(&mut *conn)).await
             };
-            close_if_broken(&mut conn, &result);
+            conn.finish(&result);
             result
         })
         .await

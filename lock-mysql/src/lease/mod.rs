@@ -49,6 +49,7 @@ use crate::{
     TableName,
     anchor::{self, Anchor},
     error::Error,
+    kept::Kept,
     rows::{
         LEASE_COLUMNS, LEASE_RELEASED_ALONE, LEASE_TAKEABLE, LeaseRow, LeaseState, lease_current,
     },
@@ -75,6 +76,8 @@ pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseStrategy {
     pool: MySqlPool,
+    /// The connection kept out of the pool for the uncontended acquire and release.
+    kept: Arc<Kept>,
     table: TableName,
     sql: Arc<Statements>,
     limits: Limits,
@@ -222,6 +225,7 @@ impl LeaseStrategy {
         let parking = pool.options().get_max_connections() / 2;
         Self {
             parking: Arc::new(tokio::sync::Semaphore::new(parking as usize)),
+            kept: Arc::new(Kept::new(pool.clone())),
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,

@@ -10,7 +10,7 @@ use super::{LeaseStrategy, changed_current, queue};
 use crate::{
     error::Error,
     rows::lease_token_is_ours,
-    sql::{broken, execute_within, retry_deadlocks, settle_or_close, within},
+    sql::{broken, retry_deadlocks, settle_or_close, within},
 };
 
 impl LeaseStrategy {
@@ -31,7 +31,7 @@ impl LeaseStrategy {
                     .bind(lease.token().as_str().as_bytes())
                     .bind(lease.fence().get())
                     .bind(name.as_str().as_bytes());
-                execute_within(&self.pool, until, query)
+                self.kept.execute_within(until, query)
             })
         };
         // On an error the hand-off batch below decides; if it then finds the lease gone, the

@@ -24,7 +24,7 @@ use crate::{
     error::{Class, Error, classify, server_code},
     local_queue::Place,
     rows::{HOLD_COLUMNS, HoldRow},
-    sql::{Deadlocks, execute_within, hex, is_timed_out, retry_deadlocks, run, tagged},
+    sql::{Deadlocks, hex, is_timed_out, retry_deadlocks, run, tagged},
 };
 
 /// How long creating a name's row may take even when the wait budget is spent.
@@ -466,7 +466,7 @@ impl Shared {
             retry_deadlocks(|| {
                 let query =
                     sqlx::query(AssertSqlSafe(self.bump.clone())).bind(name.as_str().as_bytes());
-                execute_within(&self.pool, until, query)
+                self.kept.execute_within(until, query)
             })
         };
         // Pooled connections the server closed since their last use (a restart) fail at once;

@@ -67,6 +67,7 @@ use crate::{
     TableName,
     anchor::{self, Anchor},
     error::Error,
+    kept::Kept,
     lease::ANSWER_GRACE,
     local_queue::LocalQueue,
     rows::{HOLD_COLUMNS, HoldRow, HoldState},
@@ -93,6 +94,8 @@ impl fmt::Debug for RowLockStrategy {
 
 struct Shared {
     pool: MySqlPool,
+    /// The connection kept out of the pool for the fence bump and the kill of a parked chunk.
+    kept: Kept,
     connect: MySqlConnectOptions,
     connect_timeout: Duration,
     table: TableName,
@@ -161,6 +164,7 @@ impl RowLockStrategy {
         }));
         Self {
             shared: Arc::new(Shared {
+                kept: Kept::new(pool.clone()),
                 pool,
                 connect,
                 connect_timeout,

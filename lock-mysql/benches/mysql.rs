@@ -56,11 +56,12 @@ fn main() -> ExitCode {
 }
 
 /// The pool of each separate client: for the lease, two connections, the least with which a
-/// waiter parks (half the pool parks, so renewals always find a connection), and the
-/// client's anchor its parks wait on makes three sessions (the peer's clients hold two); for
-/// the row lock one, beside the connection of its hold or wait (its target: at most one
-/// connection per waiting client). 1,000 lease clients so take 3,000 connections: the
-/// servers of `cargo xtask services up` take 4,000.
+/// waiter parks (half the pool parks, so renewals always find a connection); with the
+/// client's anchor its parks wait on and the connection kept beside the pool, four sessions
+/// (the peer's clients hold two); for the row lock one, beside the connection of its hold or
+/// wait (its target: at most one connection per waiting client; the bump and the kill run on
+/// the kept connection, which the pool's first connection becomes). 1,000 lease clients so
+/// take 4,000 connections: the servers of `cargo xtask services up` take 5,000.
 fn fleet_pool(strategy: Strategy) -> u32 {
     match strategy {
         Strategy::RowLock => 1,

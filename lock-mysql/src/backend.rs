@@ -207,7 +207,8 @@ impl MySqlBackend {
     }
 
     /// The pool of short-statement connections (for monitoring, or to run statements next to
-    /// the locks).
+    /// the locks). Its counts leave out the one connection kept beside it (see the crate's
+    /// README, "Connections").
     pub fn pool(&self) -> &MySqlPool {
         &self.inner.pool
     }

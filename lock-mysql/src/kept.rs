@@ -1,5 +1,6 @@
-//! One connection kept out of the pool between the short statements of an uncontended lock:
-//! a lease's acquire and release, a row lock's fence bump.
+//! One connection kept out of the pool between the short statements of an uncontended lock: a
+//! lease's tries and lone release, a row lock's fence bump and the kill that ends a hold's
+//! parked statement.
 //!
 //! sqlx tests every connection given back to its pool with a ping (its return path does so
 //! unconditionally: it flushes whatever a dropped statement left on the connection). That is
@@ -9,16 +10,18 @@
 //! leaves it here without a ping. A statement that finds it in use takes a pooled connection
 //! as before. So a client opens at most one connection more than its pool's size.
 //!
-//! What sqlx's ping is for is kept:
-//! - a statement that did not end cleanly (its future dropped mid-statement, its answer late,
-//!   its connection broken) closes the kept connection (see [`Checkout`]'s `Drop`); the next
-//!   clean statement on a pooled connection becomes the kept one;
-//! - a kept connection idle for [`TRUSTED_IDLE`] or longer (the server may have gone away
-//!   meanwhile) is closed, not used: the pool pings its own connections idle that long.
+//! What the pool does for its own connections is done here too:
+//! - a statement dropped midway leaves the kept connection to a ping in the background, which
+//!   waits for the statement to end (for at most [`DRAIN_FOR`]); it is kept again if the ping
+//!   answers, closed otherwise, and meanwhile statements take pooled connections;
+//! - a statement whose connection broke (or whose answer was late) closes it;
+//! - a kept connection idle for [`TRUSTED_IDLE`] or longer is pinged before use (the server
+//!   may have gone away meanwhile) and replaced by a pooled one if the ping fails;
+//! - one older than [`MAX_LIFETIME`] is closed and replaced.
 
 use std::{
     ops::{Deref, DerefMut},
-    sync::{Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -35,23 +38,39 @@ use crate::{
 };
 
 /// How long a connection may sit idle and still be used without a test: pooled connections
-/// idle longer are pinged before use, the kept one is closed (a restarted server leaves dead
+/// idle longer are pinged before use, and so is the kept one (a restarted server leaves dead
 /// connections behind; fresher ones answered a statement or a ping less than this ago).
 pub(crate) const TRUSTED_IDLE: Duration = Duration::from_secs(1);
+
+/// The longest the kept connection is used: sqlx's pools close their connections at this age
+/// by default (`max_lifetime`), so that load balancers and failovers see them move.
+pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// How long the ping after a statement dropped midway may wait for that statement to end.
+pub(crate) const DRAIN_FOR: Duration = Duration::from_secs(30);
 
 /// The kept connection of one client and the pool behind it.
 #[derive(Debug)]
 pub(crate) struct Kept {
     pool: MySqlPool,
-    slot: Mutex<Slot>,
+    slot: Arc<Mutex<Slot>>,
 }
 
 #[derive(Debug, Default)]
 struct Slot {
-    /// The kept connection while nobody uses it, and since when.
-    idle: Option<(MySqlConnection, Instant)>,
-    /// Whether there is a kept connection (idle here, or in a [`Checkout`]).
+    /// The kept connection while nobody uses it.
+    idle: Option<Idle>,
+    /// Whether there is a kept connection (idle here, in a [`Checkout`], or being drained).
     exists: bool,
+}
+
+#[derive(Debug)]
+struct Idle {
+    conn: MySqlConnection,
+    /// Since when it has been idle.
+    since: Instant,
+    /// When it became the kept connection.
+    kept_from: Instant,
 }
 
 impl Kept {
@@ -59,23 +78,37 @@ impl Kept {
     pub(crate) fn new(pool: MySqlPool) -> Self {
         Self {
             pool,
-            slot: Mutex::new(Slot::default()),
+            slot: Arc::default(),
         }
     }
 
-    /// The kept connection when it is idle and fresh, else a pooled one (waited for until
-    /// `until`). Hand it back with [`Checkout::finish`].
+    /// The kept connection when it is idle (pinged first when it has been idle for
+    /// [`TRUSTED_IDLE`]), else a pooled one (waited for until `until`). Hand it back with
+    /// [`Checkout::finish`].
     ///
     /// # Errors
     /// The pool's, or [`crate::sql::timed_out`] at `until`.
     pub(crate) async fn acquire(&self, until: Instant) -> Result<Checkout<'_>, sqlx::Error> {
-        let conn = match self.take_idle() {
-            Some(kept) => Conn::Kept(kept),
-            None => Conn::Pooled(within(until, self.pool.acquire()).await?),
-        };
+        if let Some(idle) = self.take_idle() {
+            let stale = idle.since.elapsed() >= TRUSTED_IDLE;
+            let mut kept = Checkout {
+                kept: self,
+                conn: Some(Conn::Kept(idle.conn, idle.kept_from)),
+            };
+            if !stale {
+                return Ok(kept);
+            }
+            let pinged = within(until, kept.ping()).await;
+            if pinged.is_ok() {
+                return Ok(kept);
+            }
+            // Dead (a restart, the server's idle limit): the pool's connection instead.
+            kept.finish(&pinged);
+        }
+        let pooled = within(until, self.pool.acquire()).await?;
         Ok(Checkout {
             kept: self,
-            conn: Some(conn),
+            conn: Some(Conn::Pooled(pooled)),
         })
     }
 
@@ -95,32 +128,40 @@ impl Kept {
         result
     }
 
-    fn slot(&self) -> MutexGuard<'_, Slot> {
-        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The idle kept connection, unless it has been idle too long (then it is closed).
-    fn take_idle(&self) -> Option<MySqlConnection> {
-        let mut slot = self.slot();
-        let (conn, since) = slot.idle.take()?;
-        if since.elapsed() < TRUSTED_IDLE {
-            return Some(conn);
+    /// The idle kept connection, unless there is none or it is past [`MAX_LIFETIME`] (then
+    /// it is closed).
+    fn take_idle(&self) -> Option<Idle> {
+        let mut slot = lock(&self.slot);
+        let idle = slot.idle.take()?;
+        if idle.kept_from.elapsed() < MAX_LIFETIME {
+            return Some(idle);
         }
         slot.exists = false;
         drop(slot);
-        close(conn);
+        close(idle.conn);
         None
     }
 
     /// Hands back a connection whose statement ended cleanly: kept, or (another one is kept)
     /// given back to the pool.
     fn keep(&self, conn: Conn) {
-        let mut slot = self.slot();
+        let mut slot = lock(&self.slot);
+        let now = Instant::now();
         match conn {
-            Conn::Kept(conn) => slot.idle = Some((conn, Instant::now())),
+            Conn::Kept(conn, kept_from) => {
+                slot.idle = Some(Idle {
+                    conn,
+                    since: now,
+                    kept_from,
+                });
+            }
             Conn::Pooled(pooled) if !slot.exists => {
                 slot.exists = true;
-                slot.idle = Some((pooled.detach(), Instant::now()));
+                slot.idle = Some(Idle {
+                    conn: pooled.detach(),
+                    since: now,
+                    kept_from: now,
+                });
             }
             Conn::Pooled(pooled) => {
                 drop(slot);
@@ -129,30 +170,60 @@ impl Kept {
         }
     }
 
-    /// A connection whose statement did not end cleanly: closed if it is the kept one (or
-    /// broken), else given back to the pool, which tests it.
-    fn discard(&self, conn: Conn, broken: bool) {
+    /// A connection that broke, or whose answer came too late: closed, not reused (a pooled
+    /// one when the pool gets it back).
+    fn discard(&self, conn: Conn) {
         match conn {
-            Conn::Kept(conn) => {
-                self.slot().exists = false;
-                close(conn);
+            Conn::Kept(conn, _) => {
+                lock(&self.slot).exists = false;
+                drop(conn);
             }
             Conn::Pooled(mut pooled) => {
-                if broken {
-                    pooled.close_on_drop();
-                }
+                pooled.close_on_drop();
                 drop(pooled);
             }
         }
+    }
+
+    /// A connection whose statement was dropped midway: a pooled one goes back to the pool,
+    /// which pings it; the kept one is pinged here, in the background (see the module docs).
+    fn drain(&self, conn: Conn) {
+        let Conn::Kept(conn, kept_from) = conn else {
+            // Back to the pool, which pings it.
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            lock(&self.slot).exists = false;
+            return;
+        };
+        let slot = self.slot.clone();
+        runtime.spawn(async move {
+            let mut conn = conn;
+            let answered = tokio::time::timeout(DRAIN_FOR, conn.ping()).await;
+            let mut slot = lock(&slot);
+            if matches!(answered, Ok(Ok(()))) {
+                slot.idle = Some(Idle {
+                    conn,
+                    since: Instant::now(),
+                    kept_from,
+                });
+            } else {
+                slot.exists = false;
+            }
+        });
     }
 }
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        if let Some((conn, _)) = self.slot().idle.take() {
-            close(conn);
+        if let Some(idle) = lock(&self.slot).idle.take() {
+            close(idle.conn);
         }
     }
+}
+
+fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Closes `conn`: says goodbye to the server when a runtime is at hand, else drops the socket.
@@ -165,12 +236,14 @@ fn close(conn: MySqlConnection) {
 }
 
 enum Conn {
-    Kept(MySqlConnection),
+    /// The kept connection, and when it became the kept one.
+    Kept(MySqlConnection, Instant),
     Pooled(PoolConnection<MySql>),
 }
 
 /// A connection from [`Kept::acquire`]: the kept one or a pooled one. Dropped without
-/// [`Checkout::finish`] (its statement's future was dropped), it counts as not ended cleanly.
+/// [`Checkout::finish`] (its statement's future was dropped), it is drained (see
+/// [`Kept::drain`]).
 pub(crate) struct Checkout<'a> {
     kept: &'a Kept,
     /// Always `Some` until given back.
@@ -186,7 +259,7 @@ impl Checkout<'_> {
             return;
         };
         match result {
-            Err(error) if classify(error) == Class::Connection => self.kept.discard(conn, true),
+            Err(error) if classify(error) == Class::Connection => self.kept.discard(conn),
             _ => self.kept.keep(conn),
         }
     }
@@ -197,7 +270,7 @@ impl Deref for Checkout<'_> {
 
     fn deref(&self) -> &MySqlConnection {
         match self.conn.as_ref() {
-            Some(Conn::Kept(conn)) => conn,
+            Some(Conn::Kept(conn, _)) => conn,
             Some(Conn::Pooled(pooled)) => pooled,
             None => unreachable!("a checkout holds its connection until it is dropped"),
         }
@@ -207,7 +280,7 @@ impl Deref for Checkout<'_> {
 impl DerefMut for Checkout<'_> {
     fn deref_mut(&mut self) -> &mut MySqlConnection {
         match self.conn.as_mut() {
-            Some(Conn::Kept(conn)) => conn,
+            Some(Conn::Kept(conn, _)) => conn,
             Some(Conn::Pooled(pooled)) => pooled,
             None => unreachable!("a checkout holds its connection until it is dropped"),
         }
@@ -217,14 +290,15 @@ impl DerefMut for Checkout<'_> {
 impl Drop for Checkout<'_> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            self.kept.discard(conn, false);
+            self.kept.drain(conn);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    //! Against the test server (`LOCK_TEST_MYSQL_URL`, set by `cargo xtask services env`).
+    //! Against the test server (`LOCK_TEST_MYSQL_URL`, set by `cargo xtask services env`), as
+    //! the crate's integration tests.
     use sqlx::mysql::MySqlPoolOptions;
 
     use super::*;
@@ -240,10 +314,13 @@ mod tests {
         Kept::new(pool)
     }
 
-    /// Runs `sql` on a checkout of `kept`: the connection's id, or the statement's error.
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(10)
+    }
+
+    /// Runs `sql` on a checkout of `kept`: the connection's id, and the statement's outcome.
     async fn id_after(kept: &Kept, sql: &'static str) -> (u64, Result<(), sqlx::Error>) {
-        let until = Instant::now() + Duration::from_secs(10);
-        let mut conn = kept.acquire(until).await.expect("a connection");
+        let mut conn = kept.acquire(soon()).await.expect("a connection");
         let id: u64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
             .fetch_one(&mut *conn)
             .await
@@ -253,11 +330,27 @@ mod tests {
         (id, result)
     }
 
+    /// The id of the connection a clean statement ran on.
+    async fn clean(kept: &Kept) -> u64 {
+        let (id, done) = id_after(kept, "DO 1").await;
+        done.expect("DO 1");
+        id
+    }
+
+    /// Kills the session `id` from a connection of its own.
+    async fn kill(id: u64) {
+        let url = std::env::var("LOCK_TEST_MYSQL_URL").expect("LOCK_TEST_MYSQL_URL");
+        let mut admin = MySqlConnection::connect(&url).await.expect("a connection");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
+            .execute(&mut admin)
+            .await
+            .expect("the kill");
+    }
+
     #[tokio::test]
     async fn a_connection_that_ends_cleanly_is_kept_out_of_the_pool() {
         let kept = kept().await;
-        let (first, done) = id_after(&kept, "DO 1").await;
-        done.expect("DO 1");
+        let first = clean(&kept).await;
         // Detached: the pool holds no connection now, and is free to open one.
         assert_eq!(
             kept.pool.size(),
@@ -265,8 +358,7 @@ mod tests {
             "the pool still counts the kept connection"
         );
         for _ in 0..3 {
-            let (next, done) = id_after(&kept, "DO 1").await;
-            done.expect("DO 1");
+            let next = clean(&kept).await;
             assert_eq!(
                 next, first,
                 "the next statement did not run on the kept connection"
@@ -280,65 +372,78 @@ mod tests {
         let kept = kept().await;
         let (first, failed) = id_after(&kept, "SELECT * FROM no_such_table_here").await;
         assert!(failed.is_err(), "a missing table did not fail");
-        let (next, done) = id_after(&kept, "DO 1").await;
-        done.expect("DO 1");
-        assert_eq!(next, first, "a server's error cost the kept connection");
+        assert_eq!(
+            clean(&kept).await,
+            first,
+            "a server's error cost the kept connection"
+        );
     }
 
     #[tokio::test]
-    async fn a_statement_dropped_midway_closes_it() {
+    async fn a_statement_dropped_midway_is_drained_then_kept() {
         let kept = kept().await;
-        let (first, done) = id_after(&kept, "DO 1").await;
-        done.expect("DO 1");
-        let mut conn = kept.acquire(Instant::now()).await.expect("a connection");
-        let sleeping = sqlx::raw_sql("DO SLEEP(5)").execute(&mut *conn);
+        let first = clean(&kept).await;
+        let mut conn = kept.acquire(soon()).await.expect("a connection");
+        let sleeping = sqlx::raw_sql("DO SLEEP(0.5)").execute(&mut *conn);
         let stopped = tokio::time::timeout(Duration::from_millis(50), sleeping).await;
         assert!(
             stopped.is_err(),
-            "a five-second sleep answered within 50 ms"
+            "a half-second sleep answered within 50 ms"
         );
         drop(conn);
-        let (next, done) = id_after(&kept, "DO 1").await;
-        done.expect("DO 1");
+        // While the ping waits for the sleep, statements take the pool's connection.
+        let meanwhile = clean(&kept).await;
         assert_ne!(
-            next, first,
-            "a connection left mid-statement was used again"
+            meanwhile, first,
+            "a connection mid-statement was used again"
         );
+        // Once the sleep ended and the ping answered, it is the kept connection again.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while clean(&kept).await != first {
+            assert!(
+                Instant::now() < deadline,
+                "the drained connection was not kept again within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[tokio::test]
     async fn a_broken_connection_is_not_kept() {
         let kept = kept().await;
-        let (first, done) = id_after(&kept, "DO 1").await;
-        done.expect("DO 1");
-        let until = Instant::now() + Duration::from_secs(10);
-        let mut other = kept.pool.acquire().await.expect("a pooled connection");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {first}")))
-            .execute(&mut *other)
-            .await
-            .expect("the kill");
-        drop(other);
-        let mut conn = kept.acquire(until).await.expect("the kept connection");
+        let first = clean(&kept).await;
+        kill(first).await;
+        // The killed connection, used untested (it answered less than TRUSTED_IDLE ago, as a
+        // pooled one would be), fails; or, on a slow machine, a ping finds it dead and the
+        // pool's answers.
+        let mut conn = kept.acquire(soon()).await.expect("a connection");
         let result = sqlx::raw_sql("DO 1").execute(&mut *conn).await.map(drop);
-        assert!(result.is_err(), "a killed connection answered");
         conn.finish(&result);
-        let (next, done) = id_after(&kept, "DO 1").await;
-        done.expect("DO 1 after the broken connection");
+        let next = clean(&kept).await;
         assert_ne!(next, first, "the killed connection was kept");
     }
 
     #[tokio::test]
-    async fn one_idle_too_long_is_closed_not_used() {
+    async fn one_idle_past_the_trusted_time_is_pinged_and_kept() {
         let kept = kept().await;
-        let (first, done) = id_after(&kept, "DO 1").await;
-        done.expect("DO 1");
+        let first = clean(&kept).await;
         // The time under test: the kept connection's idle time, not a wait for an event.
         tokio::time::sleep(TRUSTED_IDLE + Duration::from_millis(20)).await;
-        let (next, done) = id_after(&kept, "DO 1").await;
-        done.expect("DO 1");
-        assert_ne!(
-            next, first,
-            "a connection idle past TRUSTED_IDLE was used untested"
+        assert_eq!(
+            clean(&kept).await,
+            first,
+            "a live idle connection was replaced"
         );
+    }
+
+    #[tokio::test]
+    async fn one_the_server_closed_while_idle_is_replaced_unseen() {
+        let kept = kept().await;
+        let first = clean(&kept).await;
+        kill(first).await;
+        tokio::time::sleep(TRUSTED_IDLE + Duration::from_millis(20)).await;
+        let (next, done) = id_after(&kept, "DO 1").await;
+        done.expect("a statement after the kept connection was killed while idle");
+        assert_ne!(next, first, "a killed connection was used");
     }
 }

@@ -471,9 +471,9 @@ impl Shared {
         };
         // Pooled connections the server closed since their last use (a restart) fail at once;
         // each is closed, and a later try gets a live one (at most one try per pooled
-        // connection more). A bump that committed but lost its answer only skips a fence:
-        // fences grow, and the record takes the fence issued.
-        let mut tries = self.pool.options().get_max_connections();
+        // connection, and the kept one, more). A bump that committed but lost its answer only
+        // skips a fence: fences grow, and the record takes the fence issued.
+        let mut tries = self.pool.options().get_max_connections() + 1;
         let done = loop {
             match bump().await {
                 Err(error)

@@ -5,16 +5,16 @@
 //!   holder and returns when the holder's transaction ends (no polling). The wait budget is
 //!   enforced to the millisecond although `innodb_lock_wait_timeout` counts whole seconds: the
 //!   session timeout is set to the budget rounded up, the query is raced against the budget,
-//!   and on expiry the waiting statement is stopped with `KILL QUERY` from a pooled
-//!   connection; the dedicated connection is then closed, never reused mid-statement. A wait
-//!   stopped so answers [`LockError::Timeout`] at expiry, before the kill: the kill, the
+//!   and on expiry the waiting statement is stopped with `KILL QUERY` from the connection
+//!   kept beside the pool (see [`crate::kept`]; or a pooled one); the dedicated connection
+//!   is then closed, never reused mid-statement. A wait stopped so answers [`LockError::Timeout`] at expiry, before the kill: the kill, the
 //!   drain and the close go on in the background, so a server slow to kill (a thousand waits
 //!   ending together) or not answering does not hold that answer up (see `acquire::Answer`).
 //!   A zero budget is `FOR UPDATE NOWAIT`. Of one client's acquisitions of a name only one waits in
 //!   InnoDB at a time; the others queue in the client ([`LocalQueue`]).
 //! - **Fences** live in a separate `<table>_fences` row bumped by an autocommitted statement on
-//!   a pooled connection *after* the row lock is granted, so they follow the order of grants
-//!   and survive the rollback that ends every hold.
+//!   the connection kept beside the pool (or a pooled one) *after* the row lock is granted, so
+//!   they follow the order of grants and survive the rollback that ends every hold.
 //! - **Who holds it**: once it has the row lock, the holder inserts its token, fence and
 //!   connection id as a row of `<table>_holds` inside its transaction and never commits.
 //!   Readers at `READ UNCOMMITTED` see it while the hold lasts; the rollback that ends it
@@ -27,7 +27,7 @@
 //!   reads as not held yet, as before the record existed). A committed record is foreign.
 //! - **One round trip after the grant**: the grant's reply also carries the committed fence
 //!   counter, so the record (with the fence the bump will issue: that counter plus one) goes
-//!   out on the hold's connection at the same time as the bump on a pooled one. In the rare
+//!   out on the hold's connection at the same time as the bump on another. In the rare
 //!   case the bump issues another fence (an earlier bump whose client gave up on it landed in
 //!   between), the record is corrected before the grant is returned; until then `inspect`
 //!   may show the record's fence, lower than the one the holder gets. A counter at its
@@ -99,7 +99,7 @@ struct Shared {
     connect: MySqlConnectOptions,
     connect_timeout: Duration,
     table: TableName,
-    /// The fence bump, prepared once per pooled connection.
+    /// The fence bump, prepared once per connection it runs on.
     bump: Arc<str>,
     /// The renewal's read of the holder's token, prepared once per dedicated connection.
     held: Arc<str>,

@@ -12,7 +12,10 @@ use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 
 use super::{
     client, handed_on, kill_connection, spawn_acquire,
-    support::{self, MySqlStore},
+    support::{
+        self, MySqlStore,
+        admin::{TempUser, root_sql},
+    },
     until_waiting,
 };
 
@@ -63,28 +66,39 @@ pub(super) async fn row_lock_kill_holder() -> Outcome {
     Ok(())
 }
 
-/// The connection id of the only connection of a one-connection pool.
-pub(super) async fn pool_connection_id(backend: &MySqlBackend) -> Result<u64, Failure> {
-    let mut last = String::new();
-    for _ in 0..3 {
-        match sqlx::query_scalar::<_, u64>("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
-            .fetch_one(backend.pool())
-            .await
-        {
-            Ok(id) => return Ok(id),
-            // A connection killed earlier is found dead on first use and replaced.
-            Err(e) => last = e.to_string(),
-        }
-    }
-    Err(Failure(last))
+/// Kills every session of `user` (as `root`, with MariaDB's `KILL USER`); fails when it has
+/// none.
+async fn kill_sessions_of(user: &TempUser) -> Outcome {
+    let who = format!("'{}'@'127.0.0.1'", user.name);
+    let sessions = root_sql(&format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '{}'",
+        user.name
+    ))
+    .map_err(Failure)?;
+    ensure!(
+        sessions.parse::<u64>().is_ok_and(|n| n > 0),
+        "user {who} has no session to kill ({sessions:?})"
+    );
+    root_sql(&format!("KILL USER {who}")).map_err(Failure)?;
+    Ok(())
 }
 
-/// Lease: the hold does not live in a connection. Killed, its holder's connection takes
+/// Lease: the hold does not live in a connection. Killed, its holder's connections take
 /// nothing with it: the lease lasts until its TTL (watchdog off) or for as long as the
-/// watchdog renews it through a new connection.
+/// watchdog renews it through a new connection. The holder logs in as a user of its own, so
+/// that every session of its client (the pool's, the one kept beside it, the anchor's) is
+/// killed, whichever ran the acquisition.
 pub(super) async fn lease_kill_holder() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let single = store.config().clone().pool_size(1);
+    let base = url::Url::parse(&support::url().map_err(Failure)?).map_err(err)?;
+    let database = base.path().trim_start_matches('/').to_owned();
+    let user = TempUser::create(&database, "MAX_QUERIES_PER_HOUR 0").map_err(Failure)?;
+    let mut own = base.clone();
+    own.set_username(&user.name)
+        .and_then(|()| own.set_password(Some(&user.password)))
+        .map_err(|()| Failure("cannot set the user".into()))?;
+    let mut single = store.config().clone().pool_size(1);
+    single.url = own.into();
     let backend = MySqlBackend::connect(&single).await.map_err(err)?;
     let a = LockClient::new(backend.clone());
     let b = client(store.config()).await?;
@@ -96,7 +110,7 @@ pub(super) async fn lease_kill_holder() -> Outcome {
         .lock_with(&name1, &LockOptions::new().ttl(ttl).watchdog(false))
         .await
         .map_err(err)?;
-    kill_connection(pool_connection_id(&backend).await?).await?;
+    kill_sessions_of(&user).await?;
     let busy = b
         .try_lock_with(&name1, &LockOptions::new().ttl(ttl))
         .await
@@ -131,7 +145,7 @@ pub(super) async fn lease_kill_holder() -> Outcome {
         .lock_with(&name2, &LockOptions::new().ttl(ttl))
         .await
         .map_err(err)?;
-    kill_connection(pool_connection_id(&backend).await?).await?;
+    kill_sessions_of(&user).await?;
     let start = Instant::now();
     while start.elapsed() < ttl * 3 {
         ensure!(

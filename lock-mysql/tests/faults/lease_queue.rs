@@ -440,7 +440,7 @@ pub(super) async fn lease_new_row_in_one_statement() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
     let mut config = MySqlConfig::new(proxy.url(&url).map_err(Failure)?)
         .strategy(Strategy::Lease)
-        .pool_size(1); // one connection: the recording is in the order sent
+        .pool_size(1); // few connections (one pooled, one kept): the recording is small
     config.table = store.config().table.clone();
     let backend = MySqlBackend::connect(&config).await.map_err(err)?;
     let options = LockOptions::new()

@@ -50,7 +50,7 @@ fn argv(tools: &Tools, inst: &Instance) -> Vec<String> {
         "--bind-address=127.0.0.1".to_string(),
         format!("--port={}", inst.port),
         "--skip-name-resolve".to_string(),
-        "--max-connections=4000".to_string(),
+        "--max-connections=5000".to_string(),
     ]
 }
 

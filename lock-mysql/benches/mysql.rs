@@ -126,7 +126,7 @@ async fn run() -> Result<(), String> {
         )
         .await?;
         // The row lock holds each lock on a connection of its own, renewed by a statement
-        // on it: a hundred show that cost as well as ten thousand (the server takes 4,000
+        // on it: a hundred show that cost as well as ten thousand (the server takes 5,000
         // connections).
         let held = match strategy {
             Strategy::RowLock => bench::RENEWAL_LOCKS / 100,

@@ -17,7 +17,8 @@
 //! - a statement whose connection broke (or whose answer was late) closes it;
 //! - a kept connection idle for [`TRUSTED_IDLE`] or longer is pinged before use (the server
 //!   may have gone away meanwhile) and replaced by a pooled one if the ping fails;
-//! - one older than [`MAX_LIFETIME`] is closed and replaced.
+//! - one kept for [`MAX_LIFETIME`] is closed and replaced;
+//! - one whose ping before use is dropped midway is closed (see [`Pinging`]).
 
 use std::{
     ops::{Deref, DerefMut},
@@ -90,20 +91,19 @@ impl Kept {
     /// The pool's, or [`crate::sql::timed_out`] at `until`.
     pub(crate) async fn acquire(&self, until: Instant) -> Result<Checkout<'_>, sqlx::Error> {
         if let Some(idle) = self.take_idle() {
-            let stale = idle.since.elapsed() >= TRUSTED_IDLE;
-            let mut kept = Checkout {
-                kept: self,
-                conn: Some(Conn::Kept(idle.conn, idle.kept_from)),
+            let kept_from = idle.kept_from;
+            let conn = if idle.since.elapsed() < TRUSTED_IDLE {
+                Some(idle.conn)
+            } else {
+                Pinging::new(self, idle.conn).answered(until).await
             };
-            if !stale {
-                return Ok(kept);
-            }
-            let pinged = within(until, kept.ping()).await;
-            if pinged.is_ok() {
-                return Ok(kept);
+            if let Some(conn) = conn {
+                return Ok(Checkout {
+                    kept: self,
+                    conn: Some(Conn::Kept(conn, kept_from)),
+                });
             }
             // Dead (a restart, the server's idle limit): the pool's connection instead.
-            kept.finish(&pinged);
         }
         let pooled = within(until, self.pool.acquire()).await?;
         Ok(Checkout {
@@ -200,6 +200,13 @@ impl Kept {
         runtime.spawn(async move {
             let mut conn = conn;
             let answered = tokio::time::timeout(DRAIN_FOR, conn.ping()).await;
+            if Arc::strong_count(&slot) == 1 {
+                // Its client is gone meanwhile.
+                if matches!(answered, Ok(Ok(()))) {
+                    let _ = tokio::time::timeout(TRUSTED_IDLE, conn.close()).await;
+                }
+                return;
+            }
             let mut slot = lock(&slot);
             if matches!(answered, Ok(Ok(()))) {
                 slot.idle = Some(Idle {
@@ -232,6 +239,43 @@ fn close(conn: MySqlConnection) {
         runtime.spawn(async move {
             let _ = tokio::time::timeout(TRUSTED_IDLE, conn.close()).await;
         });
+    }
+}
+
+/// The kept connection while its ping is out: dropped before the answer came, it closes the
+/// connection rather than drain it. sqlx does not track a ping it sent as it tracks a
+/// statement, so a connection whose ping was dropped midway would leave that ping's answer
+/// unread, and each later statement would read the answer meant for the one before it.
+struct Pinging<'a> {
+    kept: &'a Kept,
+    /// `Some` until the ping answered or failed.
+    conn: Option<MySqlConnection>,
+}
+
+impl<'a> Pinging<'a> {
+    fn new(kept: &'a Kept, conn: MySqlConnection) -> Self {
+        Self {
+            kept,
+            conn: Some(conn),
+        }
+    }
+
+    /// The connection if its ping answered by `until`; otherwise it is closed (any failure).
+    async fn answered(mut self, until: Instant) -> Option<MySqlConnection> {
+        let conn = self.conn.as_mut()?;
+        if within(until, conn.ping()).await.is_ok() {
+            return self.conn.take();
+        }
+        None
+    }
+}
+
+impl Drop for Pinging<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            lock(&self.kept.slot).exists = false;
+            drop(conn);
+        }
     }
 }
 
@@ -384,7 +428,7 @@ mod tests {
         let kept = kept().await;
         let first = clean(&kept).await;
         let mut conn = kept.acquire(soon()).await.expect("a connection");
-        let sleeping = sqlx::raw_sql("DO SLEEP(0.5)").execute(&mut *conn);
+        let sleeping = sqlx::raw_sql("DO SLEEP(2)").execute(&mut *conn);
         let stopped = tokio::time::timeout(Duration::from_millis(50), sleeping).await;
         assert!(
             stopped.is_err(),
@@ -434,6 +478,78 @@ mod tests {
             first,
             "a live idle connection was replaced"
         );
+    }
+
+    /// A relay to the test server that holds the server's answers back while `hold` is true.
+    async fn relay(upstream: (String, u16)) -> (u16, tokio::sync::watch::Sender<bool>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = listener.local_addr().expect("its address").port();
+        let (hold, held) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(upstream.clone())
+                    .await
+                    .expect("the test server");
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+                });
+                let mut held = held.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 64 * 1024];
+                    while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+                        if held.wait_for(|hold| !*hold).await.is_err()
+                            || to_client.write_all(&buf[..n]).await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        (port, hold)
+    }
+
+    /// A ping dropped after it was sent and before its answer came (sqlx does not track
+    /// pings as it tracks statements): the connection must not be used again, or each later
+    /// statement would read the answer meant for the one before it.
+    #[tokio::test]
+    async fn a_ping_dropped_midway_takes_the_connection_with_it() {
+        let url = std::env::var("LOCK_TEST_MYSQL_URL").expect("LOCK_TEST_MYSQL_URL");
+        let options: sqlx::mysql::MySqlConnectOptions = url.parse().expect("the URL");
+        let upstream = (options.get_host().to_owned(), options.get_port());
+        let (port, hold) = relay(upstream).await;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.host("127.0.0.1").port(port))
+            .await
+            .expect("the test server, relayed");
+        let kept = Kept::new(pool);
+        clean(&kept).await;
+        // The time under test: the kept connection's idle time, after which it is pinged.
+        tokio::time::sleep(TRUSTED_IDLE + Duration::from_millis(20)).await;
+        hold.send_replace(true);
+        let dropped = tokio::time::timeout(Duration::from_millis(100), kept.acquire(soon())).await;
+        assert!(
+            dropped.is_err(),
+            "the ping answered while the relay held answers back"
+        );
+        hold.send_replace(false);
+        for round in 0..5 {
+            let mut conn = kept.acquire(soon()).await.expect("a connection");
+            let read = sqlx::query_scalar::<_, i64>("SELECT 7")
+                .fetch_one(&mut *conn)
+                .await;
+            let ok = matches!(read, Ok(7));
+            conn.finish(&read);
+            assert!(ok, "round {round}: SELECT 7 read {read:?}");
+            // Time for a drain in the background, if there were one, to put it back.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[tokio::test]

@@ -7,9 +7,10 @@
 //!   session timeout is set to the budget rounded up, the query is raced against the budget,
 //!   and on expiry the waiting statement is stopped with `KILL QUERY` from the connection
 //!   kept beside the pool (see [`crate::kept`]; or a pooled one); the dedicated connection
-//!   is then closed, never reused mid-statement. A wait stopped so answers [`LockError::Timeout`] at expiry, before the kill: the kill, the
-//!   drain and the close go on in the background, so a server slow to kill (a thousand waits
-//!   ending together) or not answering does not hold that answer up (see `acquire::Answer`).
+//!   is then closed, never reused mid-statement. A wait stopped so answers
+//!   [`LockError::Timeout`] at expiry, before the kill: the kill, the drain and the close go
+//!   on in the background, so a server slow to kill (a thousand waits ending together) or not
+//!   answering does not hold that answer up (see `acquire::Answer`).
 //!   A zero budget is `FOR UPDATE NOWAIT`. Of one client's acquisitions of a name only one waits in
 //!   InnoDB at a time; the others queue in the client ([`LocalQueue`]).
 //! - **Fences** live in a separate `<table>_fences` row bumped by an autocommitted statement on

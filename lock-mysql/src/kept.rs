@@ -539,6 +539,22 @@ mod tests {
             "the ping answered while the relay held answers back"
         );
         hold.send_replace(false);
+        // Until the slot settles: the connection gone, or (a drain in the guard's place) back.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let settled = {
+                let slot = lock(&kept.slot);
+                !slot.exists || slot.idle.is_some()
+            };
+            if settled {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the slot did not settle within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         for round in 0..5 {
             let mut conn = kept.acquire(soon()).await.expect("a connection");
             let read = sqlx::query_scalar::<_, i64>("SELECT 7")
@@ -547,9 +563,13 @@ mod tests {
             let ok = matches!(read, Ok(7));
             conn.finish(&read);
             assert!(ok, "round {round}: SELECT 7 read {read:?}");
-            // Time for a drain in the background, if there were one, to put it back.
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // The closed connection's place was freed: a pooled one became the kept one.
+        assert_eq!(
+            kept.pool.size(),
+            0,
+            "no connection was kept after the dropped ping"
+        );
     }
 
     #[tokio::test]

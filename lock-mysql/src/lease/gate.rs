@@ -22,7 +22,7 @@
 //!   paused while it waits), the longest the holder sleeps between tries
 //!   ([`super::queue::place_for`]), rounded up to whole seconds: the server ends a session
 //!   idle that long, and the gate goes to the next waiter. The holder's tries and queue
-//!   batches run on other pooled connections, so one that waits longer than that (a try
+//!   batches run on other connections, so one that waits longer than that (a try
 //!   waiting for a row a long transaction keeps locked) loses the gate too. A waiter so cut
 //!   off, or whose gate connection fails, goes on waiting in the queue without it (the
 //!   queue, not the gate, decides who may take the lease; a lost gate costs order, never

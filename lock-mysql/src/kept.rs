@@ -27,10 +27,8 @@ use std::{
 };
 
 use sqlx::{
-    Connection, MySql, MySqlConnection, MySqlPool,
-    mysql::{MySqlArguments, MySqlQueryResult},
+    Connection, Execute, Executor, MySql, MySqlConnection, MySqlPool, mysql::MySqlQueryResult,
     pool::PoolConnection,
-    query::Query,
 };
 
 use crate::{
@@ -112,18 +110,19 @@ impl Kept {
         })
     }
 
-    /// Runs `query` on a connection of [`Kept::acquire`], all by `until` (getting the
-    /// connection included), as [`crate::sql::execute_within`] does on the pool.
+    /// Runs `query` (a prepared query or raw SQL) on a connection of [`Kept::acquire`], all by
+    /// `until` (getting the connection included), as [`crate::sql::execute_within`] does on
+    /// the pool.
     ///
     /// # Errors
     /// The statement's, the pool's, or [`crate::sql::timed_out`] at `until`.
-    pub(crate) async fn execute_within(
+    pub(crate) async fn execute_within<'q>(
         &self,
         until: Instant,
-        query: Query<'_, MySql, MySqlArguments>,
+        query: impl Execute<'q, MySql> + 'q,
     ) -> Result<MySqlQueryResult, sqlx::Error> {
         let mut conn = self.acquire(until).await?;
-        let result = within(until, query.execute(&mut *conn)).await;
+        let result = within(until, (&mut *conn).execute(query)).await;
         conn.finish(&result);
         result
     }

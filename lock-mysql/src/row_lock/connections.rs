@@ -10,7 +10,7 @@ use super::{Shared, acquire::Answer};
 use crate::{
     config::ceil_secs,
     error::{Error, server_code},
-    sql::{connect_within, run, tagged, within},
+    sql::{connect_within, run, tagged},
 };
 
 /// Why a wait was stopped before the server answered.
@@ -120,14 +120,8 @@ impl Shared {
     /// Stops the statement running on connection `id` (a waiting `SELECT ... FOR UPDATE`, a
     /// parked chunk), trying until `until`. False when that could not be done.
     pub(super) async fn kill_query(&self, id: u64, until: Instant) -> bool {
-        let kill = async {
-            let mut conn = self.kept.acquire(until).await?;
-            let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}")));
-            let result = within(until, kill.execute(&mut *conn)).await;
-            conn.finish(&result);
-            result
-        };
-        match kill.await {
+        let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}")));
+        match self.kept.execute_within(until, kill).await {
             Ok(_) => true,
             // 1094: unknown thread id: the connection is gone, and its wait with it.
             Err(error) => server_code(&error) == Some(1094),

@@ -68,7 +68,7 @@ pub(super) async fn row_lock_kill_holder() -> Outcome {
 
 /// Kills every session of `user` (as `root`, with MariaDB's `KILL USER`); fails when it has
 /// none.
-async fn kill_sessions_of(user: &TempUser) -> Outcome {
+fn kill_sessions_of(user: &TempUser) -> Outcome {
     let who = format!("'{}'@'127.0.0.1'", user.name);
     let sessions = root_sql(&format!(
         "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '{}'",
@@ -110,7 +110,7 @@ pub(super) async fn lease_kill_holder() -> Outcome {
         .lock_with(&name1, &LockOptions::new().ttl(ttl).watchdog(false))
         .await
         .map_err(err)?;
-    kill_sessions_of(&user).await?;
+    kill_sessions_of(&user)?;
     let busy = b
         .try_lock_with(&name1, &LockOptions::new().ttl(ttl))
         .await
@@ -145,7 +145,7 @@ pub(super) async fn lease_kill_holder() -> Outcome {
         .lock_with(&name2, &LockOptions::new().ttl(ttl))
         .await
         .map_err(err)?;
-    kill_sessions_of(&user).await?;
+    kill_sessions_of(&user)?;
     let start = Instant::now();
     while start.elapsed() < ttl * 3 {
         ensure!(

@@ -17,7 +17,7 @@ use zookeeper_client::{self as zk, MultiReadResult, SessionId, SessionState};
 use crate::{
     OpCounts, ZkConfig,
     error::{ZkError, is_session_end},
-    recipe,
+    recipe::{self, OwnWatch},
     session::{Conn, Sessions},
 };
 
@@ -25,7 +25,7 @@ use crate::{
 ///
 /// Each lock is the container node `<root>/<encoded name>`; each acquisition creates an
 /// EPHEMERAL_SEQUENTIAL child in Curator's protected layout `_c_<uuid>-lock-<sequence>`. The
-/// lowest sequence holds the lock; every other contender watches only the node just before it.
+/// lowest sequence holds the lock; every other contender watches the two nodes before it.
 /// See the crate documentation for the whole recipe, what a lease means here and what
 /// `extend` does.
 ///
@@ -39,8 +39,10 @@ pub struct ZkBackend {
 struct Inner {
     sessions: Sessions,
     /// Nodes this backend holds, by lease token: leases are bound to the session that created
-    /// their node, so only this backend can renew or release them.
-    held: Mutex<HashMap<LeaseToken, Held>>,
+    /// their node, so only this backend can renew or release them. With each, the watch its
+    /// acquisition set on it while waiting, if any: kept until the node's deletion fires it, so
+    /// that it ends without a `removeWatches` request.
+    held: Mutex<HashMap<LeaseToken, (Held, Option<OwnWatch>)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -161,7 +163,7 @@ impl ZkBackend {
         Ok(self.inner.sessions.live().await?.client().clone())
     }
 
-    fn table(&self) -> MutexGuard<'_, HashMap<LeaseToken, Held>> {
+    fn table(&self) -> MutexGuard<'_, HashMap<LeaseToken, (Held, Option<OwnWatch>)>> {
         self.inner
             .held
             .lock()
@@ -172,6 +174,7 @@ impl ZkBackend {
     fn held(&self, lease: &Lease) -> Result<Held, LockError> {
         self.table()
             .get(lease.token())
+            .map(|(held, _)| held)
             .filter(|held| held.name == *lease.name())
             .cloned()
             .ok_or_else(|| LockError::not_held(lease.name()))
@@ -271,11 +274,14 @@ impl LockBackend for ZkBackend {
             );
             self.table().insert(
                 granted.token,
-                Held {
-                    name: request.name().clone(),
-                    path: granted.path,
-                    session: granted.session,
-                },
+                (
+                    Held {
+                        name: request.name().clone(),
+                        path: granted.path,
+                        session: granted.session,
+                    },
+                    granted.own_watch,
+                ),
             );
             Ok(Grant::new(lease, granted.valid_from))
         })

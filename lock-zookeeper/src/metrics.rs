@@ -9,9 +9,10 @@ use serde::{Deserialize, Serialize};
 ///
 /// The recipe's cost is visible here: an uncontended acquisition is one `create` and one
 /// `list` (sent together), a release one `delete`, a renewal one `exists` (a batch of renewals
-/// one `sync` and a `multiRead` per 500 leases); a waiter adds one `watch` of its predecessor
-/// and one `list` each time that predecessor goes (none when the predecessor was the first
-/// contender and was deleted: such a waiter sets a second `watch`, of its own node, instead).
+/// one `sync` and a `multiRead` per 500 leases); a waiter adds a `watch` of its own node and
+/// of each of the two contenders before it (each set once, until it fires) and one `list` each
+/// time one of those two goes (none when the one just before was the first contender, as its
+/// last listing saw it, and was deleted).
 /// Pings, session management and the client library's `removeWatches` of a watch dropped
 /// unfired are not counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,7 +22,8 @@ pub struct OpCounts {
     pub creates: u64,
     /// `getChildren` requests of lock paths.
     pub lists: u64,
-    /// `getData` requests that set a watch on a predecessor.
+    /// `getData` requests that set a watch (a waiter's, on its own node or a contender
+    /// before it).
     pub watches: u64,
     /// `getData` requests without a watch (`inspect`).
     pub reads: u64,

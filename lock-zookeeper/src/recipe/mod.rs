@@ -1,21 +1,25 @@
 //! The lock recipe: ephemeral sequential contender nodes under the lock's container node, the
-//! lowest sequence holds, every other contender watches only its immediate predecessor.
+//! lowest sequence holds, every other contender watches its own node and the two before it.
 //!
 //! An acquisition sends `create` and `getChildren` together (requests of one session are
 //! applied in order, so the listing includes the new node): an uncontended lock costs one round
-//! trip. A contender that is not first watches the node just before it and lists again when
-//! that node goes, so a release wakes exactly one waiter; one right behind the first node holds
-//! the lock as soon as that node is deleted, without listing (no node can come below it). A
+//! trip. A contender that is not first watches the nodes one and two before it and lists again
+//! when one of them goes, so a release wakes at most two waiters; one whose listing showed it
+//! right behind the first node holds the lock as soon as that node is deleted, without listing
+//! (no node can come below it), and in a queue served in order every waiter lists while the
+//! one before it holds, off the hand-off's path (`watches.rs`). A
 //! `create` whose reply was lost is resolved by finding the node again by its UUID, never by
 //! creating a second one. Until a node is known to be granted or deleted, a [`Cleanup`] guard
 //! owns it: dropping the acquire future deletes the node in the background.
 //!
-//! The wait loop is in `wait.rs`, the contender node's life cycle in `contender.rs`, the reads
+//! The wait loop is in `wait.rs`, the watches it keeps in `watches.rs`, the contender node's
+//! life cycle in `contender.rs`, the reads
 //! (who holds it, its fence) in `read.rs`; the retry policy of single requests is here.
 
 mod contender;
 mod read;
 mod wait;
+mod watches;
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +30,7 @@ use zookeeper_client::{self as zk, SessionId};
 pub(crate) use contender::delete;
 pub(crate) use read::{fence, inspect};
 pub(crate) use wait::acquire;
+pub(crate) use watches::OwnWatch;
 
 use crate::error::{ZkError, is_session_end, is_transient};
 
@@ -48,6 +53,8 @@ pub(crate) struct Granted {
     pub(crate) session: SessionId,
     pub(crate) ttl: Duration,
     pub(crate) valid_from: Instant,
+    /// The watch on the node set while it waited, if any (see [`OwnWatch`]).
+    pub(crate) own_watch: Option<OwnWatch>,
 }
 
 /// Why one attempt ended without a grant.

@@ -6,7 +6,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::FutureExt as _;
 use lock_core::{
     LockError,
     backend::{AcquireRequest, LeaseToken},
@@ -20,6 +19,7 @@ use super::{
     contender::{Cleanup, create},
     read::{fence, foreign_error},
     retry,
+    watches::{self, Fired, Found, OwnWatch, Watches},
 };
 use crate::{
     error::{ZkError, is_session_end},
@@ -156,14 +156,16 @@ async fn attempt(
         }
     };
     let mut listed = created.listed;
-    let granted = |valid_from: Instant| Granted {
+    let granted = |valid_from: Instant, own_watch: Option<OwnWatch>| Granted {
         path: created.path.clone(),
         token: LeaseToken::from_store(format!("{}/{}", created.name, secret.as_str())),
         fence,
         session: conn.id(),
         ttl: conn.lease_ttl(),
         valid_from,
+        own_watch,
     };
+    let mut watches = Watches::default();
     loop {
         let (children, sent) = match listed.take() {
             Some(listed) => listed,
@@ -185,24 +187,29 @@ async fn attempt(
             cleanup.disarm();
             // The listing proved the session alive when the server answered it, so the
             // session lasts at least its timeout from when the request was sent.
-            return Ok(granted(sent));
+            return Ok(granted(sent, watches.take_own()));
         };
-        let predecessor = format!("{lock_path}/{}", predecessor.name);
-        // Right behind the first contender: ours is watched too (see below).
-        let own = (at == 1).then_some(created.path.as_str());
-        let gone = await_predecessor(conn, &predecessor, own, request, &mut cleanup).await?;
-        // The predecessor was the first contender: once it is gone ours is the lowest, as no
-        // node can come below it (sequence numbers only grow), so the listing is skipped, if
-        // ours is known to be still there: its watch was set and has not fired (ZooKeeper
-        // sends a session's events in order, so a deletion of ours before the predecessor's
-        // was delivered first), and the session did not reconnect meanwhile. The watch's
-        // answer proved the session alive as a listing's would; a watch set long ago would
-        // leave a short lease, so then the caller lists.
-        if let Some(watch_sent) = gone
-            && watch_sent.elapsed() < conn.lease_ttl() / 2
+        let before = format!("{lock_path}/{}", predecessor.name);
+        let two_before = at
+            .checked_sub(2)
+            .and_then(|i| queue.get(i))
+            .map(|c| format!("{lock_path}/{}", c.name));
+        // Right behind the first contender (as this listing saw it): once that one is gone,
+        // ours is the lowest, as no node can come below it (sequence numbers only grow), so
+        // the next listing is skipped if ours is known to be still there (see `watches`).
+        let behind_first = at == 1;
+        let round = Round {
+            own: &created.path,
+            before: &before,
+            two_before: two_before.as_deref(),
+            behind_first,
+            listed: sent,
+        };
+        if let Some(alive) = await_change(conn, &mut watches, &round, request, &mut cleanup).await?
+            && watches::fresh(alive, conn.lease_ttl())
         {
             cleanup.disarm();
-            return Ok(granted(watch_sent));
+            return Ok(granted(alive, watches.take_own()));
         }
     }
 }
@@ -231,16 +238,24 @@ async fn list(
     }
 }
 
-/// Waits until the contender before ours goes (or changes): then the caller lists again,
-/// whoever is first now. Ends the attempt when the wait budget runs out or the session ends.
-/// With `own` (the caller's node), that node is watched as well; when the predecessor is
-/// known to be deleted (its deletion seen, or no node when the watch was set) while `own` is
-/// known to be still there (its watch set and not fired), the instant the watches were sent:
-/// the server answered them, so the session lasts at least its timeout from then.
-async fn await_predecessor(
+/// What one wait after a listing knows: our node, the contenders just before it and two
+/// before it, whether the one just before was the first, and when the listing was sent.
+struct Round<'a> {
+    own: &'a str,
+    before: &'a str,
+    two_before: Option<&'a str>,
+    behind_first: bool,
+    listed: Instant,
+}
+
+/// Waits until a watched node changes (see [`Watches`]); then the caller lists again, unless
+/// this returns when the session was last proven alive: the contender just before ours was
+/// the first and is deleted, and ours is known to be still there. Ends the attempt when the
+/// wait budget runs out or the session ends.
+async fn await_change(
     conn: &Conn,
-    predecessor: &str,
-    own: Option<&str>,
+    watches: &mut Watches,
+    round: &Round<'_>,
     request: &AcquireRequest,
     cleanup: &mut Cleanup,
 ) -> Result<Option<Instant>, Stop> {
@@ -249,31 +264,20 @@ async fn await_predecessor(
         cleanup.discard().await;
         return Err(Stop::Fail(request.timeout_error()));
     }
-    // A reconnection re-registers the session's watches and may deliver their events out of
-    // order (a deletion of ours after the predecessor's): the short path needs none since the
-    // watches were sent. The client publishes `Disconnected` before it reconnects.
-    let mut states = conn.client().state_watcher();
-    let sent = Instant::now();
-    // Any failure to watch ours only means the caller lists as before.
-    let own_watch = async {
-        match own {
-            Some(path) => conn.watch(path).await.ok().map(|(_, _, watcher)| watcher),
-            None => None,
+    let set = watches
+        .set(conn, round.own, round.before, round.two_before)
+        .await;
+    // The server answered the listing, and the watches' round when one was sent: the
+    // session lasts at least its timeout from the later of the two.
+    let alive = match set {
+        Ok(Found::Set(sent)) => sent.map_or(round.listed, |sent| sent.max(round.listed)),
+        Ok(Found::BeforeGone(sent)) => {
+            let ours = round.behind_first && watches.still_ours();
+            return Ok(ours.then_some(sent.max(round.listed)));
         }
-    };
-    let (own_watcher, watched) = tokio::join!(own_watch, retry(|| conn.watch(predecessor)));
-    // Whether ours is still there: watched, its watch not fired, and the session not
-    // reconnected meanwhile.
-    let still_ours = move || {
-        states.changed().now_or_never().is_none()
-            && own_watcher.is_some_and(|watcher| watcher.changed().now_or_never().is_none())
-    };
-    let watcher = match watched {
-        Ok((_, _, watcher)) => watcher,
-        // Gone already.
-        Err(zk::Error::NoNode) => return Ok(still_ours().then_some(sent)),
-        Err(e) => {
-            let error = ZkError::new("watch", predecessor, e);
+        Ok(Found::TwoBeforeGone) => return Ok(None),
+        Err((path, e)) => {
+            let error = ZkError::new("watch", &path, e);
             if !is_session_end(&error.source) {
                 cleanup.discard().await;
             }
@@ -281,11 +285,14 @@ async fn await_predecessor(
         }
     };
     tokio::select! {
-        event = watcher.changed() => {
+        (fired, event) = watches.fired() => {
             if event.event_type == EventType::Session && event.session_state.is_terminated() {
                 return Err(Stop::SessionEnded);
             }
-            Ok((event.event_type == EventType::NodeDeleted && still_ours()).then_some(sent))
+            let first_gone = round.behind_first
+                && event.event_type == EventType::NodeDeleted
+                && fired == Fired::Contender(round.before.to_owned());
+            Ok((first_gone && watches.still_ours()).then_some(alive))
         }
         () = tokio::time::sleep_until(deadline.into()) => {
             cleanup.discard().await;

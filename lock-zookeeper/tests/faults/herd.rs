@@ -1,6 +1,6 @@
-//! A hundred waiters on one lock: each hand-off costs O(1) requests and wakes exactly one
-//! waiter, in FIFO order (no herd effect); and the waiter right behind the holder takes the
-//! lock when the holder's node goes without listing again.
+//! A hundred waiters on one lock: each hand-off costs O(1) requests and wakes at most two
+//! waiters, in FIFO order (no herd effect); the waiter right behind the holder takes the lock
+//! when the holder's node goes without listing again, and the one behind it lists meanwhile.
 
 use std::{
     sync::{Arc, Mutex},
@@ -31,9 +31,10 @@ fn total(clients: &[(LockClient, ZkBackend)]) -> OpCounts {
         .sum::<OpCounts>()
 }
 
-/// 100 waiters on one lock, from 10 clients: queueing costs each one create, list and watch;
-/// then each hand-off costs the holder's delete and at most the next waiter's one listing,
-/// and the waiters are served in queue (fence) order.
+/// 100 waiters on one lock, from 10 clients: queueing costs each one create and list and three
+/// watches (its own node, the contenders one and two before it); then each hand-off costs the
+/// holder's delete and at most one listing (by the waiter two behind the holder), and the
+/// waiters are served in queue (fence) order.
 pub(crate) async fn no_herd() -> Outcome {
     let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
     let config = ZkConfig::new(hosts).session_timeout(Duration::from_secs(10));
@@ -60,19 +61,22 @@ pub(crate) async fn no_herd() -> Outcome {
             acquired.clone(),
         ));
     }
-    // Queued: every waiter created its node, listed, and set its one watch.
+    // Queued: every waiter created its node, listed, and set its watches: of its own node, the
+    // contender just before it and the one two before (the first waiter has none two before).
+    let watches = 3 * WAITERS as u64 - 1;
     poll_until(
         Duration::from_secs(30),
         "100 waiters watching",
-        // One watch each, and the first also watches its own node.
-        async || Ok(total(&clients).watches - before_queue.watches > WAITERS as u64),
+        async || Ok(total(&clients).watches - before_queue.watches >= watches),
     )
     .await?;
     let queued = total(&clients);
     ensure!(
         queued.creates - before_queue.creates == WAITERS as u64
-            && queued.lists - before_queue.lists == WAITERS as u64,
-        "queueing 100 waiters took {queued:?} (from {before_queue:?}); expected one create, list and watch each"
+            && queued.lists - before_queue.lists == WAITERS as u64
+            && queued.watches - before_queue.watches == watches,
+        "queueing 100 waiters took {queued:?} (from {before_queue:?}); expected one create and \
+         list each and {watches} watches"
     );
     ensure!(locked(&acquired).is_empty(), "a waiter got the held lock");
     let start = Instant::now();
@@ -86,7 +90,7 @@ pub(crate) async fn no_herd() -> Outcome {
 }
 
 /// The hand-offs from `queued` to `after`: in queue (fence) order, at most one listing each
-/// (a release woke one waiter), two requests each at most.
+/// (a release woke at most two waiters, one of which lists), two requests each at most.
 fn handoffs_cost_one_each(
     queued: &OpCounts,
     after: &OpCounts,
@@ -100,12 +104,13 @@ fn handoffs_cost_one_each(
         fences.len() == WAITERS && fences.windows(2).all(|w| w[0] < w[1]),
         "waiters were not served in queue (fence) order"
     );
-    // Each hand-off: the holder's delete and at most the next waiter's one listing (none for
-    // the waiter right behind the first holder, see `second_in_line_needs_no_listing`).
+    // Each hand-off: the holder's delete and at most one listing, by the waiter two behind the
+    // holder (none for the last, which has nobody two behind it; the waiter just behind takes
+    // the lock without listing, see `third_in_line_lists_before_its_turn`).
     ensure!(
         handoffs - 1 <= lists && lists <= handoffs,
-        "{lists} listings for {handoffs} hand-offs: expected one each (a release wakes one \
-         waiter) but for the waiter right behind the first holder"
+        "{lists} listings for {handoffs} hand-offs: expected one each (a release wakes at most \
+         two waiters, and one of them lists) but for the last"
     );
     ensure!(
         spent <= 2 * handoffs + 1,
@@ -162,6 +167,77 @@ pub(crate) async fn second_in_line_needs_no_listing() -> Outcome {
         "the waiter's grant is not the lock's holder"
     );
     guard.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// The holder, a waiter right behind it and one behind that: when the holder's node goes, the
+/// third lists the contenders while the second holds the lock (it watches the contender two
+/// before its own), so when the second's node goes the third holds the lock without listing
+/// again: in a queue served in order, no listing is on a hand-off's path.
+pub(crate) async fn third_in_line_lists_before_its_turn() -> Outcome {
+    let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
+    let config = ZkConfig::new(hosts).session_timeout(Duration::from_secs(10));
+    let (holder, _) = client(&config).await?;
+    let (second, second_backend) = client(&config).await?;
+    let (third, third_backend) = client(&config).await?;
+    let name = unique_name("third")?;
+    let options = LockOptions::new()
+        .wait(Duration::from_secs(30))
+        .watchdog(false);
+    let held = holder.lock_with(&name, &options).await.map_err(err)?;
+    let spawn = |client: LockClient| {
+        let (name, options) = (name.clone(), options.clone());
+        tokio::spawn(async move { client.lock_with(&name, &options).await })
+    };
+    let second_waits = spawn(second.clone());
+    poll_until(Duration::from_secs(10), "the second watching", async || {
+        Ok(second_backend.operations().watches > 0)
+    })
+    .await?;
+    let third_waits = spawn(third.clone());
+    poll_until(Duration::from_secs(10), "the third watching", async || {
+        Ok(third_backend.operations().watches > 0)
+    })
+    .await?;
+    let queued = third_backend.operations();
+    held.release().await.map_err(err)?;
+    let second_holds = second_waits.await.map_err(err)?.map_err(err)?;
+    poll_until(
+        Duration::from_secs(10),
+        "the third in line listing the contenders once the holder's node went",
+        async || Ok(third_backend.operations().lists > queued.lists),
+    )
+    .await?;
+    let listed = third_backend.operations();
+    ensure!(
+        !third_waits.is_finished(),
+        "the third contender got the lock while the second holds it"
+    );
+    let fence = second_holds.fence();
+    second_holds.release().await.map_err(err)?;
+    let third_holds = third_waits.await.map_err(err)?.map_err(err)?;
+    let after = third_backend.operations();
+    ensure!(
+        after.lists == listed.lists,
+        "the third in line listed {} more time(s) after the second's release to take the lock \
+         ({queued:?} -> {listed:?} -> {after:?})",
+        after.lists - listed.lists
+    );
+    ensure!(
+        third_holds.fence() > fence,
+        "the third contender's fence {} is not above the second's {fence}",
+        third_holds.fence()
+    );
+    ensure!(
+        third
+            .inspect(&name)
+            .await
+            .map_err(err)?
+            .map(|info| info.fence)
+            == Some(third_holds.fence()),
+        "the third contender's grant is not the lock's holder"
+    );
+    third_holds.release().await.map_err(err)?;
     Ok(())
 }
 

@@ -5,10 +5,12 @@
 //!    the waiters proceed after release; the killed node is restarted.
 //! 2. `server_paused`: the standalone server is paused (SIGSTOP) past the session timeout; the
 //!    holder's `lost()` fires, and after SIGCONT a waiter gets the lock on a new session.
-//! 3. `no_herd`: 100 waiters on one lock; each hand-off costs O(1) requests and wakes exactly
-//!    one waiter, in FIFO order; `second_in_line_needs_no_listing`: the waiter right behind the
+//! 3. `no_herd`: 100 waiters on one lock; each hand-off costs O(1) requests and wakes at most
+//!    two waiters, in FIFO order; `second_in_line_needs_no_listing`: the waiter right behind the
 //!    holder takes the lock when the holder's node goes, without listing again, unless
-//!    someone deleted its own node meanwhile (`second_in_line_whose_node_went_queues_again`).
+//!    someone deleted its own node meanwhile (`second_in_line_whose_node_went_queues_again`);
+//!    `third_in_line_lists_before_its_turn`: the waiter behind that one lists while the second
+//!    holds, so no listing is on a hand-off's path.
 //! 4. `curator_interop`: contender nodes written in Curator's layout by a raw client are
 //!    respected by this crate, and this crate's nodes are what Curator's algorithm expects.
 //! 5. `lost_create_reply`: a relay drops the connection after the server applied the
@@ -60,6 +62,9 @@ fn main() -> ExitCode {
         })
         .case("second_in_line_whose_node_went_queues_again", || {
             Box::pin(herd::second_in_line_whose_node_went_queues_again())
+        })
+        .case("third_in_line_lists_before_its_turn", || {
+            Box::pin(herd::third_in_line_lists_before_its_turn())
         })
         .case("curator_interop", || Box::pin(curator::curator_interop()))
         .case("lost_create_reply", || {

@@ -184,6 +184,19 @@ impl ZkBackend {
         self.table().remove(lease.token());
     }
 
+    /// Forgets `lease` when `error` says its session ended: its node is gone with the session,
+    /// and a lease lost so is not released (lock-core does not release a hold lost with
+    /// [`LossReason::SessionEnded`]), so nothing else would take its entry out.
+    fn forget_if_ended(&self, lease: &Lease, error: Option<&LockError>) {
+        if let Some(LockError::Lost {
+            reason: LossReason::SessionEnded,
+            ..
+        }) = error
+        {
+            self.forget(lease);
+        }
+    }
+
     /// The current session, if `held`'s node belongs to it and it is still alive.
     fn session_of(&self, held: &Held) -> Result<Arc<Conn>, LockError> {
         let conn = self.inner.sessions.peek();
@@ -294,7 +307,8 @@ impl LockBackend for ZkBackend {
     ///
     /// # Errors
     /// [`LockError::NotHeld`] when the node is gone or the lease is not this backend's;
-    /// [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session ended;
+    /// [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session ended
+    /// (the backend then forgets the lease: asked again, it answers `NotHeld`);
     /// [`LockError::Unavailable`] while disconnected (the session may still be alive).
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
         // The session keeps the hold, whatever the TTL; a TTL out of range is still bad input.
@@ -313,6 +327,7 @@ impl LockBackend for ZkBackend {
             self.judge(lease, &held, &conn, sent, found)
         })
         .await
+        .inspect_err(|error| self.forget_if_ended(lease, Some(error)))
     }
 
     /// Renews every lease at once, in one round trip: one `sync`, then the nodes of every
@@ -392,11 +407,18 @@ impl LockBackend for ZkBackend {
                 .into_iter()
                 .zip(leases)
                 .map(|(answer, lease)| {
-                    answer.unwrap_or_else(|| Err(LockError::not_held(lease.name())))
+                    let answer = answer.unwrap_or_else(|| Err(LockError::not_held(lease.name())));
+                    self.forget_if_ended(lease, answer.as_ref().err());
+                    answer
                 })
                 .collect())
         })
         .await
+        .inspect_err(|error| {
+            for lease in leases {
+                self.forget_if_ended(lease, Some(error));
+            }
+        })
     }
 
     /// Deletes the lease's node (retried until it is gone or the session is).

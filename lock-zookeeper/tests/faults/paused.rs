@@ -1,5 +1,6 @@
 //! The standalone server paused (SIGSTOP) past the session timeout: the holder learns it lost
-//! the lock in time, and after SIGCONT the waiter gets it on a new session.
+//! the lock in time, and after SIGCONT the waiter gets it on a new session; the lost holder's
+//! backend forgets its lease.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,9 @@ use conformance_tests::{
     Failure, Outcome, ensure,
     faults::{err, poll_until, unique_name},
 };
-use lock_core::{LockClient, LockError, LockGuard, LockName, LockOptions, LossReason};
+use lock_core::{
+    LockClient, LockError, LockGuard, LockName, LockOptions, LossReason, backend::LockBackend as _,
+};
 use lock_zookeeper::{ZkBackend, ZkConfig};
 use tokio::task::JoinHandle;
 
@@ -22,8 +25,9 @@ type Waiting = JoinHandle<Result<LockGuard, LockError>>;
 
 /// The standalone server is paused past the session timeout: the holder's `lost()` fires
 /// within the timeout, the waiter does not finish while the server is paused, and after the
-/// resume the waiter gets the lock on a new session; the lost holder's late release changes
-/// nothing, and its backend opens a new session for its next acquisition.
+/// resume the waiter gets the lock on a new session; the lost holder's backend forgets its
+/// lease, its late release changes nothing, and its backend opens a new session for its next
+/// acquisition.
 pub(crate) async fn server_paused() -> Outcome {
     let server = Server::named("zookeeper")?;
     let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
@@ -62,6 +66,7 @@ pub(crate) async fn server_paused() -> Outcome {
         waiter_backend.session_id() != old_waiter_session,
         "the waiter did not move to a new session"
     );
+    forgotten_with_the_session(&holder_backend, &guard, timeout).await?;
     late_release_changes_nothing(&holder, guard, next, &name).await?;
     // The old holder's backend opens a new session for its next acquisition.
     let again = holder
@@ -75,6 +80,36 @@ pub(crate) async fn server_paused() -> Outcome {
     again.release().await.map_err(err)?;
     println!(
         "        lost() after {lost_after:?} ({reason}); after resume the waiter got the lock on a new session in {took:?}"
+    );
+    Ok(())
+}
+
+/// The lost holder's backend no longer keeps its lease: a renewal that finds the session
+/// ended forgets it (lock-core releases no hold lost with its session, so nothing else would
+/// take it out), and a renewal after that answers `NotHeld`. The watchdog's renewal may have
+/// been the first; this one is then `NotHeld` already.
+async fn forgotten_with_the_session(
+    backend: &ZkBackend,
+    guard: &LockGuard,
+    ttl: Duration,
+) -> Outcome {
+    let lease = guard.lease();
+    let first = backend.renew(&lease, ttl).await;
+    ensure!(
+        matches!(
+            first,
+            Err(LockError::Lost {
+                reason: LossReason::SessionEnded,
+                ..
+            } | LockError::NotHeld { .. })
+        ),
+        "a renewal of the lease whose session ended answered {first:?}"
+    );
+    let second = backend.renew(&lease, ttl).await;
+    ensure!(
+        matches!(second, Err(LockError::NotHeld { .. })),
+        "a second renewal of the lease whose session ended answered {second:?}: the backend \
+         still keeps the lease"
     );
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! Waiting for the lock: one attempt per session, each contender watching only the node just
-//! before it.
+//! Waiting for the lock: one attempt per session, each contender watching its own node and the
+//! two before it (see `watches.rs`).
 
 use std::{
     sync::Arc,
@@ -276,6 +276,10 @@ async fn await_change(
             return Ok(ours.then_some(sent.max(round.listed)));
         }
         Ok(Found::TwoBeforeGone) => return Ok(None),
+        Ok(Found::OwnGone) => {
+            cleanup.disarm();
+            return Err(Stop::Vanished);
+        }
         Err((path, e)) => {
             let error = ZkError::new("watch", &path, e);
             if !is_session_end(&error.source) {

@@ -43,14 +43,17 @@ impl std::fmt::Debug for OwnWatch {
 /// What one round of [`Watches::set`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Found {
-    /// Every watch wanted is set; the instant the round was sent, when one was needed (the
-    /// server answered it, so the session was alive then).
+    /// Every watch wanted is set (but a failed one on our own node or on the contender two
+    /// before, which only costs a listing); the instant the round was sent, when one was
+    /// needed and the server answered it (so the session was alive then).
     Set(Option<Instant>),
     /// The contender just before ours was gone when its watch was set; the instant the round
     /// was sent.
     BeforeGone(Instant),
     /// The contender two before ours was gone when its watch was set: list again.
     TwoBeforeGone,
+    /// Our own node was gone when its watch was set: queue again.
+    OwnGone,
 }
 
 /// Which watch fired.
@@ -82,9 +85,10 @@ impl Watches {
     /// drops those on other contenders (they moved out of the two places before ours).
     ///
     /// # Errors
-    /// The path and error of a watch on a contender that failed (but for a node that is
-    /// gone). A failure to watch our own node only leaves it unwatched: the caller then lists
-    /// before taking the lock.
+    /// The path and error of a failed watch on the contender just before ours (but for a node
+    /// that is gone). A failure to watch our own node only leaves it unwatched (the caller then
+    /// lists before taking the lock), and one on the contender two before only costs a
+    /// listing when the one before goes.
     pub(super) async fn set(
         &mut self,
         conn: &Conn,
@@ -111,10 +115,7 @@ impl Watches {
         // The three go out together, answered in order: one round trip.
         let own_watch = async {
             if want_own {
-                conn.watch(own)
-                    .await
-                    .ok()
-                    .map(|(_, _, watcher)| pending(watcher))
+                Some(conn.watch(own).await)
             } else {
                 None
             }
@@ -128,29 +129,39 @@ impl Watches {
             contender(want_before.then_some(before)),
             contender(want_two_before)
         );
-        if want_own {
-            self.own = own_watched;
+        // Whether the server answered any of them (a node that is gone is an answer too).
+        let mut answered = false;
+        match own_watched {
+            Some(Ok((_, _, watcher))) => {
+                answered = true;
+                self.own = Some(pending(watcher));
+            }
+            Some(Err(zk::Error::NoNode)) => return Ok(Found::OwnGone),
+            // Any other failure leaves ours unwatched: the caller lists before taking the lock.
+            Some(Err(_)) | None => {}
         }
-        let mut found = Found::Set(Some(sent));
-        for (path, watched) in [
-            (two_before, two_before_watched),
-            (Some(before), before_watched),
-        ] {
-            let (Some(path), Some(watched)) = (path, watched) else {
-                continue;
-            };
+        let mut found = Found::Set(None);
+        if let (Some(path), Some(watched)) = (want_two_before, two_before_watched) {
+            answered |= is_answer(&watched);
             match watched {
                 Ok((_, _, watcher)) => self.contenders.push((path.to_owned(), pending(watcher))),
-                Err(zk::Error::NoNode) if path == before => found = Found::BeforeGone(sent),
-                Err(zk::Error::NoNode) => {
-                    if found == Found::Set(Some(sent)) {
-                        found = Found::TwoBeforeGone;
-                    }
-                }
-                Err(error) => return Err((path.to_owned(), error)),
+                Err(zk::Error::NoNode) => found = Found::TwoBeforeGone,
+                // Only a listing saved: the waiter still wakes when the one before it goes.
+                Err(_) => {}
             }
         }
-        Ok(found)
+        if let Some(watched) = before_watched {
+            answered |= is_answer(&watched);
+            match watched {
+                Ok((_, _, watcher)) => self.contenders.push((before.to_owned(), pending(watcher))),
+                Err(zk::Error::NoNode) => found = Found::BeforeGone(sent),
+                Err(error) => return Err((before.to_owned(), error)),
+            }
+        }
+        Ok(match found {
+            Found::Set(_) if answered => Found::Set(Some(sent)),
+            found => found,
+        })
     }
 
     /// Whether our own node is known to be still there: its watch set and not fired, and the
@@ -165,7 +176,9 @@ impl Watches {
             .own
             .as_mut()
             .is_some_and(|own| own.as_mut().now_or_never().is_none());
-        if !pending {
+        // Set again in the next round (after a reconnection too: else no later hand-off to
+        // this waiter could skip its listing).
+        if !pending || self.reconnected {
             self.own = None;
         }
         pending && !self.reconnected
@@ -196,6 +209,11 @@ impl Watches {
         })
         .await
     }
+}
+
+/// Whether the server answered a watch (a node that is gone is an answer too).
+fn is_answer<T>(watched: &Result<T, zk::Error>) -> bool {
+    matches!(watched, Ok(_) | Err(zk::Error::NoNode))
 }
 
 /// `watcher`'s event, as a future kept across rounds.

@@ -208,6 +208,16 @@ pub(crate) async fn third_in_line_lists_before_its_turn() -> Outcome {
         async || Ok(third_backend.operations().lists > queued.lists),
     )
     .await?;
+    // A session answers in order: once a sync sent after the third's listing is answered, so
+    // is the listing, and the third knows it is right behind the second before that releases
+    // (else it could take the lock from a listing sent after the release, listing no more).
+    third_backend
+        .zookeeper()
+        .await
+        .map_err(err)?
+        .sync(&config.lock_path(&name))
+        .await
+        .map_err(err)?;
     let listed = third_backend.operations();
     ensure!(
         !third_waits.is_finished(),
@@ -250,8 +260,8 @@ fn sequence(node: &str) -> u64 {
 }
 
 /// A waiter right behind the holder whose own node someone else deleted does not take the
-/// lock when the holder goes (nor does it skip its listing): it queues again behind the waiter
-/// that was behind it, which holds the lock meanwhile.
+/// lock when the holder goes: its own node's watch fires, it lists and queues again behind the
+/// waiter that was behind it, which holds the lock meanwhile.
 pub(crate) async fn second_in_line_whose_node_went_queues_again() -> Outcome {
     let store = ZkStore::from_env(STANDALONE_VAR, Duration::from_secs(10))
         .await

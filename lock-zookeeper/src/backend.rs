@@ -206,6 +206,25 @@ impl ZkBackend {
         Ok(conn)
     }
 
+    /// The session of a batch of renewals' `checks` (`(index, node)`). They share one: a
+    /// lease enters the table only on the current session, and a session is replaced only
+    /// once it ended. When it ended, each of them is answered lost with it (and forgotten, see
+    /// [`Self::forget_if_ended`]).
+    fn batch_session(
+        &self,
+        checks: &[(usize, Held)],
+        answers: &mut [Option<Result<Grant, LockError>>],
+    ) -> Option<Arc<Conn>> {
+        let (_, first) = checks.first()?;
+        let conn = self.session_of(first).ok();
+        if conn.is_none() {
+            for (i, held) in checks {
+                answers[*i] = Some(Err(session_ended(&held.name)));
+            }
+        }
+        conn
+    }
+
     /// A renewal's answer from the check of `held`'s node (`found`), asked at `sent` after a
     /// sync: renewed when the node is there, owned by the session and of the lease's fence.
     fn judge(
@@ -356,8 +375,8 @@ impl LockBackend for ZkBackend {
                     Err(error) => answers[i] = Some(Err(error)),
                 }
             }
-            if let Some((_, first)) = checks.first() {
-                let conn = self.session_of(first)?;
+            let conn = self.batch_session(&checks, &mut answers);
+            if let (Some((_, first)), Some(conn)) = (checks.first(), conn) {
                 let sent = Instant::now();
                 // The requests go out as they are made: the sync first.
                 let synced = conn.sync(&first.path);
@@ -414,19 +433,15 @@ impl LockBackend for ZkBackend {
                 .collect())
         })
         .await
-        .inspect_err(|error| {
-            for lease in leases {
-                self.forget_if_ended(lease, Some(error));
-            }
-        })
     }
 
     /// Deletes the lease's node (retried until it is gone or the session is).
     ///
     /// # Errors
     /// [`LockError::NotHeld`] when the node was already gone or the lease is not this
-    /// backend's; [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session
-    /// ended (the server deletes its nodes).
+    /// backend's (so also once a renewal found the session ended and forgot the lease);
+    /// [`LockError::Lost`] with [`LossReason::SessionEnded`] when the node's session ended
+    /// (the server deletes its nodes).
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         self.on_server(async {
             let held = self.held(lease)?;

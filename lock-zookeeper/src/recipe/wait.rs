@@ -251,7 +251,7 @@ struct Round<'a> {
 /// Waits until a watched node changes (see [`Watches`]); then the caller lists again, unless
 /// this returns when the session was last proven alive: the contender just before ours was
 /// the first and is deleted, and ours is known to be still there. Ends the attempt when the
-/// wait budget runs out or the session ends.
+/// wait budget runs out, the session ends, or our node is found gone (queue again).
 async fn await_change(
     conn: &Conn,
     watches: &mut Watches,

@@ -1,5 +1,6 @@
 //! The watches a waiting contender keeps: on its own node, on the contender just before it
-//! and on the one two before it, each set once and kept until it fires.
+//! and on the one two before it, each set once and kept until it fires (the own node's is set
+//! again after a reconnection, see [`Watches::still_ours`]).
 //!
 //! Watching the contender two before is what takes the listing off a hand-off's path. In a
 //! queue served in order, that contender goes when it releases the lock, and the one just
@@ -165,7 +166,8 @@ impl Watches {
     }
 
     /// Whether our own node is known to be still there: its watch set and not fired, and the
-    /// session not reconnected since it was set.
+    /// session not reconnected since it was set. When not, the own node's watch is dropped,
+    /// so that the next round sets it again (a `removeWatches` if it had not fired).
     pub(super) fn still_ours(&mut self) -> bool {
         if let Some(states) = &mut self.states
             && states.changed().now_or_never().is_some()

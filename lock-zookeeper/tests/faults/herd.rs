@@ -11,8 +11,9 @@ use conformance_tests::{
     Failure, Outcome, ensure,
     faults::{err, poll_until, unique_name},
 };
-use lock_core::{Fence, LockClient, LockOptions};
+use lock_core::{Fence, LockClient, LockError, LockGuard, LockName, LockOptions};
 use lock_zookeeper::{OpCounts, ZkBackend, ZkConfig};
+use tokio::task::JoinHandle;
 
 use super::{
     client, locked,
@@ -157,15 +158,7 @@ pub(crate) async fn second_in_line_needs_no_listing() -> Outcome {
         "the waiter right behind the holder listed {} more time(s) to take the lock ({queued:?} -> {after:?})",
         after.lists - queued.lists
     );
-    ensure!(
-        waiter
-            .inspect(&name)
-            .await
-            .map_err(err)?
-            .map(|info| info.fence)
-            == Some(guard.fence()),
-        "the waiter's grant is not the lock's holder"
-    );
+    is_holder(&waiter, &name, &guard, "the waiter").await?;
     guard.release().await.map_err(err)?;
     Ok(())
 }
@@ -175,20 +168,14 @@ pub(crate) async fn second_in_line_needs_no_listing() -> Outcome {
 /// before its own), so when the second's node goes the third holds the lock without listing
 /// again: in a queue served in order, no listing is on a hand-off's path.
 pub(crate) async fn third_in_line_lists_before_its_turn() -> Outcome {
-    let hosts = hosts(STANDALONE_VAR).map_err(Failure)?;
-    let config = ZkConfig::new(hosts).session_timeout(Duration::from_secs(10));
-    let (holder, _) = client(&config).await?;
-    let (second, second_backend) = client(&config).await?;
-    let (third, third_backend) = client(&config).await?;
-    let name = unique_name("third")?;
-    let options = LockOptions::new()
-        .wait(Duration::from_secs(30))
-        .watchdog(false);
-    let held = holder.lock_with(&name, &options).await.map_err(err)?;
-    let spawn = |client: LockClient| {
-        let (name, options) = (name.clone(), options.clone());
-        tokio::spawn(async move { client.lock_with(&name, &options).await })
-    };
+    let ThreeInLine {
+        config,
+        name,
+        held,
+        second: (second, second_backend),
+        third: (third, third_backend),
+        spawn,
+    } = three_in_line("third").await?;
     let second_waits = spawn(second.clone());
     poll_until(Duration::from_secs(10), "the second watching", async || {
         Ok(second_backend.operations().watches > 0)
@@ -238,17 +225,66 @@ pub(crate) async fn third_in_line_lists_before_its_turn() -> Outcome {
         "the third contender's fence {} is not above the second's {fence}",
         third_holds.fence()
     );
-    ensure!(
-        third
-            .inspect(&name)
-            .await
-            .map_err(err)?
-            .map(|info| info.fence)
-            == Some(third_holds.fence()),
-        "the third contender's grant is not the lock's holder"
-    );
+    is_holder(&third, &name, &third_holds, "the third contender").await?;
     third_holds.release().await.map_err(err)?;
     Ok(())
+}
+
+/// Fails unless the lock `name`, as `client` inspects it, is held with `guard`'s fence (`who`
+/// names the guard's owner in the failure).
+async fn is_holder(client: &LockClient, name: &LockName, guard: &LockGuard, who: &str) -> Outcome {
+    let fence = client
+        .inspect(name)
+        .await
+        .map_err(err)?
+        .map(|info| info.fence);
+    ensure!(
+        fence == Some(guard.fence()),
+        "{who}'s grant (fence {}) is not the lock's holder (fence {fence:?})",
+        guard.fence()
+    );
+    Ok(())
+}
+
+/// Three clients of one lock on the standalone server (10 s sessions), the first holding it,
+/// and how the other two wait for it (a 30 s budget; no watchdog, so only the recipe's own
+/// requests are counted).
+struct ThreeInLine {
+    config: ZkConfig,
+    name: LockName,
+    held: LockGuard,
+    second: (LockClient, ZkBackend),
+    third: (LockClient, ZkBackend),
+    spawn: Box<dyn Fn(LockClient) -> JoinHandle<Result<LockGuard, LockError>>>,
+}
+
+/// A [`ThreeInLine`] on a lock named after `prefix`.
+async fn three_in_line(prefix: &str) -> Result<ThreeInLine, Failure> {
+    let config = ZkConfig::new(hosts(STANDALONE_VAR).map_err(Failure)?)
+        .session_timeout(Duration::from_secs(10));
+    let (holder, _) = client(&config).await?;
+    let second = client(&config).await?;
+    let third = client(&config).await?;
+    let name = unique_name(prefix)?;
+    let options = LockOptions::new()
+        .wait(Duration::from_secs(30))
+        .watchdog(false);
+    let held = holder.lock_with(&name, &options).await.map_err(err)?;
+    let spawn = {
+        let name = name.clone();
+        Box::new(move |client: LockClient| {
+            let (name, options) = (name.clone(), options.clone());
+            tokio::spawn(async move { client.lock_with(&name, &options).await })
+        })
+    };
+    Ok(ThreeInLine {
+        config,
+        name,
+        held,
+        second,
+        third,
+        spawn,
+    })
 }
 
 /// The sequence number at the end of a contender node's name.
@@ -272,20 +308,14 @@ pub(crate) async fn second_in_line_whose_node_went_queues_again() -> Outcome {
     )
     .await
     .map_err(Failure)?;
-    let config = ZkConfig::new(hosts(STANDALONE_VAR).map_err(Failure)?)
-        .session_timeout(Duration::from_secs(10));
-    let (holder, _) = client(&config).await?;
-    let (second, _) = client(&config).await?;
-    let (third, _) = client(&config).await?;
-    let name = unique_name("second-gone")?;
-    let options = LockOptions::new()
-        .wait(Duration::from_secs(30))
-        .watchdog(false);
-    let held = holder.lock_with(&name, &options).await.map_err(err)?;
-    let spawn = |client: LockClient| {
-        let (name, options) = (name.clone(), options.clone());
-        tokio::spawn(async move { client.lock_with(&name, &options).await })
-    };
+    let ThreeInLine {
+        config,
+        name,
+        held,
+        second: (second, _),
+        third: (third, _),
+        spawn,
+    } = three_in_line("second-gone").await?;
     let contenders = async |n: usize| {
         poll_until(
             Duration::from_secs(10),

@@ -184,14 +184,14 @@ impl ZkBackend {
         self.table().remove(lease.token());
     }
 
-    /// Forgets `lease` when `error` says its session ended: its node is gone with the session,
+    /// Forgets `lease` when `answer` says its session ended: its node is gone with the session,
     /// and a lease lost so is not released (lock-core does not release a hold lost with
     /// [`LossReason::SessionEnded`]), so nothing else would take its entry out.
-    fn forget_if_ended(&self, lease: &Lease, error: Option<&LockError>) {
-        if let Some(LockError::Lost {
+    fn forget_if_ended<T>(&self, lease: &Lease, answer: &Result<T, LockError>) {
+        if let Err(LockError::Lost {
             reason: LossReason::SessionEnded,
             ..
-        }) = error
+        }) = answer
         {
             self.forget(lease);
         }
@@ -332,21 +332,24 @@ impl LockBackend for ZkBackend {
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {
         // The session keeps the hold, whatever the TTL; a TTL out of range is still bad input.
         lock_core::backend::validate_ttl(ttl)?;
-        self.on_server(async {
-            let held = self.held(lease)?;
-            let conn = self.session_of(&held)?;
-            connected(&conn, &held)?;
-            let sent = Instant::now();
-            // `sync` first, pipelined with the check (one round trip): the server answers the
-            // check only after catching up with the leader, so a server cut off from the quorum,
-            // which would answer from its own stale state while the leader expires the session,
-            // cannot confirm the hold.
-            let (synced, found) = futures::join!(conn.sync(&held.path), conn.exists(&held.path));
-            synced_or(synced, &held)?;
-            self.judge(lease, &held, &conn, sent, found)
-        })
-        .await
-        .inspect_err(|error| self.forget_if_ended(lease, Some(error)))
+        let answer = self
+            .on_server(async {
+                let held = self.held(lease)?;
+                let conn = self.session_of(&held)?;
+                connected(&conn, &held)?;
+                let sent = Instant::now();
+                // `sync` first, pipelined with the check (one round trip): the server answers the
+                // check only after catching up with the leader, so a server cut off from the quorum,
+                // which would answer from its own stale state while the leader expires the session,
+                // cannot confirm the hold.
+                let (synced, found) =
+                    futures::join!(conn.sync(&held.path), conn.exists(&held.path));
+                synced_or(synced, &held)?;
+                self.judge(lease, &held, &conn, sent, found)
+            })
+            .await;
+        self.forget_if_ended(lease, &answer);
+        answer
     }
 
     /// Renews every lease at once, in one round trip: one `sync`, then the nodes of every
@@ -427,7 +430,7 @@ impl LockBackend for ZkBackend {
                 .zip(leases)
                 .map(|(answer, lease)| {
                     let answer = answer.unwrap_or_else(|| Err(LockError::not_held(lease.name())));
-                    self.forget_if_ended(lease, answer.as_ref().err());
+                    self.forget_if_ended(lease, &answer);
                     answer
                 })
                 .collect())

@@ -7,14 +7,13 @@
 //! when one of them goes, so a release wakes at most two waiters; one whose listing showed it
 //! right behind the first node holds the lock as soon as that node is deleted, without listing
 //! (no node can come below it), and in a queue served in order every waiter lists while the
-//! one before it holds, off the hand-off's path (`watches.rs`). A
-//! `create` whose reply was lost is resolved by finding the node again by its UUID, never by
-//! creating a second one. Until a node is known to be granted or deleted, a [`Cleanup`] guard
+//! one before it holds, off the hand-off's path (`watches.rs`). A `create` whose reply was lost
+//! is resolved by finding the node again by its UUID, never by creating a second one. Until a node is known to be granted or deleted, a [`Cleanup`] guard
 //! owns it: dropping the acquire future deletes the node in the background.
 //!
 //! The wait loop is in `wait.rs`, the watches it keeps in `watches.rs`, the contender node's
-//! life cycle in `contender.rs`, the reads
-//! (who holds it, its fence) in `read.rs`; the retry policy of single requests is here.
+//! life cycle in `contender.rs`, the reads (who holds it, its fence) in `read.rs`; the retry
+//! policy of single requests is here.
 
 mod contender;
 mod read;

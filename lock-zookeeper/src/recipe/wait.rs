@@ -295,7 +295,7 @@ async fn await_change(
             }
             let first_gone = round.behind_first
                 && event.event_type == EventType::NodeDeleted
-                && fired == Fired::Contender(round.before.to_owned());
+                && matches!(&fired, Fired::Contender(path) if path == round.before);
             Ok((first_gone && watches.still_ours()).then_some(alive))
         }
         () = tokio::time::sleep_until(deadline.into()) => {

@@ -58,7 +58,7 @@ pub(super) enum Found {
 }
 
 /// Which watch fired.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum Fired {
     /// The one on our own node.
     Own,

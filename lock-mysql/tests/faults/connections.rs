@@ -117,7 +117,8 @@ pub(super) async fn lease_kill_holder() -> Outcome {
         .await
         .map_err(err)?;
     kill_sessions_of(&user)?;
-    let busy = try_answered(&b, &name1, ttl, ttl / 2).await?;
+    // Tries sent again until half the TTL after the acquisition, well before the lease ends.
+    let busy = try_answered(&b, &name1, ttl, start + ttl / 2).await?;
     ensure!(
         busy.is_none(),
         "the lease ended with its holder's connection"
@@ -150,8 +151,9 @@ pub(super) async fn lease_kill_holder() -> Outcome {
         .map_err(err)?;
     kill_sessions_of(&user)?;
     let killed = Instant::now();
-    // Unrenewed since the kill, the row would have ended within `ttl` of it (it was written
-    // just before); the hold is watched past that instant, then another client tries it.
+    // Unrenewed since the kill, the row would have ended within `ttl` of it (its expiry was
+    // last written before the kill, by the acquisition or a renewal); the hold is watched
+    // past that instant, then another client tries it.
     let past_the_row = ttl + Duration::from_millis(500);
     if let Ok(reason) = tokio::time::timeout(past_the_row, renewed.lost()).await {
         return Err(Failure(format!(
@@ -163,26 +165,32 @@ pub(super) async fn lease_kill_holder() -> Outcome {
         renewed.is_held(),
         "is_held() is false {past_the_row:?} after the kill, though lost() did not fire"
     );
-    let busy = try_answered(&b, &name2, ttl, ttl / 2).await?;
+    let busy = try_answered(&b, &name2, ttl, Instant::now() + ttl / 2).await?;
     ensure!(
         busy.is_none(),
         "another client got a lease the watchdog kept renewing"
+    );
+    // A busy answer alone could come from a try abandoned during a stall that took the free
+    // lease on the server: the store must show the renewed lease.
+    let info = b.inspect(&name2).await.map_err(err)?;
+    ensure!(
+        info.is_some_and(|i| i.token == *renewed.lease().token()),
+        "inspect does not show the renewed lease {past_the_row:?} after the kill"
     );
     renewed.release().await.map_err(err)?;
     Ok(())
 }
 
 /// `client`'s try for `name`, sent again while the store answers `Unavailable` (a statement
-/// that waited past its bound, as one does while the disk stalls the server's commits), for
-/// up to `within`: such an answer tells nothing of whether the lock is free, which the case
-/// asks. The last answer when `within` runs out.
+/// that waited past its bound, as one does while the disk stalls the server's commits), until
+/// `until`: such an answer does not say whether the lock was free (the server may even have
+/// run the abandoned try), which the case asks. The last answer once `until` has passed.
 async fn try_answered(
     client: &LockClient,
     name: &LockName,
     ttl: Duration,
-    within: Duration,
+    until: Instant,
 ) -> Result<Option<LockGuard>, Failure> {
-    let until = Instant::now() + within;
     loop {
         match client
             .try_lock_with(name, &LockOptions::new().ttl(ttl))

@@ -43,8 +43,15 @@ pub(crate) enum Try {
 pub(crate) enum Next {
     /// Hands the lock over to it (a single server, a cluster).
     HandOver,
-    /// Starts its turn and tells it to try (Redlock: one server cannot grant a majority).
+    /// Starts its turn and tells it to try (a single server or a cluster whose clients do not
+    /// take hand-overs).
     Turn,
+    /// As [`Next::Turn`], but first takes out of the line the waiters at its head whose client
+    /// no longer listens on this server (see [`scripts::ACQUIRE`]): Redlock, where one server
+    /// cannot grant a majority, a turn lasts 400 ms, and a waiter keeps one ticket for its
+    /// whole wait, so one taken out of a server's line while alive gets its place back there
+    /// with its next vote.
+    TurnIfListening,
 }
 
 impl Next {
@@ -52,6 +59,7 @@ impl Next {
         match self {
             Self::HandOver => 1,
             Self::Turn => 0,
+            Self::TurnIfListening => 2,
         }
     }
 }

@@ -17,7 +17,7 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// decimal string); `{0, pttl, value, rank, seen}` when held; `{3, turn, rank, seen}` when
 /// free but the turn of the first waiter in the queue; `{4, fence}` when the lock holds
 /// the caller's own token already and `ARGV[11]` is `1` (a release handed it over, see
-/// [`hand_on`]; Redlock passes `0`, and its own token counts as busy); `{2, which, what}`
+/// [`hand_on`]; Redlock passes `2`, and its own token counts as busy); `{2, which, what}`
 /// when a key holds something this library did not write, with nothing written. `rank` is the
 /// caller's place in the queue (0 first, -1 not queued); `seen` the larger of the fence
 /// counter as the try found it (0 when absent or not a number) and the server time in µs: a
@@ -75,6 +75,9 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// without a release naming it (those ahead gave up, died, or missed their turns) learns that
 /// its turn runs, rather than at its next try, when the turn may be over. On Redlock each
 /// server tells it (these messages make a Redlock waiter vote, as releases' messages do).
+/// With `ARGV[11]` `2` (Redlock), such a try first takes out of the line the waiters at its
+/// head whose client no longer listens there ([`drop_deaf_heads`]), so a waiter that died
+/// gets no turn.
 ///
 /// A free lock with no queue (the uncontended case) takes a short path: `GET`, `EXISTS`,
 /// `TIME`, the counter, two `SET`s, without sweeping the places of waiters that left. With
@@ -83,6 +86,9 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// `SET NX PX` costs 7.6 µs there, a script call's base cost.
 pub(crate) static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     let counter = read_counter("KEYS[2]");
+    let drop_deaf = drop_deaf_heads(
+        "KEYS[4]", "KEYS[5]", "KEYS[6]", "ARGV[9]", "ARGV[10]", "ARGV[1]",
+    );
     LockScript::new(format!(
         r"
 redis.replicate_commands()
@@ -156,6 +162,9 @@ if cur then
   if ARGV[3] ~= '0' and pttl > 0 then mark(pttl + tonumber(ARGV[4])) end
   return {{0, pttl, cur, rank(), seen()}}
 end
+if ARGV[11] == '2' then
+{drop_deaf}
+end
 local first = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
 local kept = first and redis.call('ZSCORE', KEYS[5], first)
 if first and not kept then
@@ -217,9 +226,10 @@ return removed
 
 /// How long the first waiter in the queue has to come for a lock that became free before it
 /// loses its place (a waiter that died or is paused stalls the lock for at most this long,
-/// when it gets a turn: on Redlock, or when its client's connection is closed or it polls; a
-/// single server or a cluster hands the lock over to a waiter whose client listens, see
-/// [`RELEASE`]).
+/// when it gets a turn: when its client's connection is closed or it polls; a single server or
+/// a cluster hands the lock over to a waiter whose client listens, see [`RELEASE`]; Redlock's
+/// turns, of its own length, go only to waiters whose client listens, see
+/// [`drop_deaf_heads`]).
 pub(crate) const HANDOFF_MS: u64 = 100;
 
 /// Lua that reads the fence counter `key` into `last` (0 when absent), or returns
@@ -317,8 +327,9 @@ pub(crate) const MARK_MARGIN_MS: u64 = 1_000;
 /// `KEYS[5]` the waiters' clients, `KEYS[6]` the fence counter. Arguments: `ARGV[1]` the
 /// token, `ARGV[2]` the stem of the release channels, `ARGV[3]` the first waiter's turn (ms),
 /// `ARGV[4]` the command that publishes, `ARGV[5]` `1` to hand the lock over (a single server
-/// or a cluster; Redlock passes `0`: one server cannot grant a majority), `ARGV[6]` how long a
-/// mark outlives a hold ([`MARK_MARGIN_MS`]).
+/// or a cluster), `0` not to, `2` not to and to take out of the line first the waiters at its
+/// head whose client no longer listens here (Redlock: one server cannot grant a majority; see
+/// [`drop_deaf_heads`]), `ARGV[6]` how long a mark outlives a hold ([`MARK_MARGIN_MS`]).
 ///
 /// On a cluster a plain `PUBLISH` crosses the cluster bus to every node: two of them per
 /// release stalled hand-offs there (16 separate clients holding 1 ms: 95 acquisitions/s and a
@@ -395,8 +406,12 @@ fn hand_on(
     // A counter this library did not write is not raised: no hand-over (the next grant by a
     // try reports it).
     let counter = counter_or(fence, "last = nil", "last = nil");
+    let drop_deaf = drop_deaf_heads(queue, places, clients, "ARGV[2]", "ARGV[4]", "false");
     format!(
         r"
+  if ARGV[5] == '2' then
+{drop_deaf}
+  end
   local next = redis.call('ZRANGE', {queue}, 0, 1)
   if next[1] then
     local t = redis.call('TIME')
@@ -449,6 +464,47 @@ fn hand_on(
         end
       end
     end
+  end
+"
+    )
+}
+
+/// How many waiters one call of [`drop_deaf_heads`]' Lua takes out of the line at most.
+const DEAF_HEADS: usize = 8;
+
+/// Lua that takes out of the line (`queue`, `places`, `clients`) the waiters at its head whose
+/// client is recorded (they took push wake-ups) but has no subscriber here on its channel
+/// `<stem>:<client>` (`PUBSUB NUMSUB`, or `SHARDNUMSUB` when `command` is `SPUBLISH`): their
+/// process died, or their connection to this server closed, so they cannot come, and a turn
+/// given to them would only hold the lock back. It stops at the first waiter that may come (a
+/// paused process's connection stays subscribed: it keeps its place and gets its turn), at
+/// `me` (the caller's own token), when `stem` is empty, when the server refuses the count, and
+/// after [`DEAF_HEADS`] waiters. Redlock runs it ([`crate::ops::Next::TurnIfListening`]): a
+/// waiter keeps its ticket for its whole wait, so one taken out of a server's line whose
+/// connection there only dropped gets its place back with its next vote. `stem`, `command`
+/// and `me` are Lua expressions.
+fn drop_deaf_heads(
+    queue: &str,
+    places: &str,
+    clients: &str,
+    stem: &str,
+    command: &str,
+    me: &str,
+) -> String {
+    format!(
+        r"
+  for _ = 1, {DEAF_HEADS} do
+    if {stem} == '' then break end
+    local head = redis.call('ZRANGE', {queue}, 0, 0)[1]
+    if not head or head == {me} then break end
+    local entry = redis.call('HGET', {clients}, head)
+    local client = entry and string.match(entry, '^(%S+)')
+    if not client or client == '0' then break end
+    local subs = redis.pcall('PUBSUB', {command} == 'SPUBLISH' and 'SHARDNUMSUB' or 'NUMSUB', {stem} .. ':' .. client)
+    if type(subs) ~= 'table' or tonumber(subs[2]) ~= 0 then break end
+    redis.call('ZREM', {queue}, head)
+    redis.call('ZREM', {places}, head)
+    redis.call('HDEL', {clients}, head)
   end
 "
     )

@@ -77,12 +77,19 @@ use wakeups::Wakeups;
 ///   them, the first and second in line vote every `backoff.min` (jittered), the ones further
 ///   back more slowly, about every 250 ms at most (jittered up to 312 ms). A place lasts 3 s
 ///   without another vote, and the first in line has 100 ms after a release that named it
-///   (400 ms after a turn a vote started) to come once the lock is free: a waiter that died
-///   or is paused holds the lock back for at most that long (the second in line, named too,
-///   votes when that turn is over; two dead at the head, up to about 1.4 s, as a waiter
-///   further back that moves up unnamed votes within 1 s). The order is the waiters' clocks' order, so clients whose
-///   clocks disagree by `d` can pass each other within `d` (fair, not FIFO). A message wakes
-///   the waiter it names, not another waiter of the same client on the same lock.
+///   (400 ms after a turn a vote started) to come once the lock is free: a waiter that is
+///   paused holds the lock back for at most that long (the second in line, named too, votes
+///   when that turn is over; two paused at the head, up to about 1.4 s, as a waiter further
+///   back that moves up unnamed votes within 1 s). A waiter that died (its connection to a
+///   server closed) gets no turn there: a release, or a vote on the free lock, first takes
+///   out of that server's line the waiters at its head whose client no longer listens on it
+///   (`PUBSUB NUMSUB`), and names the live ones behind them (fault case
+///   `redlock_dead_waiters_ahead_cost_no_turn`: behind two dead waiters, 1.28 s before, well
+///   within one turn now). A live waiter whose connection to one server only dropped gets its
+///   place back there, under its ticket, with its next vote. The order is the waiters'
+///   clocks' order, so clients whose clocks disagree by `d` can pass each other within `d`
+///   (fair, not FIFO). A message wakes the waiter it names, not another waiter of the same
+///   client on the same lock.
 #[derive(Debug, Clone)]
 pub struct RedlockBackend {
     inner: Arc<Inner>,
@@ -99,8 +106,9 @@ struct Inner {
 /// The answer of one server to one request.
 type Vote<T> = Result<T, LockError>;
 
-/// How long the first waiter's turn lasts once the lock is free: a waiter that died or is
-/// paused holds the line up for at most this long.
+/// How long the first waiter's turn lasts once the lock is free: a waiter that is paused holds
+/// the line up for at most this long (one that died is taken out of the line before its
+/// turn, see `scripts::drop_deaf_heads`).
 const TURN: Duration = Duration::from_millis(400);
 
 /// How long a waiter's place lasts on a server without another vote from it (a dead
@@ -229,8 +237,14 @@ impl Drop for Queued<'_> {
                 let token = &token;
                 backend
                     .everywhere("leave the queue", |mut conn| async move {
-                        ops::leave(&mut conn, keys, token, ops::Tell::Publish, ops::Next::Turn)
-                            .await
+                        ops::leave(
+                            &mut conn,
+                            keys,
+                            token,
+                            ops::Tell::Publish,
+                            ops::Next::TurnIfListening,
+                        )
+                        .await
                     })
                     .await;
             });
@@ -361,7 +375,14 @@ impl RedlockBackend {
     ) -> Vec<Vote<bool>> {
         self.everywhere("release", |mut conn| async move {
             // Each server tells the clients of the first two waiters it names (see `wakeups`).
-            ops::release(&mut conn, keys, token, ops::Tell::Publish, ops::Next::Turn).await
+            ops::release(
+                &mut conn,
+                keys,
+                token,
+                ops::Tell::Publish,
+                ops::Next::TurnIfListening,
+            )
+            .await
         })
         .await
     }
@@ -526,6 +547,7 @@ impl LockBackend for RedlockBackend {
         let queueing = Queueing {
             turn: TURN,
             tell: Some(ops::Tell::Publish),
+            next: ops::Next::TurnIfListening,
             ..Queueing::NONE
         };
         let mut wait = match self.vote(request, &keys, &token, queueing).await? {

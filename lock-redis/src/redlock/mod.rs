@@ -19,7 +19,7 @@ use crate::{
     connection::Conn,
     error::timed_out,
     keys::RedisKeys as Keys,
-    ops::{self, Queueing, Try},
+    ops::{self, Next, Queueing, Tell, Try},
     scripts::Mark,
 };
 
@@ -237,14 +237,8 @@ impl Drop for Queued<'_> {
                 let token = &token;
                 backend
                     .everywhere("leave the queue", |mut conn| async move {
-                        ops::leave(
-                            &mut conn,
-                            keys,
-                            token,
-                            ops::Tell::Publish,
-                            ops::Next::TurnIfListening,
-                        )
-                        .await
+                        ops::leave(&mut conn, keys, token, Tell::Publish, Next::TurnIfListening)
+                            .await
                     })
                     .await;
             });
@@ -375,14 +369,7 @@ impl RedlockBackend {
     ) -> Vec<Vote<bool>> {
         self.everywhere("release", |mut conn| async move {
             // Each server tells the clients of the first two waiters it names (see `wakeups`).
-            ops::release(
-                &mut conn,
-                keys,
-                token,
-                ops::Tell::Publish,
-                ops::Next::TurnIfListening,
-            )
-            .await
+            ops::release(&mut conn, keys, token, Tell::Publish, Next::TurnIfListening).await
         })
         .await
     }
@@ -546,8 +533,8 @@ impl LockBackend for RedlockBackend {
         // it starts the first one's turn, tells that waiter, and is refused).
         let queueing = Queueing {
             turn: TURN,
-            tell: Some(ops::Tell::Publish),
-            next: ops::Next::TurnIfListening,
+            tell: Some(Tell::Publish),
+            next: Next::TurnIfListening,
             ..Queueing::NONE
         };
         let mut wait = match self.vote(request, &keys, &token, queueing).await? {

@@ -319,39 +319,13 @@ pub(super) async fn a_release_to_a_dead_waiter_reaches_the_next() -> Outcome {
 /// their turn, for none; see `redlock_dead_waiters_ahead_cost_no_turn`), and its places are
 /// gone afterwards.
 pub(super) async fn redlock_dead_waiter_stalls_the_lock_briefly() -> Outcome {
-    let name = unique_name("redlock-dead-waiter")?;
-    let keys = RedisKeys::new("faults", &name);
-    let mut raws = redlock_raw_conns().await?;
-    let holder = redlock_client().await?;
-    let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder
-        .lock_with(&name, &options)
-        .await
-        .map_err(fail("first acquire"))?;
-    let mut dead = "";
-    for raw in &mut raws {
-        dead = plant_dead_waiter(raw, &keys).await?;
-    }
-    let waiter = redlock_client().await?;
-    let waiting = tokio::spawn({
-        let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(10)));
-        async move {
-            let guard = waiter.lock_with(&name, &options).await;
-            (guard, Instant::now())
-        }
-    });
-    // The waiter has queued behind the dead one once it is on the queue of every server.
-    until_queued_everywhere(&mut raws, &keys, 2).await?;
-    let released = Instant::now();
-    held.release().await.map_err(fail("release"))?;
-    let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
-    let guard = guard.map_err(fail("acquire behind a dead waiter"))?;
-    let took = acquired.saturating_duration_since(released);
+    let dead = "0123456789abcdef0123456789abcdef";
+    let (took, mut raws, keys) =
+        redlock_release_behind_dead("redlock-dead-waiter", &[dead]).await?;
     ensure!(
         took <= Duration::from_millis(1_000),
         "a dead waiter held a released Redlock lock back for {took:?} (its turn lasts 400 ms)"
     );
-    guard.release().await.map_err(fail("release"))?;
     dead_places_over(&mut raws, &keys, dead).await
 }
 
@@ -367,39 +341,11 @@ pub(super) async fn redlock_dead_waiters_ahead_cost_no_turn() -> Outcome {
         "0123456789abcdef0123456789abcde1",
         "0123456789abcdef0123456789abcde2",
     ];
-    let name = unique_name("redlock-dead-waiters")?;
-    let keys = RedisKeys::new("faults", &name);
-    let mut raws = redlock_raw_conns().await?;
-    let holder = redlock_client().await?;
-    let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder
-        .lock_with(&name, &options)
-        .await
-        .map_err(fail("first acquire"))?;
-    for raw in &mut raws {
-        for (ticket, dead) in (1..).zip(DEAD) {
-            plant_dead_waiter_as(raw, &keys, dead, ticket).await?;
-        }
-    }
-    let waiter = redlock_client().await?;
-    let waiting = tokio::spawn({
-        let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(10)));
-        async move {
-            let guard = waiter.lock_with(&name, &options).await;
-            (guard, Instant::now())
-        }
-    });
-    until_queued_everywhere(&mut raws, &keys, 3).await?;
-    let released = Instant::now();
-    held.release().await.map_err(fail("release"))?;
-    let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
-    let guard = guard.map_err(fail("acquire behind two dead waiters"))?;
-    let took = acquired.saturating_duration_since(released);
+    let (took, mut raws, keys) = redlock_release_behind_dead("redlock-dead-waiters", &DEAD).await?;
     ensure!(
         took <= Duration::from_millis(300),
         "two dead waiters held a released Redlock lock back for {took:?} (bound 300 ms)"
     );
-    guard.release().await.map_err(fail("release"))?;
     for raw in &mut raws {
         for dead in DEAD {
             let place: Option<u64> = raw
@@ -410,6 +356,48 @@ pub(super) async fn redlock_dead_waiters_ahead_cost_no_turn() -> Outcome {
         }
     }
     dead_places_over(&mut raws, &keys, DEAD[0]).await
+}
+
+/// A Redlock lock (a new name tagged `tag`) held by one client, the `dead` waiters planted at
+/// the head of every server's line in that order (see [`plant_dead_waiter`]), and a live
+/// waiter queued behind them on every server; then the holder releases. Returns how long
+/// after the release the live waiter held the lock (it has released it since), the servers'
+/// raw connections and the lock's keys.
+async fn redlock_release_behind_dead(
+    tag: &str,
+    dead: &[&'static str],
+) -> Result<(Duration, Vec<MultiplexedConnection>, RedisKeys), Failure> {
+    let name = unique_name(tag)?;
+    let keys = RedisKeys::new("faults", &name);
+    let mut raws = redlock_raw_conns().await?;
+    let holder = redlock_client().await?;
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = holder
+        .lock_with(&name, &options)
+        .await
+        .map_err(fail("first acquire"))?;
+    for raw in &mut raws {
+        for (ticket, token) in (1..).zip(dead) {
+            plant_dead_waiter_as(raw, &keys, token, ticket).await?;
+        }
+    }
+    let waiter = redlock_client().await?;
+    let waiting = tokio::spawn({
+        let (name, options) = (name.clone(), options.clone().wait(Duration::from_secs(10)));
+        async move {
+            let guard = waiter.lock_with(&name, &options).await;
+            (guard, Instant::now())
+        }
+    });
+    // The waiter has queued behind the dead ones once it is on the queue of every server.
+    until_queued_everywhere(&mut raws, &keys, dead.len() + 1).await?;
+    let released = Instant::now();
+    held.release().await.map_err(fail("release"))?;
+    let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
+    let guard = guard.map_err(fail("acquire behind dead waiters"))?;
+    let took = acquired.saturating_duration_since(released);
+    guard.release().await.map_err(fail("release"))?;
+    Ok((took, raws, keys))
 }
 
 /// Waits until each Redlock server's queue of `keys` holds `waiters` places (a waiter is in

@@ -48,9 +48,9 @@ pub(crate) enum Next {
     Turn,
     /// As [`Next::Turn`], but first takes out of the line the waiters at its head whose client
     /// no longer listens on this server (see [`scripts::ACQUIRE`]): Redlock, where one server
-    /// cannot grant a majority, a turn lasts 400 ms, and a waiter keeps one ticket for its
-    /// whole wait, so one taken out of a server's line while alive gets its place back there
-    /// with its next vote.
+    /// cannot grant a majority, a turn a vote starts lasts 400 ms, and a waiter keeps one
+    /// ticket for its whole wait, so one taken out of a server's line while alive gets its
+    /// place back there with its next vote.
     TurnIfListening,
 }
 

@@ -227,9 +227,8 @@ return removed
 /// How long the first waiter in the queue has to come for a lock that became free before it
 /// loses its place (a waiter that died or is paused stalls the lock for at most this long,
 /// when it gets a turn: when its client's connection is closed or it polls; a single server or
-/// a cluster hands the lock over to a waiter whose client listens, see [`RELEASE`]; Redlock's
-/// turns, of its own length, go only to waiters whose client listens, see
-/// [`drop_deaf_heads`]).
+/// a cluster hands the lock over to a waiter whose client listens, see [`RELEASE`]; on Redlock
+/// turns go only to waiters whose client listens, see [`drop_deaf_heads`]).
 pub(crate) const HANDOFF_MS: u64 = 100;
 
 /// Lua that reads the fence counter `key` into `last` (0 when absent), or returns

@@ -87,6 +87,9 @@ pub(crate) struct Queueing {
     /// then records the TTL it asks for, which a release needs to hand it the lock, and a try
     /// that finds the caller's own token answers [`Try::Handed`] and leaves the queue alone.
     /// [`Next::Turn`]: no TTL is recorded, so no release hands it the lock.
+    /// [`Next::TurnIfListening`]: as [`Next::Turn`], and a try that finds the lock free while
+    /// others queue first takes out of the line the waiters at its head whose client no
+    /// longer listens on the server.
     pub(crate) next: Next,
     /// The least fence a grant issues (0: none; see [`scripts::ACQUIRE`], which ignores one
     /// too far ahead of the server's clock): Redlock proposes its clock in µs plus a second,

@@ -75,9 +75,9 @@ pub(crate) const MAX_FENCE: u64 = 1 << 53;
 /// without a release naming it (those ahead gave up, died, or missed their turns) learns that
 /// its turn runs, rather than at its next try, when the turn may be over. On Redlock each
 /// server tells it (these messages make a Redlock waiter vote, as releases' messages do).
-/// With `ARGV[11]` `2` (Redlock), such a try first takes out of the line the waiters at its
-/// head whose client no longer listens there ([`drop_deaf_heads`]), so a waiter that died
-/// gets no turn.
+/// With `ARGV[11]` `2` (Redlock), every try that finds the lock free while waiters queue first
+/// takes out of the line the waiters at its head whose recorded client no longer listens there
+/// ([`drop_deaf_heads`]), so a waiter that died gets no turn.
 ///
 /// A free lock with no queue (the uncontended case) takes a short path: `GET`, `EXISTS`,
 /// `TIME`, the counter, two `SET`s, without sweeping the places of waiters that left. With
@@ -228,7 +228,9 @@ return removed
 /// loses its place (a waiter that died or is paused stalls the lock for at most this long,
 /// when it gets a turn: when its client's connection is closed or it polls; a single server or
 /// a cluster hands the lock over to a waiter whose client listens, see [`RELEASE`]; on Redlock
-/// turns go only to waiters whose client listens, see [`drop_deaf_heads`]).
+/// a waiter whose recorded client no longer listens on the server is taken out of the line
+/// there before its turn, see [`drop_deaf_heads`]). Redlock's release starts a turn this long;
+/// a turn its vote starts lasts 400 ms.
 pub(crate) const HANDOFF_MS: u64 = 100;
 
 /// Lua that reads the fence counter `key` into `last` (0 when absent), or returns
@@ -385,9 +387,11 @@ return 1
 /// ten or a thousand waiting clients. Only the client of the first wakes a waiter (the one
 /// whose turn it is), and the first's turn starts now: it keeps its place for at most `ARGV[3]`
 /// ms more. The client of the second retries when that turn ends, unless another release
-/// reaches it first, so a first waiter that does not come (its client gone, or on Redlock died
-/// or paused) stalls the lock for one turn. A waiter queued with no client (`0`) gets no
-/// message, and one whose client is not subscribed (it polls) hears none.
+/// reaches it first, so a first waiter that does not come (its client gone, or on Redlock
+/// paused, or its host gone without a reset until TCP keepalive closes its connection) stalls
+/// the lock for one turn; on Redlock a waiter whose recorded client no longer listens on this
+/// server is taken out of the line first ([`drop_deaf_heads`]). A waiter queued with no client
+/// (`0`) gets no message, and one whose client is not subscribed (it polls) hears none.
 ///
 /// A message the server refuses (an ACL without the channel, a cluster older than Redis 7.0
 /// that has no `SPUBLISH`) is skipped, and counts as heard by nobody: the key is deleted by
@@ -474,9 +478,12 @@ const DEAF_HEADS: usize = 8;
 /// Lua that takes out of the line (`queue`, `places`, `clients`) the waiters at its head whose
 /// client is recorded (they took push wake-ups) but has no subscriber here on its channel
 /// `<stem>:<client>` (`PUBSUB NUMSUB`, or `SHARDNUMSUB` when `command` is `SPUBLISH`): their
-/// process died, or their connection to this server closed, so they cannot come, and a turn
-/// given to them would only hold the lock back. It stops at the first waiter that may come (a
-/// paused process's connection stays subscribed: it keeps its place and gets its turn), at
+/// process died, or their pub/sub connection to this server closed, so a release here cannot
+/// reach them, and a turn given to them would most likely only hold the lock back. Redlock
+/// records a waiter's client only on the servers where its subscription is confirmed (see
+/// `RedlockBackend::vote`). It stops at the first waiter that may come (a paused process's
+/// connection stays subscribed, as does a crashed host's until TCP keepalive closes it: it
+/// keeps its place and gets its turn), at
 /// `me` (the caller's own token), when `stem` is empty, when the server refuses the count, and
 /// after [`DEAF_HEADS`] waiters. Redlock runs it ([`crate::ops::Next::TurnIfListening`]): a
 /// waiter keeps its ticket for its whole wait, so one taken out of a server's line whose

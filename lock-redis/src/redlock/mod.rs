@@ -80,10 +80,11 @@ use wakeups::Wakeups;
 ///   (400 ms after a turn a vote started) to come once the lock is free: a waiter that is
 ///   paused holds the lock back for at most that long (the second in line, named too, votes
 ///   when that turn is over; two paused at the head, up to about 1.4 s, as a waiter further
-///   back that moves up unnamed votes within 1 s). A waiter that died (its connection to a
-///   server closed) gets no turn there: a release, or a vote on the free lock, first takes
-///   out of that server's line the waiters at its head whose client no longer listens on it
-///   (`PUBSUB NUMSUB`), and names the live ones behind them (fault case
+///   back that moves up unnamed votes within 1 s). A waiter that died (its pub/sub connection
+///   to a server closed) gets no turn there: a vote records a waiter's client only on the
+///   servers where its subscription is confirmed, and a release, or a vote on the free lock,
+///   first takes out of that server's line the waiters at its head whose recorded client no
+///   longer listens on it (`PUBSUB NUMSUB`), and names the live ones behind them (fault case
 ///   `redlock_dead_waiters_ahead_cost_no_turn`: behind two dead waiters, 1.28 s before, well
 ///   within one turn now). A live waiter whose connection to one server only dropped gets its
 ///   place back there, under its ticket, with its next vote. The order is the waiters'
@@ -385,13 +386,15 @@ impl RedlockBackend {
 
     /// One round of Redlock: asks every server, keeps the lock if a majority granted it within
     /// its validity, else undoes the round everywhere. A majority that cannot be reached once
-    /// the budget is spent is `Unavailable` rather than a `Timeout`.
+    /// the budget is spent is `Unavailable` rather than a `Timeout`. `listening` says, server
+    /// by server, where the waiter's subscription is confirmed: its client (`queueing.client`)
+    /// is recorded only there (`None`: everywhere).
     async fn vote(
         &self,
         request: &AcquireRequest,
         keys: &Keys,
         token: &LeaseToken,
-        queueing: Queueing,
+        (queueing, listening): (Queueing, Option<&[bool]>),
     ) -> Result<Result<Grant, Wait>, LockError> {
         let (name, ttl) = (request.name(), request.ttl());
         let queueing = Queueing {
@@ -399,11 +402,22 @@ impl RedlockBackend {
             ..queueing
         };
         let start = Instant::now();
-        let votes = self
-            .everywhere("acquire", |mut conn| async move {
-                ops::try_acquire(&mut conn, name, keys, token, ttl, queueing).await
-            })
-            .await;
+        let timeout = self.inner.config.node_timeout;
+        let votes = join_all(self.inner.nodes.iter().enumerate().map(|(i, conn)| {
+            let listens = listening.is_none_or(|l| l.get(i).copied().unwrap_or(false));
+            let queueing = Queueing {
+                client: if listens { queueing.client } else { 0 },
+                ..queueing
+            };
+            let mut conn = conn.clone();
+            async move {
+                let call = ops::try_acquire(&mut conn, name, keys, token, ttl, queueing);
+                tokio::time::timeout(timeout, call)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out("acquire")))
+            }
+        }))
+        .await;
         let mut granted = Vec::new();
         let mut wait = Wait::default();
         let mut foreign = None;
@@ -537,7 +551,7 @@ impl LockBackend for RedlockBackend {
             next: Next::TurnIfListening,
             ..Queueing::NONE
         };
-        let mut wait = match self.vote(request, &keys, &token, queueing).await? {
+        let mut wait = match self.vote(request, &keys, &token, (queueing, None)).await? {
             Ok(grant) => return Ok(grant),
             Err(wait) => wait,
         };
@@ -595,7 +609,11 @@ impl LockBackend for RedlockBackend {
             } else {
                 queueing
             };
-            match self.vote(request, &keys, &token, queueing).await? {
+            let subscribed = push.then(|| listening.subscribed());
+            match self
+                .vote(request, &keys, &token, (queueing, subscribed.as_deref()))
+                .await?
+            {
                 // The places on the servers that did not grant go with `_queue`.
                 Ok(grant) => return Ok(grant),
                 Err(next) => wait = next,

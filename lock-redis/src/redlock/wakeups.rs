@@ -111,6 +111,17 @@ impl Listening {
         false
     }
 
+    /// For each server, whether this waiter's subscription there is confirmed now: a vote
+    /// records the client (whose channel releases name the waiter on) only on those, so that
+    /// a server where it does not listen (yet, or any more) does not take it for a waiter that
+    /// died (see `scripts::drop_deaf_heads`).
+    pub(super) fn subscribed(&self) -> Vec<bool> {
+        self.registrations
+            .iter()
+            .map(Registration::subscribed)
+            .collect()
+    }
+
     /// Starts listening for the release messages that name this waiter (first or second in
     /// line): armed before a vote, so that a release between the vote's answer and the sleep is
     /// not missed.

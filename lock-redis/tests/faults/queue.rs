@@ -423,9 +423,10 @@ pub(super) async fn until_queued_everywhere(
 }
 
 /// After a Redlock release behind the planted `dead` waiter: a majority granted, and took the
-/// dead place out. On a server that did not grant, the dead waiter's turn started there too
-/// (with the live waiter's vote): its place must be gone or over by the end of that turn, so
-/// it counts for nothing. Then removes the name's keys from every server.
+/// dead place out. On a server that did not grant, the dead waiter was taken out of the line
+/// too, by the release or the live waiter's vote (before, that vote started its turn there):
+/// its place must be gone, or over by the end of such a turn, so it counts for nothing. Then
+/// removes the name's keys from every server.
 async fn dead_places_over(
     raws: &mut [MultiplexedConnection],
     keys: &RedisKeys,

@@ -28,7 +28,7 @@ use conformance_tests::{
     Failure, Outcome,
     faults::{env_var, fail, poll_until},
 };
-use lock_core::LockClient;
+use lock_core::{LockClient, LockGuard, LockName, LockOptions};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 use redis::{
     AsyncCommands,
@@ -47,6 +47,19 @@ async fn redlock_client() -> Result<LockClient, Failure> {
         .await
         .map_err(fail("redlock connect"))?;
     Ok(LockClient::new(backend))
+}
+
+/// A new Redlock lock tagged `tag`, held for 30 s by a client of its own: its name, its keys
+/// and the holder's guard.
+async fn redlock_held(tag: &str) -> Result<(LockName, RedisKeys, LockGuard), Failure> {
+    let name = conformance_tests::faults::unique_name(tag)?;
+    let keys = RedisKeys::new("faults", &name);
+    let held = redlock_client()
+        .await?
+        .lock_with(&name, &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .map_err(fail("holder's acquire"))?;
+    Ok((name, keys, held))
 }
 
 /// A plain connection to each Redlock server.

@@ -15,7 +15,7 @@ use redis::{AsyncCommands, PushKind, aio::MultiplexedConnection};
 
 use super::{
     cluster_client, cluster_urls, handed_over, raw_cluster_conn, raw_conn, redlock_client,
-    redlock_raw_conns, single_client, until_marked,
+    redlock_held, redlock_raw_conns, single_client, until_marked,
     wakeups::{next_message, release_listener},
 };
 
@@ -367,15 +367,9 @@ async fn redlock_release_behind_dead(
     tag: &str,
     dead: &[&'static str],
 ) -> Result<(Duration, Vec<MultiplexedConnection>, RedisKeys), Failure> {
-    let name = unique_name(tag)?;
-    let keys = RedisKeys::new("faults", &name);
+    let (name, keys, held) = redlock_held(tag).await?;
     let mut raws = redlock_raw_conns().await?;
-    let holder = redlock_client().await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = holder
-        .lock_with(&name, &options)
-        .await
-        .map_err(fail("first acquire"))?;
     for raw in &mut raws {
         for (ticket, token) in (1..).zip(dead) {
             plant_dead_waiter_as(raw, &keys, token, ticket).await?;

@@ -5,14 +5,16 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{
     Cases, Failure, Outcome, ensure,
-    faults::{fail, poll_until, unique_name},
+    faults::{fail, poll_until},
 };
 use futures::StreamExt;
 use lock_core::{LockClient, LockOptions};
-use lock_redis::{RedisKeys, RedlockBackend, RedlockConfig};
+use lock_redis::{RedlockBackend, RedlockConfig};
 use redis::{AsyncCommands, aio::MultiplexedConnection};
 
-use super::{queue::until_queued_everywhere, redlock_client, redlock_raw_conns, redlock_urls};
+use super::{
+    queue::until_queued_everywhere, redlock_client, redlock_held, redlock_raw_conns, redlock_urls,
+};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
@@ -32,15 +34,9 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
 /// behind a holder; the first server's `MONITOR` counts the third one's votes for 2.5 s.
 async fn redlock_waiters_far_back_vote_seldom() -> Outcome {
     const WINDOW: Duration = Duration::from_millis(2500);
-    let lock = unique_name("redlock-far-back")?;
-    let keys = RedisKeys::new("faults", &lock);
+    let (lock, keys, held) = redlock_held("redlock-far-back").await?;
     let mut raws = redlock_raw_conns().await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = redlock_client()
-        .await?
-        .lock_with(&lock, &options)
-        .await
-        .map_err(fail("holder's acquire"))?;
     let mut waiting = Vec::new();
     for queued in 1..=3 {
         let waiter = redlock_client().await?;
@@ -138,14 +134,8 @@ async fn redlock_waiter_records_its_client_only_where_it_listens() -> Outcome {
 /// The body of [`redlock_waiter_records_its_client_only_where_it_listens`]: the waiter's
 /// client reaches the servers through `urls`, the case looks through `raws`.
 async fn unheard_on_the_last(urls: &[String], raws: &mut [MultiplexedConnection]) -> Outcome {
-    let lock = unique_name("redlock-unheard")?;
-    let keys = RedisKeys::new("faults", &lock);
+    let (lock, keys, held) = redlock_held("redlock-unheard").await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
-    let held = redlock_client()
-        .await?
-        .lock_with(&lock, &options)
-        .await
-        .map_err(fail("holder's acquire"))?;
     let waiter = LockClient::new(
         RedlockBackend::connect(RedlockConfig::new(urls.to_vec()).key_prefix("faults"))
             .await

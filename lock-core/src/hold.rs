@@ -72,6 +72,18 @@ impl HoldState {
         self.ttl_floor.map_or(ttl, |floor| floor.min(ttl))
     }
 
+    /// When the watchdog next has something to do for the hold, nothing being due now.
+    fn wake_at(&self) -> Instant {
+        let mut wake = self.deadline;
+        if self.watchdog {
+            wake = wake.min(self.next_renew);
+        }
+        if let Some(end) = self.hard_end {
+            wake = wake.min(end.checked_sub(drift(self.lease.ttl())).unwrap_or(end));
+        }
+        wake
+    }
+
     fn interval(&self) -> Duration {
         let ttl = self.effective_ttl();
         match self.renew_every {
@@ -303,14 +315,13 @@ impl Hold {
                 return Plan::Renew(state.lease.clone(), ttl, permit);
             }
         }
-        let mut wake = state.deadline;
-        if state.watchdog {
-            wake = wake.min(state.next_renew);
-        }
-        if let Some(end) = state.hard_end {
-            wake = wake.min(end.checked_sub(drift(state.lease.ttl())).unwrap_or(end));
-        }
-        Plan::Sleep(wake)
+        Plan::Sleep(state.wake_at())
+    }
+
+    /// The first instant at which the watchdog has something to do for this hold (renew it,
+    /// end it at `max_hold`, or mark it expired), as [`Hold::plan`] would answer now.
+    pub(crate) fn wake_at(&self) -> Instant {
+        self.state().wake_at()
     }
 
     /// Applies the store's answer to a renewal sent at `sent`.

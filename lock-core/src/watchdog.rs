@@ -30,6 +30,11 @@ struct List {
     holds: Vec<Weak<Hold>>,
     /// The running task, if any; a finished one (its runtime shut down) is replaced.
     task: Option<JoinHandle<()>>,
+    /// While the task sleeps: the instant by which it wakes and plans again by itself. A new
+    /// hold with nothing to do before then need not wake it (a client that takes and releases
+    /// locks in a loop then costs the task no wake-up per cycle: on a runtime of several
+    /// threads, a wake-up of another thread). `None` while the task plans, renews or starts.
+    sleeps_until: Option<Instant>,
 }
 
 impl Watchdog {
@@ -47,26 +52,43 @@ impl Watchdog {
         self.wake.clone()
     }
 
-    /// Starts watching `hold`, starting the task if none is running.
+    /// Starts watching `hold`, starting the task if none is running, and waking it when the
+    /// hold has something due before the task would wake by itself.
     pub(crate) fn register(self: &Arc<Self>, hold: &Arc<Hold>) {
-        {
+        let due = hold.wake_at();
+        let wake = {
             let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
             list.holds.push(Arc::downgrade(hold));
             let running = list.task.as_ref().is_some_and(|task| !task.is_finished());
             if !running {
                 // Acquire runs on a runtime, so there is one; without one the local deadline
                 // still ends the hold through `is_held` and `lost`.
+                list.sleeps_until = None;
                 list.task = tokio::runtime::Handle::try_current()
                     .ok()
                     .map(|runtime| runtime.spawn(run(self.clone())));
             }
+            list.sleeps_until.is_none_or(|wakes| due < wakes)
+        };
+        if wake {
+            self.wake.notify_one();
         }
-        self.wake.notify_one();
     }
 
-    /// The live holds (dropping ended ones).
+    /// Records that the task is about to sleep until `until` at the latest. A hold registered
+    /// after [`Watchdog::live`] and before this call found `sleeps_until` empty and woke the
+    /// task (a `Notify` permit, which ends the coming sleep at once).
+    fn sleeping_until(&self, until: Instant) {
+        self.list
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sleeps_until = Some(until);
+    }
+
+    /// The live holds (dropping ended ones); the task is awake from here until it sleeps again.
     fn live(&self) -> Vec<Arc<Hold>> {
         let mut list = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        list.sleeps_until = None;
         let mut live = Vec::with_capacity(list.holds.len());
         list.holds.retain(|weak| match weak.upgrade() {
             Some(hold) if hold.status() == Status::Held => {
@@ -118,10 +140,12 @@ async fn run(watchdog: Arc<Watchdog>) {
     loop {
         let holds = watchdog.live();
         if holds.is_empty() {
+            let idle_end = Instant::now() + IDLE;
+            watchdog.sleeping_until(idle_end);
             let notified = watchdog.wake.notified();
             tokio::select! {
                 () = notified => continue,
-                () = tokio::time::sleep(IDLE) => {
+                () = tokio::time::sleep_until(idle_end.into()) => {
                     if watchdog.stop_if_idle() {
                         return;
                     }
@@ -152,6 +176,7 @@ async fn run(watchdog: Arc<Watchdog>) {
             }
         }
         if round.is_empty() {
+            watchdog.sleeping_until(wake_at);
             let notified = watchdog.wake.notified();
             tokio::select! {
                 () = tokio::time::sleep_until(wake_at.into()) => {}

@@ -314,6 +314,29 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
     }
 }
 
+/// Keeps a waiter's place for `place` more without a vote (see [`scripts::KEEP`]; `turn` is
+/// the longest turn): its place in line, or `None` when it should vote at once instead.
+pub(crate) async fn keep_place<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &Keys,
+    token: &LeaseToken,
+    place: Duration,
+    turn: Duration,
+) -> Result<Option<u64>, LockError> {
+    let rank: i64 = scripts::KEEP
+        .key(&keys.lock)
+        .key(&keys.queue)
+        .key(&keys.places)
+        .key(&keys.clients)
+        .arg(token.as_str())
+        .arg(millis(place))
+        .arg(millis(turn))
+        .invoke_async(conn)
+        .await
+        .map_err(|e| Error::new("keep a place", e))?;
+    Ok(u64::try_from(rank).ok())
+}
+
 /// Takes a waiter that gives up out of the queue; with [`Next::HandOver`], also releases a
 /// lock handed to it meanwhile, telling the next waiters as `tell` says (see
 /// [`scripts::LEAVE`]).

@@ -191,6 +191,46 @@ return grant(t, now, first)
     ))
 });
 
+/// Keep a place: what a Redlock waiter deep in line sends instead of a vote while it only
+/// keeps its place (`KEYS[1]` the lock, `KEYS[2]` the queue, `KEYS[3]` the places, `KEYS[4]`
+/// the waiters' clients; `ARGV[1]` its token, `ARGV[2]` how long its place lasts from now, in
+/// ms, `ARGV[3]` the longest turn, in ms). Returns the waiter's place in line (0 first), or -1
+/// when it should vote at once instead:
+/// - the lock is free and no turn runs (the first waiter's place ends later than a turn
+///   would, or has ended): a vote starts the first one's turn, or takes the lock;
+/// - the lock is free and the caller is first;
+/// - the waiter has no place here (it lapsed, or was taken out of the line), which a vote
+///   gives back under its ticket.
+///
+/// A lock free during a turn is left to the waiter whose turn it is (a release or a vote
+/// named it): a call then would mostly find it taken a moment later. Else the call writes only
+/// the place's end (and pushes the queue's expiry, as [`ACQUIRE`] does): no sweep of lapsed
+/// places, no waiter mark, no client record, which the votes of the waiters nearer the head
+/// see to.
+pub(crate) static KEEP: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(
+        r"
+local place = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if not first or first == ARGV[1] then return -1 end
+  local ends = tonumber(redis.call('ZSCORE', KEYS[3], first))
+  if not ends or ends <= now or ends > now + tonumber(ARGV[3]) then return -1 end
+end
+if redis.call('ZADD', KEYS[3], 'XX', 'CH', now + place, ARGV[1]) == 0 then return -1 end
+if redis.call('PTTL', KEYS[3]) < place then
+  redis.call('PEXPIRE', KEYS[2], place)
+  redis.call('PEXPIRE', KEYS[3], place)
+end
+if redis.call('PTTL', KEYS[4]) < place then redis.call('PEXPIRE', KEYS[4], place) end
+return redis.call('ZRANK', KEYS[2], ARGV[1]) or -1
+"
+        .to_owned(),
+    )
+});
+
 /// Leave: a waiter that gives up takes its place out of the queue (`KEYS[1]` the queue,
 /// `KEYS[2]` the places, `KEYS[3]` the waiters' clients, `ARGV[1]` its token). Returns how
 /// many places it removed.

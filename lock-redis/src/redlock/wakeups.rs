@@ -9,7 +9,8 @@
 //! as waited for, so that releases publish. Polling goes on as the fallback, slower while push
 //! works: a lost message costs at most one poll, or 5 ms when messages from a majority were
 //! awaited and too few came (see [`Armed::sleep`], [`super::QUEUED_POLL_MAX`], and
-//! [`super::PLACE_KEPT`] further back than second in line); the place in
+//! [`super::PLACE_KEPT`] further back than second in line, [`super::PLACE_KEPT_FAR`] from
+//! [`super::FAR_BACK`] on); the place in
 //! line is kept (the ticket is), but the turn may go to the second in line meanwhile.
 
 use std::{
@@ -148,6 +149,23 @@ fn armed(notify: &Notify) -> Pin<Box<Notified<'_>>> {
     notified
 }
 
+/// Sleeps as [`Armed::sleep`] does when `armed`, else until `until`. True when a release named
+/// the waiter.
+pub(super) async fn sleep(
+    armed: Option<Armed<'_>>,
+    until: Instant,
+    deadline: Instant,
+    quorum: usize,
+) -> bool {
+    match armed {
+        Some(armed) => armed.sleep(until, deadline, quorum).await,
+        None => {
+            tokio::time::sleep_until(until.min(deadline).into()).await;
+            false
+        }
+    }
+}
+
 /// Armed wake-ups (see [`Listening::arm`]): release messages that name the waiter first, and
 /// those that name it second.
 pub(super) struct Armed<'a> {
@@ -159,13 +177,20 @@ impl Armed<'_> {
     /// Sleeps until `until` (or the `deadline`), or until the servers' releases name this
     /// waiter first in line: once `quorum` servers did, or [`GATHER`] after the first did,
     /// whichever comes first; when one names it second, until [`SECOND_STEPS_IN`] after that
-    /// at the latest.
-    pub(super) async fn sleep(mut self, mut until: Instant, deadline: Instant, quorum: usize) {
+    /// at the latest. True when a release named it (first or second), false when the time ran
+    /// out without one.
+    pub(super) async fn sleep(
+        mut self,
+        mut until: Instant,
+        deadline: Instant,
+        quorum: usize,
+    ) -> bool {
         if self.first.is_empty() {
             // No server (a configuration the backend refuses): nothing to listen to.
             tokio::time::sleep_until(until.min(deadline).into()).await;
-            return;
+            return false;
         }
+        let mut named = false;
         let mut second = select_all(self.second.iter_mut().map(Pin::as_mut));
         let mut stepping_in = false;
         let mut heard = vec![false; self.first.len()];
@@ -177,8 +202,9 @@ impl Armed<'_> {
             };
             tokio::select! {
                 count = first => {
+                    named = true;
                     if count >= quorum.min(heard.len()) {
-                        return;
+                        return true;
                     }
                     if !gathering {
                         // The release reached one server; the others are a moment behind.
@@ -187,8 +213,9 @@ impl Armed<'_> {
                         until = until.min(tokio::time::Instant::now().into_std() + GATHER);
                     }
                 }
-                () = tokio::time::sleep_until(until.min(deadline).into()) => return,
+                () = tokio::time::sleep_until(until.min(deadline).into()) => return named,
                 _ = &mut second, if !stepping_in => {
+                    named = true;
                     // Named second: step in once the first one's turn could be over.
                     stepping_in = true;
                     until = until.min(Instant::now() + SECOND_STEPS_IN);

@@ -57,12 +57,12 @@ async fn plant_dead_waiter(
 }
 
 /// As [`plant_dead_waiter`], with the token `dead` and the ticket `ticket` (its place in line).
-async fn plant_dead_waiter_as(
+pub(super) async fn plant_dead_waiter_as<'a>(
     raw: &mut MultiplexedConnection,
     keys: &RedisKeys,
-    dead: &'static str,
+    dead: &'a str,
     ticket: u64,
-) -> Result<&'static str, Failure> {
+) -> Result<&'a str, Failure> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_err(fail("clock"))?

@@ -22,6 +22,13 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
         .case("redlock_waiters_far_back_vote_seldom", || {
             Box::pin(redlock_waiters_far_back_vote_seldom())
         })
+        .case("redlock_waiters_deep_in_line_keep_places_seldom", || {
+            Box::pin(redlock_waiters_deep_in_line_keep_places_seldom())
+        })
+        .case(
+            "redlock_waiter_behind_paused_ones_takes_a_lock_left_free",
+            || Box::pin(redlock_waiter_behind_paused_ones_takes_a_lock_left_free()),
+        )
         .case(
             "redlock_waiter_records_its_client_only_where_it_listens",
             || Box::pin(redlock_waiter_records_its_client_only_where_it_listens()),
@@ -34,13 +41,159 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
 /// behind a holder; the first server's `MONITOR` counts the third one's votes for 2.5 s.
 async fn redlock_waiters_far_back_vote_seldom() -> Outcome {
     const WINDOW: Duration = Duration::from_millis(2500);
-    let (lock, keys, held) = redlock_held("redlock-far-back").await?;
+    let seen = calls_in_line("redlock-far-back", 3, 2, WINDOW).await?;
+    ensure!(
+        seen.others > 0,
+        "the first two waiters did not vote either in {WINDOW:?}: the case tests nothing"
+    );
+    ensure!(
+        (1..=5).contains(&seen.watched),
+        "the third waiter voted {} times in {WINDOW:?} on one server (the first two: {}); it \
+         keeps a 3 s place",
+        seen.watched,
+        seen.others
+    );
+    Ok(())
+}
+
+/// A subscribed Redlock waiter deep in line (ninth or further back) keeps its place with one
+/// light call every 2.25 to 3 s (its place there lasts 9 s), not with a vote about once a
+/// second as the third to eighth do: with 1,000 waiting clients, their votes were most of
+/// what the servers ran per hand-off. Ten waiting clients behind a holder; the first server's
+/// `MONITOR` counts the tenth one's calls for 3.5 s, and every server must still keep its place
+/// afterwards.
+async fn redlock_waiters_deep_in_line_keep_places_seldom() -> Outcome {
+    const WINDOW: Duration = Duration::from_millis(3500);
+    let seen = calls_in_line("redlock-deep", 10, 9, WINDOW).await?;
+    ensure!(
+        seen.others > 0,
+        "the other waiters did not vote either in {WINDOW:?}: the case tests nothing"
+    );
+    ensure!(
+        (1..=2).contains(&seen.watched),
+        "the tenth waiter called the first server {} times in {WINDOW:?} (the others: {}); it \
+         keeps a 9 s place every 2.25 to 3 s",
+        seen.watched,
+        seen.others
+    );
+    ensure!(
+        seen.kept_everywhere,
+        "the tenth waiter's place was gone from a server after {WINDOW:?}"
+    );
+    Ok(())
+}
+
+/// How many paused waiters [`redlock_waiter_behind_paused_ones_takes_a_lock_left_free`] plants
+/// ahead of the live one: as many as puts it deep in line, where it only keeps its place.
+const PAUSED: usize = 8;
+
+/// A Redlock lock whose holder died (its lease ends with no release) while the waiters at the
+/// head of the line are paused (planted: places that would last a minute, their client
+/// recorded and listening, so the servers take them for live), with one live waiter behind
+/// them, ninth: it takes the lock within 8 s of the lease's end. Its next call finds the lock
+/// free and votes (within 3 s), each vote starts a paused waiter's turn (400 ms), and it votes
+/// again when that turn is over, taking each paused one out of the line in turn: at most about
+/// 3 s + 8 x 0.4 s. A waiter that voted only to keep its place (every 0.75 to 1 s) needed two
+/// votes per paused waiter, one to start its turn and one to take its lapsed place out.
+async fn redlock_waiter_behind_paused_ones_takes_a_lock_left_free() -> Outcome {
+    const BOUND: Duration = Duration::from_secs(8);
+    let name = conformance_tests::faults::unique_name("redlock-behind-paused")?;
+    let keys = lock_redis::RedisKeys::new("faults", &name);
+    let ttl = Duration::from_secs(1);
+    let held = redlock_client()
+        .await?
+        .lock_with(&name, &LockOptions::new().ttl(ttl).watchdog(false))
+        .await
+        .map_err(fail("holder's acquire"))?;
+    let ends = Instant::now() + ttl;
+    let mut raws = redlock_raw_conns().await?;
+    let paused: Vec<String> = (0..PAUSED)
+        .map(|i| format!("0123456789abcdef0123456789abcd{i:02}"))
+        .collect();
+    let mut listeners = Vec::new();
+    for (raw, url) in raws.iter_mut().zip(redlock_urls()?) {
+        for (ticket, token) in (1..).zip(&paused) {
+            super::queue::plant_dead_waiter_as(raw, &keys, token, ticket).await?;
+        }
+        // Their client listens: paused, not dead, so no server takes them out of the line.
+        let mut listener = redis::Client::open(url.as_str())
+            .map_err(fail("client"))?
+            .get_async_pubsub()
+            .await
+            .map_err(fail("pubsub"))?;
+        listener
+            .subscribe(format!("{}:4242", keys.channel))
+            .await
+            .map_err(fail("SUBSCRIBE"))?;
+        listeners.push(listener);
+    }
+    let waiter = redlock_client().await?;
+    let waiting = tokio::spawn({
+        let options = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30));
+        let name = name.clone();
+        async move {
+            let guard = waiter.lock_with(&name, &options).await;
+            (guard, Instant::now())
+        }
+    });
+    until_queued_everywhere(&mut raws, &keys, PAUSED + 1).await?;
+    let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
+    let guard = guard.map_err(fail("acquire behind paused waiters"))?;
+    let took = acquired.saturating_duration_since(ends);
+    guard.release().await.map_err(fail("release"))?;
+    drop(held);
+    ensure!(
+        took <= BOUND,
+        "the live waiter behind {PAUSED} paused ones took the lock {took:?} after the holder's \
+         lease ended (bound {BOUND:?})"
+    );
+    for raw in &mut raws {
+        let left: Vec<String> = raw
+            .zrange(&keys.queue, 0, -1)
+            .await
+            .map_err(fail("ZRANGE queue"))?;
+        ensure!(
+            left.iter().all(|token| !paused.contains(token)),
+            "paused waiters kept places after their turns: {left:?}"
+        );
+        let _: () = raw
+            .del(&[&keys.queue, &keys.places, &keys.clients, &keys.fence])
+            .await
+            .map_err(fail("clean-up"))?;
+    }
+    Ok(())
+}
+
+/// What [`calls_in_line`] saw.
+struct Seen {
+    /// Script calls on the lock by the watched waiter.
+    watched: usize,
+    /// Script calls on the lock by anyone else.
+    others: usize,
+    /// The watched waiter still had a place on every server at the end of the window.
+    kept_everywhere: bool,
+}
+
+/// Queues `waiters` clients (each its own) one by one behind a holder of a new Redlock lock
+/// tagged `tag`, then counts on the first server's `MONITOR`, for `window`, the script calls
+/// (`EVALSHA`/`EVAL`) on the lock's key of the waiter at `index` in line and of everyone
+/// else; then looks whether that waiter still has a place on every server, releases the lock,
+/// and waits for every waiter to take and release it.
+async fn calls_in_line(
+    tag: &str,
+    waiters: usize,
+    index: usize,
+    window: Duration,
+) -> Result<Seen, Failure> {
+    let (lock, keys, held) = redlock_held(tag).await?;
     let mut raws = redlock_raw_conns().await?;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     let mut waiting = Vec::new();
-    for queued in 1..=3 {
+    for queued in 1..=waiters {
         let waiter = redlock_client().await?;
-        let (lock, options) = (lock.clone(), options.clone().wait(Duration::from_secs(15)));
+        let (lock, options) = (lock.clone(), options.clone().wait(Duration::from_secs(30)));
         waiting.push(tokio::spawn(async move {
             let guard = waiter.lock_with(&lock, &options).await?;
             guard.release().await
@@ -51,8 +204,8 @@ async fn redlock_waiters_far_back_vote_seldom() -> Outcome {
         .zrange(&keys.queue, 0, -1)
         .await
         .map_err(fail("ZRANGE"))?;
-    let third = line
-        .get(2)
+    let watched = line
+        .get(index)
         .ok_or_else(|| Failure(format!("{} waiters in line", line.len())))?
         .clone();
     let first_url = redlock_urls()?.remove(0);
@@ -62,17 +215,28 @@ async fn redlock_waiters_far_back_vote_seldom() -> Outcome {
         .await
         .map_err(fail("MONITOR"))?
         .into_on_message::<String>();
-    let (mut votes, mut others) = (0, 0);
-    let end = Instant::now() + WINDOW;
+    let mut seen = Seen {
+        watched: 0,
+        others: 0,
+        kept_everywhere: true,
+    };
+    let end = Instant::now() + window;
     while let Ok(Some(line)) = tokio::time::timeout_at(end.into(), monitor.next()).await {
-        let vote = line.contains("\"EVALSHA\"") || line.contains("\"EVAL\"");
-        if vote && line.contains(&format!("\"{}\"", keys.lock)) {
-            if line.contains(&format!("\"{third}\"")) {
-                votes += 1;
+        let call = line.contains("\"EVALSHA\"") || line.contains("\"EVAL\"");
+        if call && line.contains(&format!("\"{}\"", keys.lock)) {
+            if line.contains(&format!("\"{watched}\"")) {
+                seen.watched += 1;
             } else {
-                others += 1;
+                seen.others += 1;
             }
         }
+    }
+    for raw in &mut raws {
+        let place: Option<f64> = raw
+            .zscore(&keys.places, &watched)
+            .await
+            .map_err(fail("ZSCORE places"))?;
+        seen.kept_everywhere &= place.is_some();
     }
     held.release().await.map_err(fail("holder's release"))?;
     for waiter in waiting {
@@ -81,16 +245,7 @@ async fn redlock_waiters_far_back_vote_seldom() -> Outcome {
             .map_err(fail("waiter task"))?
             .map_err(fail("a waiter"))?;
     }
-    ensure!(
-        others > 0,
-        "the first two waiters did not vote either in {WINDOW:?}: the case tests nothing"
-    );
-    ensure!(
-        (1..=5).contains(&votes),
-        "the third waiter voted {votes} times in {WINDOW:?} on one server (the first two: \
-         {others}); it keeps a 3 s place"
-    );
-    Ok(())
+    Ok(seen)
 }
 
 /// The user the last Redlock server knows the waiter of

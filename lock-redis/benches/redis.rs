@@ -6,7 +6,9 @@
 //! - 16 tasks on one lock: hand-off latency (release start to next holder) p50/p99 vs one raw
 //!   round trip (`SET NX PX`) (target p50 <= 3x), and acquisitions per second;
 //! - renewing 50 held locks: one batched call vs 50 single renewals;
-//! - separate clients (`conformance_tests::bench::fleet_report`);
+//! - separate clients (`conformance_tests::bench::fleet_report`); on the single server, their
+//!   hand-off p50 also against the raw floor of a hand-off by push (a script's `PUBLISH` heard
+//!   by another thread's client, see `push_floor`);
 //! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
 //! - rslock, a peer library, on the single server, on the cluster (its cluster mode) and on
 //!   the five Redlock servers, through the same workloads: its uncontended cycle against the same floor (right after ours),
@@ -22,6 +24,9 @@
 //! compare` runs it too.
 
 use std::{future::Future, time::Duration};
+
+#[path = "redis/push_floor.rs"]
+mod push_floor;
 
 use conformance_tests::{
     bench::{self, Report, Stats},
@@ -449,7 +454,7 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
         batching(&mut report, &backend).await?;
     }
     let rtt = raw.round_trip().await?.p50;
-    bench::fleet_report_beside(
+    let fleets = bench::fleet_report_beside(
         &mut report,
         bench::each_own(
             RedisConfig::single(url).key_prefix("bench"),
@@ -461,6 +466,7 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
         &counters,
     )
     .await?;
+    push_report(&mut report, url, &fleets).await?;
     bench::peer_sweep_report(
         &mut report,
         RSLOCK,
@@ -488,6 +494,42 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
     )
     .await?;
     report.finish().map_err(|e| e.to_string())
+}
+
+/// The raw floor of a hand-off by push (see [`push_floor::push_floor`]), and the hand-off of
+/// each fleet that held 1 ms against it (none when no fleet ran).
+async fn push_report(
+    report: &mut Report,
+    url: &str,
+    fleets: &[bench::Fleet],
+) -> Result<(), String> {
+    let held: Vec<&bench::Fleet> = fleets
+        .iter()
+        .filter(|fleet| fleet.hold == Duration::from_millis(1))
+        .collect();
+    if held.is_empty() {
+        return Ok(());
+    }
+    let url = url.to_owned();
+    let floor = tokio::task::spawn_blocking(move || push_floor::push_floor(&url))
+        .await
+        .map_err(|e| e.to_string())??;
+    report.stats(
+        "raw hand-off by push (a script's PUBLISH heard by another thread's client)",
+        &floor,
+    );
+    for fleet in held {
+        report.ratio(
+            &format!(
+                "{} clients, hold 1ms: hand-off to another client p50 / raw hand-off by push p50",
+                fleet.clients
+            ),
+            fleet.handoff.p50,
+            floor.p50,
+            None,
+        );
+    }
+    Ok(())
 }
 
 async fn cluster() -> Result<(), String> {

@@ -91,6 +91,18 @@ fn stats(h: &Histogram<u64>) -> Stats {
     }
 }
 
+/// The statistics of `samples`.
+///
+/// # Errors
+/// When the histogram cannot be made (it cannot with its fixed bounds).
+pub fn stats_of(samples: &[Duration]) -> Result<Stats, String> {
+    let mut h = histogram()?;
+    for &sample in samples {
+        record(&mut h, sample);
+    }
+    Ok(stats(&h))
+}
+
 /// Times `n` sequential runs of `op`, after `n / 10` warm-up runs (a tenth of both in a
 /// quick run, see [`crate::selection::QUICK_VAR`]).
 ///

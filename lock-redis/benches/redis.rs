@@ -104,12 +104,17 @@ impl<C: ConnectionLike + Clone + Send + Sync> Raw<C> {
 
     async fn round_trip(&self) -> Result<Stats, String> {
         let stats = bench::time_op(PER_ROUND, || self.set()).await?;
+        self.delete_key().await?;
+        Ok(stats)
+    }
+
+    async fn delete_key(&self) -> Result<(), String> {
         let _: i64 = redis::cmd("DEL")
             .arg(&self.key)
             .query_async(&mut self.conn.clone())
             .await
             .map_err(|e| e.to_string())?;
-        Ok(stats)
+        Ok(())
     }
 }
 
@@ -630,6 +635,49 @@ async fn five_raw_cycles(raws: &[Raw<ConnectionManager>]) -> Result<(), String> 
         .map(|_| ())
 }
 
+/// The hand-off of each Redlock fleet that held 1 ms against one raw round on the five
+/// servers at once (each server's `SET NX PX`), the least a waiter's vote costs: the fleets'
+/// own ratio is against one server's round trip (none when no fleet ran).
+async fn five_servers_handoff(
+    report: &mut Report,
+    raws: &[Raw<ConnectionManager>],
+    fleets: &[bench::Fleet],
+) -> Result<(), String> {
+    let held: Vec<&bench::Fleet> = fleets
+        .iter()
+        .filter(|fleet| fleet.hold == Duration::from_millis(1))
+        .collect();
+    if held.is_empty() {
+        return Ok(());
+    }
+    let round = bench::time_op(PER_ROUND, || async {
+        futures::future::try_join_all(raws.iter().map(Raw::set))
+            .await
+            .map(|_| ())
+    })
+    .await?;
+    for raw in raws {
+        raw.delete_key().await?;
+    }
+    report.stats(
+        "raw round trip of the five servers in parallel (SET NX PX on each at once)",
+        &round,
+    );
+    for fleet in held {
+        report.ratio(
+            &format!(
+                "{} clients, hold 1ms: hand-off to another client p50 / raw round trip of the \
+                 five servers in parallel p50",
+                fleet.clients
+            ),
+            fleet.handoff.p50,
+            round.p50,
+            None,
+        );
+    }
+    Ok(())
+}
+
 /// The metric of Redlock's cycle against the five servers' raw floor.
 const FIVE_SERVERS: &str =
     "uncontended acquire+release / raw floor of the five servers in parallel (means)";
@@ -676,7 +724,7 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
         lock_numbers(&mut report, &client, raw, false).await?;
     }
     let rtt = raw.round_trip().await?.p50;
-    bench::fleet_report_beside(
+    let fleets = bench::fleet_report_beside(
         &mut report,
         bench::each_own(
             RedlockConfig::new(redlock_urls.clone()).key_prefix("bench"),
@@ -688,6 +736,7 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
         &counters,
     )
     .await?;
+    five_servers_handoff(&mut report, &raws, &fleets).await?;
     bench::peer_sweep_report(
         &mut report,
         RSLOCK,

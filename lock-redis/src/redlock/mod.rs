@@ -269,10 +269,15 @@ struct Queued<'a> {
     backend: RedlockBackend,
     keys: &'a Keys,
     token: &'a LeaseToken,
+    /// A vote may have taken a place (nothing to take out otherwise).
+    taken: bool,
 }
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
+        if !self.taken {
+            return;
+        }
         let (backend, keys, token) = (self.backend.clone(), self.keys.clone(), self.token.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
@@ -417,6 +422,87 @@ impl RedlockBackend {
         .await
     }
 
+    /// Waits in line after a first vote that was refused (`wait`), voting with `queueing`
+    /// (which keeps this waiter's place) until a majority grants the lock or the budget is
+    /// spent. Its subscriptions start now.
+    async fn wait_in_line(
+        &self,
+        request: &AcquireRequest,
+        keys: &Keys,
+        token: &LeaseToken,
+        queueing: Queueing,
+        mut wait: Wait,
+    ) -> Result<Grant, LockError> {
+        // Dropped (unsubscribed) when this returns, before `acquire` takes the place out. The
+        // subscriptions start now; the first vote here, right away, waits for a majority of
+        // them, within the connection time-out and the budget; later votes only look whether
+        // they came through since.
+        let listening = self.inner.wakeups.listen(&keys.channel, token.as_str());
+        listening.start();
+        let mut subscribe_wait = Some(self.inner.config.node_timeout.max(SUBSCRIBE_MIN));
+        let mut armed = None;
+        let mut push = false;
+        // A vote made with push has recorded this waiter's client (by which releases name it)
+        // where its subscription is confirmed; a place kept with `KEEP` records nothing.
+        let mut recorded = false;
+        let mut delays = request.backoff().delays();
+        loop {
+            let now = Instant::now();
+            let deadline = request.deadline();
+            if now >= deadline {
+                return Err(request.timeout_error());
+            }
+            let until = if subscribe_wait.is_some() {
+                // The first queued vote goes right away: it waits for the subscriptions.
+                now
+            } else {
+                let step = delays.next().unwrap_or(request.backoff().max);
+                (now + wait.delay(step, request.backoff().min, push)).min(deadline)
+            };
+            let named = wakeups::sleep(armed.take(), until, deadline, self.quorum()).await;
+            let far_back = wait.rank.is_some_and(|rank| rank >= FAR_BACK);
+            let subscribe_by = match subscribe_wait.take() {
+                Some(wait) => Instant::now()
+                    .checked_add(wait)
+                    .map_or(deadline, |by| by.min(deadline)),
+                None => Instant::now(),
+            };
+            push = listening.ensure(self.quorum(), subscribe_by).await;
+            armed = Some(listening.arm());
+            let queueing = if push {
+                Queueing {
+                    mark: Mark::WhenBusy,
+                    client: self.inner.wakeups.id(),
+                    ..queueing
+                }
+            } else {
+                queueing
+            };
+            if push
+                && recorded
+                && far_back
+                && !named
+                && let Some(rank) = self.keep_place(keys, token).await
+            {
+                wait = Wait {
+                    rank: Some(rank),
+                    ..Wait::default()
+                };
+                continue;
+            }
+            let subscribed = push.then(|| listening.subscribed());
+            recorded = push;
+            match self
+                .vote(request, keys, token, (queueing, subscribed.as_deref()))
+                .await?
+            {
+                // The places on the servers that did not grant go with `acquire`'s `queue`.
+                Ok((grant, _)) => return Ok(grant),
+                Err(next) => wait = next,
+            }
+        }
+    }
+
     /// Keeps this waiter's place on every server for [`PLACE_FAR`] without a vote (see
     /// [`scripts::KEEP`]): its best place in line, when a majority kept it and none asks for a
     /// vote (the lock free there, or the place gone); `None` when it should vote now.
@@ -454,14 +540,15 @@ impl RedlockBackend {
     /// its validity, else undoes the round everywhere. A majority that cannot be reached once
     /// the budget is spent is `Unavailable` rather than a `Timeout`. `listening` says, server
     /// by server, where the waiter's subscription is confirmed: its client (`queueing.client`)
-    /// is recorded only there (`None`: everywhere).
+    /// is recorded only there (`None`: everywhere). A grant comes with whether every server
+    /// granted (else one that did not may keep a place of this waiter).
     async fn vote(
         &self,
         request: &AcquireRequest,
         keys: &Keys,
         token: &LeaseToken,
         (queueing, listening): (Queueing, Option<&[bool]>),
-    ) -> Result<Result<Grant, Wait>, LockError> {
+    ) -> Result<Result<(Grant, bool), Wait>, LockError> {
         let (name, ttl) = (request.name(), request.ttl());
         let queueing = Queueing {
             fence_floor: fence_floor(),
@@ -515,9 +602,10 @@ impl RedlockBackend {
             // Checked again after the write-back: a grant past its local deadline is no grant.
             if foreign.is_none() && written >= self.quorum() && Self::validity(ttl, start).is_some()
             {
-                return Ok(Ok(Grant::new(
-                    ops::lease(name, token, fence, ttl, server_ms),
-                    start,
+                let everywhere = granted.len() == self.inner.nodes.len();
+                return Ok(Ok((
+                    Grant::new(ops::lease(name, token, fence, ttl, server_ms), start),
+                    everywhere,
                 )));
             }
         }
@@ -612,91 +700,50 @@ impl LockBackend for RedlockBackend {
     async fn acquire(&self, request: &AcquireRequest) -> Result<Grant, LockError> {
         let keys = self.keys(request.name());
         let token = LeaseToken::random();
-        // The uncontended path: one vote that does not queue (but on a free lock with waiters,
-        // it starts the first one's turn, tells that waiter, and is refused).
+        // The uncontended path: one vote (on a free lock with waiters, it starts the first
+        // one's turn, tells that waiter, and is refused).
         let queueing = Queueing {
             turn: TURN,
             tell: Some(Tell::Publish),
             next: Next::TurnIfListening,
             ..Queueing::NONE
         };
-        let mut wait = match self.vote(request, &keys, &token, (queueing, None)).await? {
-            Ok(grant) => return Ok(grant),
-            Err(wait) => wait,
+        // A call with a budget queues from its first vote, under one ticket on every server:
+        // a busy answer is a place in line at once, so a client that releases and asks again
+        // goes behind it (fault case `redlock_releaser_goes_behind_a_waiter_that_asked_first`).
+        // A single try neither queues nor subscribes.
+        let waits = Instant::now() < request.deadline();
+        let queueing = if waits {
+            Queueing {
+                place: PLACE,
+                ticket: ticket(),
+                ..queueing
+            }
+        } else {
+            queueing
         };
-        // A single try (or a budget spent already) neither queues nor subscribes.
-        if Instant::now() >= request.deadline() {
-            return Err(request.timeout_error());
-        }
-        // From here on every vote keeps this waiter's place, under one ticket on every server.
-        let queueing = Queueing {
-            place: PLACE,
-            ticket: ticket(),
-            ..queueing
-        };
-        let _queue = Queued {
+        let mut queue = Queued {
             backend: self.clone(),
             keys: &keys,
             token: &token,
+            taken: false,
         };
-        // Declared after the place, so dropped (unsubscribed) before it is taken out. The
-        // subscriptions start now, during the first back-off; the first queued vote waits for
-        // a majority of them, within the connection time-out and the budget; later votes only
-        // look whether they came through since.
-        let listening = self.inner.wakeups.listen(&keys.channel, token.as_str());
-        listening.start();
-        let mut subscribe_wait = Some(self.inner.config.node_timeout.max(SUBSCRIBE_MIN));
-        let mut armed = None;
-        let mut push = false;
-        let mut delays = request.backoff().delays();
-        loop {
-            let now = Instant::now();
-            let deadline = request.deadline();
-            if now >= deadline {
-                return Err(request.timeout_error());
+        let wait = match self.vote(request, &keys, &token, (queueing, None)).await? {
+            Ok((grant, everywhere)) => {
+                // A free lock with no one in line is granted without a place; a server that
+                // did not grant may have taken one.
+                queue.taken = waits && !everywhere;
+                return Ok(grant);
             }
-            let step = delays.next().unwrap_or(request.backoff().max);
-            let until = (now + wait.delay(step, request.backoff().min, push)).min(deadline);
-            let named = wakeups::sleep(armed.take(), until, deadline, self.quorum()).await;
-            let far_back = wait.rank.is_some_and(|rank| rank >= FAR_BACK);
-            let subscribe_by = match subscribe_wait.take() {
-                Some(wait) => Instant::now()
-                    .checked_add(wait)
-                    .map_or(deadline, |by| by.min(deadline)),
-                None => Instant::now(),
-            };
-            push = listening.ensure(self.quorum(), subscribe_by).await;
-            armed = Some(listening.arm());
-            let queueing = if push {
-                Queueing {
-                    mark: Mark::WhenBusy,
-                    client: self.inner.wakeups.id(),
-                    ..queueing
-                }
-            } else {
-                queueing
-            };
-            if push
-                && far_back
-                && !named
-                && let Some(rank) = self.keep_place(&keys, &token).await
-            {
-                wait = Wait {
-                    rank: Some(rank),
-                    ..Wait::default()
-                };
-                continue;
-            }
-            let subscribed = push.then(|| listening.subscribed());
-            match self
-                .vote(request, &keys, &token, (queueing, subscribed.as_deref()))
-                .await?
-            {
-                // The places on the servers that did not grant go with `_queue`.
-                Ok(grant) => return Ok(grant),
-                Err(next) => wait = next,
-            }
+            Err(wait) => wait,
+        };
+        queue.taken = waits;
+        if Instant::now() >= request.deadline() {
+            return Err(request.timeout_error());
         }
+        // Dropped after the waiting (which unsubscribes), so the place is taken out last.
+        self.wait_in_line(request, &keys, &token, queueing, wait)
+            .await
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Grant, LockError> {

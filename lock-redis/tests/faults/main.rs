@@ -14,6 +14,7 @@ mod outages;
 mod pubsub;
 mod queue;
 mod queue_expiry;
+mod redlock_order;
 mod redlock_places;
 mod renewals;
 mod replicas;
@@ -186,6 +187,7 @@ fn main() -> ExitCode {
     let cases = pubsub::cases(cases);
     let cases = slots::cases(cases);
     let cases = redlock_places::cases(cases);
+    let cases = redlock_order::cases(cases);
     let cases = turns::cases(cases);
     let cases = handover::cases(cases);
     outages::list_cases(cases)

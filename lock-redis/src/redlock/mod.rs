@@ -203,9 +203,18 @@ struct Wait {
     /// A server found the lock free during the first waiter's turn (`holder_left` is then at
     /// most that turn's end).
     turn: bool,
+    /// Too few servers answered the vote for a majority: why, as the error a wait that ends
+    /// now answers (the store may be down, so not a time-out).
+    unanswered: Option<LockError>,
 }
 
 impl Wait {
+    /// The answer of a wait whose budget is spent after this vote: `Unavailable` when too few
+    /// servers answered it, else a time-out.
+    fn spent(self, request: &AcquireRequest) -> LockError {
+        self.unanswered.unwrap_or_else(|| request.timeout_error())
+    }
+
     fn heard(&mut self, left: Option<Duration>, rank: Option<u64>) {
         self.holder_left = match (self.holder_left, left) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -450,7 +459,7 @@ impl RedlockBackend {
             let now = Instant::now();
             let deadline = request.deadline();
             if now >= deadline {
-                return Err(request.timeout_error());
+                return Err(wait.spent(request));
             }
             let until = if subscribe_wait.is_some() {
                 // The first queued vote goes right away: it waits for the subscriptions.
@@ -460,6 +469,12 @@ impl RedlockBackend {
                 (now + wait.delay(step, request.backoff().min, push)).min(deadline)
             };
             let named = wakeups::sleep(armed.take(), until, deadline, self.quorum()).await;
+            // A budget spent during the sleep ends the wait without another vote, unless a
+            // release just named this waiter (fault case
+            // `redlock_waiter_does_not_vote_after_its_budget`).
+            if !named && Instant::now() >= deadline {
+                return Err(wait.spent(request));
+            }
             let far_back = wait.rank.is_some_and(|rank| rank >= FAR_BACK);
             let subscribe_by = match subscribe_wait.take() {
                 Some(wait) => Instant::now()
@@ -537,8 +552,10 @@ impl RedlockBackend {
     }
 
     /// One round of Redlock: asks every server, keeps the lock if a majority granted it within
-    /// its validity, else undoes the round everywhere. A majority that cannot be reached once
-    /// the budget is spent is `Unavailable` rather than a `Timeout`. `listening` says, server
+    /// its validity, else undoes the round everywhere. A refused vote that too few servers
+    /// answered records why (`Wait::unanswered`): a wait whose budget is spent after it answers
+    /// `Unavailable` rather than a `Timeout`, here or in the waiting loop, which votes no more
+    /// once the budget is spent. `listening` says, server
     /// by server, where the waiter's subscription is confirmed: its client (`queueing.client`)
     /// is recorded only there (`None`: everywhere). A grant comes with whether every server
     /// granted (else one that did not may keep a place of this waiter).
@@ -616,11 +633,14 @@ impl RedlockBackend {
             return Err(error);
         }
         let nodes = self.inner.nodes.len();
-        if failed > nodes - self.quorum() && Instant::now() >= request.deadline() {
-            return Err(LockError::unavailable_msg(format!(
+        if failed > nodes - self.quorum() {
+            wait.unanswered = Some(LockError::unavailable_msg(format!(
                 "lock `{name}`: {failed} of {nodes} servers failed to answer; a majority of {} is needed",
                 self.quorum()
             )));
+        }
+        if Instant::now() >= request.deadline() {
+            return Err(wait.spent(request));
         }
         Ok(Err(wait))
     }

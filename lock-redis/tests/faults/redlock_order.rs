@@ -1,5 +1,5 @@
-//! Redlock's order: a client that releases and takes the lock again goes behind a waiter that
-//! asked before its release.
+//! Redlock's waiting: a client that releases and takes the lock again goes behind a waiter that
+//! asked before its release, and a waiter whose budget is spent votes no more.
 
 use std::time::{Duration, Instant};
 
@@ -15,10 +15,14 @@ use super::{redlock_client, redlock_urls};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
-    cases.case(
-        "redlock_releaser_goes_behind_a_waiter_that_asked_first",
-        || Box::pin(redlock_releaser_goes_behind_a_waiter_that_asked_first()),
-    )
+    cases
+        .case(
+            "redlock_releaser_goes_behind_a_waiter_that_asked_first",
+            || Box::pin(redlock_releaser_goes_behind_a_waiter_that_asked_first()),
+        )
+        .case("redlock_waiter_does_not_vote_after_its_budget", || {
+            Box::pin(redlock_waiter_does_not_vote_after_its_budget())
+        })
 }
 
 /// A holds a Redlock lock; B asks for it (its back-off 2 s, so that its tries are far apart).
@@ -97,6 +101,75 @@ async fn redlock_releaser_goes_behind_a_waiter_that_asked_first() -> Outcome {
         b_acquired < a_again,
         "A released and took the lock again {:?} before B, which had asked first, held it",
         b_acquired.saturating_duration_since(a_again)
+    );
+    Ok(())
+}
+
+/// A Redlock waiter whose budget runs out while it sleeps between votes gives up without
+/// another vote: a vote sent after the budget could only be refused or come too late, and when
+/// many waiters' budgets end together (1,000 clients of the compare, all stopping at the end of
+/// its run), their last votes at once overloaded the five servers past the per-server time-out
+/// and ended most of those waits `Unavailable` rather than timed out. Here one waiter with a
+/// 1 s budget queues behind a holder; the first server's `MONITOR` shows no vote of it that
+/// began at or after its deadline.
+async fn redlock_waiter_does_not_vote_after_its_budget() -> Outcome {
+    const WAIT: Duration = Duration::from_secs(1);
+    let name = unique_name("redlock-budget-spent")?;
+    let keys = RedisKeys::new("faults", &name);
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let held = redlock_client()
+        .await?
+        .lock_with(&name, &options)
+        .await
+        .map_err(fail("holder's acquire"))?;
+    let first_url = redlock_urls()?.remove(0);
+    let mut monitor = redis::Client::open(first_url.as_str())
+        .map_err(fail("client"))?
+        .get_async_monitor()
+        .await
+        .map_err(fail("MONITOR"))?
+        .into_on_message::<String>();
+    let waiter = redlock_client().await?;
+    let asked = std::time::SystemTime::now();
+    let answer = waiter.lock_with(&name, &options.clone().wait(WAIT)).await;
+    ensure!(
+        matches!(answer, Err(lock_core::LockError::Timeout { .. })),
+        "the waiter's acquire answered {answer:?}, not a time-out"
+    );
+    let deadline = asked
+        .checked_add(WAIT)
+        .ok_or_else(|| Failure("a deadline past the clock's range".into()))?
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(fail("clock"))?
+        .as_secs_f64();
+    // Its votes: acquire scripts (six keys, the lock's first) from a token other than the
+    // holder's, as the server began them (MONITOR's first field, server seconds).
+    let holder_token = format!("\"{}\"", held.lease().token().as_str());
+    let vote = format!("\"6\" \"{}\"", keys.lock);
+    let (mut votes, mut late) = (0, Vec::new());
+    let by = Instant::now() + Duration::from_millis(300);
+    while let Ok(Some(line)) = tokio::time::timeout_at(by.into(), monitor.next()).await {
+        if line.contains(&vote) && !line.contains(&holder_token) {
+            votes += 1;
+            let began: f64 = line
+                .split_whitespace()
+                .next()
+                .and_then(|at| at.parse().ok())
+                .ok_or_else(|| Failure(format!("a MONITOR line without a time: {line}")))?;
+            if began >= deadline {
+                late.push(began - deadline);
+            }
+        }
+    }
+    held.release().await.map_err(fail("holder's release"))?;
+    ensure!(
+        votes > 1,
+        "the waiter voted {votes} times: the case tests nothing"
+    );
+    ensure!(
+        late.is_empty(),
+        "the waiter voted {} times after its budget ran out ({late:?} s after it)",
+        late.len()
     );
     Ok(())
 }

@@ -318,8 +318,9 @@ impl Hold {
         Plan::Sleep(state.wake_at())
     }
 
-    /// The first instant at which the watchdog has something to do for this hold (renew it,
-    /// end it at `max_hold`, or mark it expired), as [`Hold::plan`] would answer now.
+    /// The instant [`Hold::plan`] would sleep until when nothing is due now: the watchdog's
+    /// next renewal of this hold, its end at `max_hold`, or its local deadline. (`plan` renews
+    /// up to a quarter of the interval earlier when the watchdog happens to be awake then.)
     pub(crate) fn wake_at(&self) -> Instant {
         self.state().wake_at()
     }

@@ -30,10 +30,13 @@ struct List {
     holds: Vec<Weak<Hold>>,
     /// The running task, if any; a finished one (its runtime shut down) is replaced.
     task: Option<JoinHandle<()>>,
-    /// While the task sleeps: the instant by which it wakes and plans again by itself. A new
-    /// hold with nothing to do before then need not wake it (a client that takes and releases
-    /// locks in a loop then costs the task no wake-up per cycle: on a runtime of several
-    /// threads, a wake-up of another thread). `None` while the task plans, renews or starts.
+    /// Set by the task just before it sleeps: the instant by which it wakes and plans again by
+    /// itself. A new hold with nothing to do before then need not wake it (a client that takes
+    /// and releases locks in a loop then costs the task no wake-up per cycle: on a runtime of
+    /// several threads, a wake-up of another thread). Cleared when the task plans again
+    /// ([`Watchdog::live`]) and when a task is started. It stays set, past, from the moment
+    /// the sleep ends until then, and after an idle task ended: a hold registered then finds
+    /// the task on its way to plan, or no task, which `register` starts.
     sleeps_until: Option<Instant>,
 }
 

@@ -15,7 +15,8 @@ use lock_core::{Holder, LockClient, LockError, LockName, LockOptions};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TurnError {
     /// The store answered that it cannot serve now and the caller may retry (this library's
-    /// [`LockError::Unavailable`]): the sweep counts these and goes on.
+    /// [`LockError::Unavailable`], from the acquire or the release): the sweep counts these
+    /// and goes on.
     Unavailable(String),
     /// Any other error: the fleets count it and go on, the sweep stops.
     Failed(String),
@@ -112,11 +113,15 @@ impl Contender for Ours {
             tokio::time::sleep(hold).await;
         }
         let released = Instant::now();
-        guard
-            .release()
-            .await
-            .map_err(|e| TurnError::Failed(e.to_string()))?;
-        Ok(Some((acquired, released)))
+        match guard.release().await {
+            Ok(()) => Ok(Some((acquired, released))),
+            // A store too slow to answer the release (its lease ends with its TTL) answers as
+            // an acquire it could not answer does: counted, not the end of the run.
+            Err(error @ LockError::Unavailable { .. }) => {
+                Err(TurnError::Unavailable(error.to_string()))
+            }
+            Err(error) => Err(TurnError::Failed(error.to_string())),
+        }
     }
 }
 

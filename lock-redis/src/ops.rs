@@ -315,15 +315,16 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
 }
 
 /// Keeps a waiter's place for `place` more without a vote (see [`scripts::KEEP`]; `turn` is
-/// the longest turn): its place in line, or `None` when it should vote at once instead.
+/// the longest turn): its place in line and how long the turn it found running lasts, or
+/// `None` when it should vote at once instead.
 pub(crate) async fn keep_place<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &Keys,
     token: &LeaseToken,
     place: Duration,
     turn: Duration,
-) -> Result<Option<u64>, LockError> {
-    let rank: i64 = scripts::KEEP
+) -> Result<Option<(u64, Option<Duration>)>, LockError> {
+    let reply: Vec<i64> = scripts::KEEP
         .key(&keys.lock)
         .key(&keys.queue)
         .key(&keys.places)
@@ -334,7 +335,13 @@ pub(crate) async fn keep_place<C: ConnectionLike + Send>(
         .invoke_async(conn)
         .await
         .map_err(|e| Error::new("keep a place", e))?;
-    Ok(u64::try_from(rank).ok())
+    let (Some(&rank), Some(&turn)) = (reply.first(), reply.get(1)) else {
+        return Err(LockError::backend_msg(format!(
+            "redis answered a kept place with {reply:?}"
+        )));
+    };
+    let turn = u64::try_from(turn).ok().map(Duration::from_millis);
+    Ok(u64::try_from(rank).ok().map(|rank| (rank, turn)))
 }
 
 /// Takes a waiter that gives up out of the queue; with [`Next::HandOver`], also releases a

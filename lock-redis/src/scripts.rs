@@ -194,7 +194,8 @@ return grant(t, now, first)
 /// Keep a place: what a Redlock waiter deep in line sends instead of a vote while it only
 /// keeps its place (`KEYS[1]` the lock, `KEYS[2]` the queue, `KEYS[3]` the places, `KEYS[4]`
 /// the waiters' clients; `ARGV[1]` its token, `ARGV[2]` how long its place lasts from now, in
-/// ms, `ARGV[3]` the longest turn, in ms). Returns the waiter's place in line (0 first), or -1
+/// ms, `ARGV[3]` the longest turn, in ms). Returns `{rank, turn}`: the waiter's place in line
+/// (0 first), and how long the turn it found running lasts (ms; -1: none). The rank is -1
 /// when it should vote at once instead:
 /// - the lock is free and no turn runs (the first waiter's place ends later than a turn
 ///   would, or has ended): a vote starts the first one's turn, or takes the lock;
@@ -203,29 +204,33 @@ return grant(t, now, first)
 ///   gives back under its ticket.
 ///
 /// A lock free during a turn is left to the waiter whose turn it is (a release or a vote
-/// named it): a call then would mostly find it taken a moment later. Else the call writes only
-/// the place's end (and pushes the queue's expiry, as [`ACQUIRE`] does): no sweep of lapsed
-/// places, no waiter mark, no client record, which the votes of the waiters nearer the head
-/// see to.
+/// named it): a call then would mostly find it taken a moment later; the caller votes when
+/// that turn is over (a first waiter's own place that is about to run out looks the same,
+/// and is over as soon). Else the call writes only the place's end (and pushes the queue's
+/// expiry, as [`ACQUIRE`] does): no sweep of lapsed places, no waiter mark, no client record,
+/// which the votes of the waiters nearer the head see to.
 pub(crate) static KEEP: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         r"
+redis.replicate_commands()
 local place = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local turn = -1
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local first = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if not first or first == ARGV[1] then return -1 end
+  if not first or first == ARGV[1] then return {-1, -1} end
   local ends = tonumber(redis.call('ZSCORE', KEYS[3], first))
-  if not ends or ends <= now or ends > now + tonumber(ARGV[3]) then return -1 end
+  if not ends or ends <= now or ends > now + tonumber(ARGV[3]) then return {-1, -1} end
+  turn = ends - now
 end
-if redis.call('ZADD', KEYS[3], 'XX', 'CH', now + place, ARGV[1]) == 0 then return -1 end
+if redis.call('ZADD', KEYS[3], 'XX', 'CH', now + place, ARGV[1]) == 0 then return {-1, -1} end
 if redis.call('PTTL', KEYS[3]) < place then
   redis.call('PEXPIRE', KEYS[2], place)
   redis.call('PEXPIRE', KEYS[3], place)
 end
 if redis.call('PTTL', KEYS[4]) < place then redis.call('PEXPIRE', KEYS[4], place) end
-return redis.call('ZRANK', KEYS[2], ARGV[1]) or -1
+return {redis.call('ZRANK', KEYS[2], ARGV[1]) or -1, turn}
 "
         .to_owned(),
     )

@@ -139,7 +139,9 @@ const PLACE_KEPT: Duration = Duration::from_secs(1);
 
 /// From which place in line (0 first) a queued waiter with push wake-ups only keeps its place,
 /// with [`scripts::KEEP`] rather than a vote, every 0.75 to 1 times [`PLACE_KEPT_FAR`], for
-/// [`PLACE_FAR`]. The waiters nearer the head go on voting (the first two every
+/// [`PLACE_FAR`] (the first time within [`PLACE_KEPT`] of a vote, whose place lasts
+/// [`PLACE`]; and by a vote when its subscriptions changed since its last vote, which records
+/// its client where they are confirmed). The waiters nearer the head go on voting (the first two every
 /// [`QUEUED_POLL_MAX`], the others every [`PLACE_KEPT`]): their votes start the first one's turn
 /// when the lock is free and nobody else came, keep the waiter mark by which releases publish,
 /// and take dead waiters out of the line. A waiter learns its place at each call; one that
@@ -206,6 +208,9 @@ struct Wait {
     /// Too few servers answered the vote for a majority: why, as the error a wait that ends
     /// now answers (the store may be down, so not a time-out).
     unanswered: Option<LockError>,
+    /// The place was kept with `KEEP` (for [`PLACE_FAR`]); else a vote wrote it, for
+    /// [`PLACE`] only.
+    kept: bool,
 }
 
 impl Wait {
@@ -243,14 +248,19 @@ impl Wait {
             // was free during a turn, right after it: the first may not come (paused), and
             // nobody else may vote then.
             Some(rank) if push && rank >= 2 => {
-                let kept = if rank >= FAR_BACK {
+                // A place a vote wrote lasts PLACE only: kept again within PLACE_KEPT.
+                let every = if rank >= FAR_BACK && self.kept {
                     PLACE_KEPT_FAR
                 } else {
                     PLACE_KEPT
                 };
-                let keep = kept.mul_f64(rand::random_range(0.75..1.0));
+                let keep = every.mul_f64(rand::random_range(0.75..1.0));
                 match self.holder_left {
-                    Some(left) if self.turn => keep.min(left + Duration::from_millis(1)),
+                    // Spread over 1-10 ms, so the waiters that saw one turn do not all vote at
+                    // its end at once.
+                    Some(left) if self.turn => {
+                        keep.min(left + Duration::from_millis(rand::random_range(1..=10)))
+                    }
                     _ => keep,
                 }
             }
@@ -451,9 +461,10 @@ impl RedlockBackend {
         let mut subscribe_wait = Some(self.inner.config.node_timeout.max(SUBSCRIBE_MIN));
         let mut armed = None;
         let mut push = false;
-        // A vote made with push has recorded this waiter's client (by which releases name it)
-        // where its subscription is confirmed; a place kept with `KEEP` records nothing.
-        let mut recorded = false;
+        // Where the last vote made with push recorded this waiter's client (by which releases
+        // name it): the servers where its subscription was confirmed. A place kept with `KEEP`
+        // records nothing, so a waiter whose subscriptions changed since votes instead.
+        let mut recorded: Option<Vec<bool>> = None;
         let mut delays = request.backoff().delays();
         loop {
             let now = Instant::now();
@@ -493,20 +504,24 @@ impl RedlockBackend {
             } else {
                 queueing
             };
+            let subscribed = push.then(|| listening.subscribed());
             if push
-                && recorded
+                && recorded == subscribed
                 && far_back
                 && !named
-                && let Some(rank) = self.keep_place(keys, token).await
+                && !wait.turn
+                && let Some((rank, turn)) = self.keep_place(keys, token).await
             {
                 wait = Wait {
                     rank: Some(rank),
+                    holder_left: turn,
+                    turn: turn.is_some(),
+                    kept: true,
                     ..Wait::default()
                 };
                 continue;
             }
-            let subscribed = push.then(|| listening.subscribed());
-            recorded = push;
+            recorded.clone_from(&subscribed);
             match self
                 .vote(request, keys, token, (queueing, subscribed.as_deref()))
                 .await?
@@ -519,27 +534,34 @@ impl RedlockBackend {
     }
 
     /// Keeps this waiter's place on every server for [`PLACE_FAR`] without a vote (see
-    /// [`scripts::KEEP`]): its best place in line, when a majority kept it and none asks for a
-    /// vote (the lock free there, or the place gone); `None` when it should vote now.
-    async fn keep_place(&self, keys: &Keys, token: &LeaseToken) -> Option<u64> {
+    /// [`scripts::KEEP`]): its best place in line and the shortest turn found running, when a
+    /// majority kept it and none asks for a vote (the lock free there with no turn running,
+    /// or the place gone); `None` when it should vote now.
+    async fn keep_place(&self, keys: &Keys, token: &LeaseToken) -> Option<(u64, Option<Duration>)> {
         let answers = self
             .everywhere("keep a place", |mut conn| async move {
                 ops::keep_place(&mut conn, keys, token, PLACE_FAR, TURN).await
             })
             .await;
         let mut best: Option<u64> = None;
+        let mut turn: Option<Duration> = None;
         let mut kept = 0;
         for answer in answers {
             match answer {
-                Ok(Some(rank)) => {
+                Ok(Some((rank, running))) => {
                     kept += 1;
                     best = Some(best.map_or(rank, |b| b.min(rank)));
+                    turn = match (turn, running) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
                 }
                 Ok(None) => return None,
                 Err(_) => {}
             }
         }
         best.filter(|_| kept >= self.quorum())
+            .map(|rank| (rank, turn))
     }
 
     /// The validity left of a majority vote started at `start`, if any.

@@ -501,6 +501,14 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
     report.finish().map_err(|e| e.to_string())
 }
 
+/// The fleets of `fleets` that held the lock 1 ms (those the hand-off targets are about).
+fn held_1ms(fleets: &[bench::Fleet]) -> Vec<&bench::Fleet> {
+    fleets
+        .iter()
+        .filter(|fleet| fleet.hold == Duration::from_millis(1))
+        .collect()
+}
+
 /// The raw floor of a hand-off by push (see [`push_floor::push_floor`]), and the hand-off of
 /// each fleet that held 1 ms against it (none when no fleet ran).
 async fn push_report(
@@ -508,10 +516,7 @@ async fn push_report(
     url: &str,
     fleets: &[bench::Fleet],
 ) -> Result<(), String> {
-    let held: Vec<&bench::Fleet> = fleets
-        .iter()
-        .filter(|fleet| fleet.hold == Duration::from_millis(1))
-        .collect();
+    let held = held_1ms(fleets);
     if held.is_empty() {
         return Ok(());
     }
@@ -643,10 +648,7 @@ async fn five_servers_handoff(
     raws: &[Raw<ConnectionManager>],
     fleets: &[bench::Fleet],
 ) -> Result<(), String> {
-    let held: Vec<&bench::Fleet> = fleets
-        .iter()
-        .filter(|fleet| fleet.hold == Duration::from_millis(1))
-        .collect();
+    let held = held_1ms(fleets);
     if held.is_empty() {
         return Ok(());
     }

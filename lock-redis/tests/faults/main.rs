@@ -63,6 +63,18 @@ async fn redlock_held(tag: &str) -> Result<(LockName, RedisKeys, LockGuard), Fai
     Ok((name, keys, held))
 }
 
+/// The `MONITOR` feed of the server at `url`: each command it runs, as a line.
+async fn monitor(
+    url: &str,
+) -> Result<impl futures::Stream<Item = String> + Unpin + use<>, Failure> {
+    Ok(redis::Client::open(url)
+        .map_err(fail("client"))?
+        .get_async_monitor()
+        .await
+        .map_err(fail("MONITOR"))?
+        .into_on_message::<String>())
+}
+
 /// A plain connection to each Redlock server.
 async fn redlock_raw_conns() -> Result<Vec<MultiplexedConnection>, Failure> {
     let mut raws = Vec::new();

@@ -144,14 +144,7 @@ pub(super) async fn waiters_behind_a_turn_do_not_all_retry_at_its_end() -> Outco
     for _ in 0..WAITERS {
         clients.push(single_client(&url).await?);
     }
-    let mut monitor = Box::pin(
-        redis::Client::open(url.as_str())
-            .map_err(fail("client"))?
-            .get_async_monitor()
-            .await
-            .map_err(fail("MONITOR"))?
-            .into_on_message::<String>(),
-    );
+    let mut monitor = super::monitor(&url).await?;
     let (tried, listening) = tokio::sync::watch::channel(false);
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use lock_core::{Backoff, LockOptions};
 use lock_redis::RedisKeys;
 
-use super::{redlock_client, redlock_urls};
+use super::{monitor, redlock_client, redlock_urls};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
@@ -44,14 +44,7 @@ async fn redlock_releaser_goes_behind_a_waiter_that_asked_first() -> Outcome {
         .map_err(fail("A's first acquire"))?;
     let mut monitors = Vec::new();
     for url in redlock_urls()? {
-        monitors.push(
-            redis::Client::open(url.as_str())
-                .map_err(fail("client"))?
-                .get_async_monitor()
-                .await
-                .map_err(fail("MONITOR"))?
-                .into_on_message::<String>(),
-        );
+        monitors.push(monitor(&url).await?);
     }
     let b = redlock_client().await?;
     let waiting = tokio::spawn({
@@ -122,13 +115,7 @@ async fn redlock_waiter_does_not_vote_after_its_budget() -> Outcome {
         .lock_with(&name, &options)
         .await
         .map_err(fail("holder's acquire"))?;
-    let first_url = redlock_urls()?.remove(0);
-    let mut monitor = redis::Client::open(first_url.as_str())
-        .map_err(fail("client"))?
-        .get_async_monitor()
-        .await
-        .map_err(fail("MONITOR"))?
-        .into_on_message::<String>();
+    let mut first_server = monitor(&redlock_urls()?.remove(0)).await?;
     let waiter = redlock_client().await?;
     let asked = std::time::SystemTime::now();
     let answer = waiter.lock_with(&name, &options.clone().wait(WAIT)).await;
@@ -148,7 +135,7 @@ async fn redlock_waiter_does_not_vote_after_its_budget() -> Outcome {
     let vote = format!("\"6\" \"{}\"", keys.lock);
     let (mut votes, mut late) = (0, Vec::new());
     let by = Instant::now() + Duration::from_millis(300);
-    while let Ok(Some(line)) = tokio::time::timeout_at(by.into(), monitor.next()).await {
+    while let Ok(Some(line)) = tokio::time::timeout_at(by.into(), first_server.next()).await {
         if line.contains(&vote) && !line.contains(&holder_token) {
             votes += 1;
             let began: f64 = line

@@ -13,7 +13,8 @@ use lock_redis::{RedlockBackend, RedlockConfig};
 use redis::{AsyncCommands, aio::MultiplexedConnection};
 
 use super::{
-    queue::until_queued_everywhere, redlock_client, redlock_held, redlock_raw_conns, redlock_urls,
+    monitor, queue::until_queued_everywhere, redlock_client, redlock_held, redlock_raw_conns,
+    redlock_urls,
 };
 
 /// The cases of this file.
@@ -221,13 +222,7 @@ async fn calls_in_line(
         .get(index)
         .ok_or_else(|| Failure(format!("{} waiters in line", line.len())))?
         .clone();
-    let first_url = redlock_urls()?.remove(0);
-    let mut monitor = redis::Client::open(first_url.as_str())
-        .map_err(fail("client"))?
-        .get_async_monitor()
-        .await
-        .map_err(fail("MONITOR"))?
-        .into_on_message::<String>();
+    let mut monitor = monitor(&redlock_urls()?.remove(0)).await?;
     let mut seen = Seen {
         watched: 0,
         others: 0,

@@ -510,15 +510,9 @@ impl RedlockBackend {
                 && far_back
                 && !named
                 && !wait.turn
-                && let Some((rank, turn)) = self.keep_place(keys, token).await
+                && let Some(kept) = self.keep_place(keys, token).await
             {
-                wait = Wait {
-                    rank: Some(rank),
-                    holder_left: turn,
-                    turn: turn.is_some(),
-                    kept: true,
-                    ..Wait::default()
-                };
+                wait = kept;
                 continue;
             }
             recorded.clone_from(&subscribed);
@@ -534,34 +528,32 @@ impl RedlockBackend {
     }
 
     /// Keeps this waiter's place on every server for [`PLACE_FAR`] without a vote (see
-    /// [`scripts::KEEP`]): its best place in line and the shortest turn found running, when a
-    /// majority kept it and none asks for a vote (the lock free there with no turn running,
-    /// or the place gone); `None` when it should vote now.
-    async fn keep_place(&self, keys: &Keys, token: &LeaseToken) -> Option<(u64, Option<Duration>)> {
+    /// [`scripts::KEEP`]): what it heard (its best place in line, the shortest turn found
+    /// running), when a majority kept it and none asks for a vote (the lock free there with no
+    /// turn running, or the place gone); `None` when it should vote now.
+    async fn keep_place(&self, keys: &Keys, token: &LeaseToken) -> Option<Wait> {
         let answers = self
             .everywhere("keep a place", |mut conn| async move {
                 ops::keep_place(&mut conn, keys, token, PLACE_FAR, TURN).await
             })
             .await;
-        let mut best: Option<u64> = None;
-        let mut turn: Option<Duration> = None;
+        let mut wait = Wait {
+            kept: true,
+            ..Wait::default()
+        };
         let mut kept = 0;
         for answer in answers {
             match answer {
                 Ok(Some((rank, running))) => {
                     kept += 1;
-                    best = Some(best.map_or(rank, |b| b.min(rank)));
-                    turn = match (turn, running) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
+                    wait.turn |= running.is_some();
+                    wait.heard(running, Some(rank));
                 }
                 Ok(None) => return None,
                 Err(_) => {}
             }
         }
-        best.filter(|_| kept >= self.quorum())
-            .map(|rank| (rank, turn))
+        (kept >= self.quorum()).then_some(wait)
     }
 
     /// The validity left of a majority vote started at `start`, if any.

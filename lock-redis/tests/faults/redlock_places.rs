@@ -31,6 +31,10 @@ pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
             || Box::pin(redlock_waiter_behind_paused_ones_takes_a_lock_left_free()),
         )
         .case(
+            "redlock_waiter_deep_in_line_follows_a_turn_it_found",
+            || Box::pin(redlock_waiter_deep_in_line_follows_a_turn_it_found()),
+        )
+        .case(
             "redlock_waiter_records_its_client_only_where_it_listens",
             || Box::pin(redlock_waiter_records_its_client_only_where_it_listens()),
         )
@@ -58,13 +62,12 @@ async fn redlock_waiters_far_back_vote_seldom() -> Outcome {
 }
 
 /// A subscribed Redlock waiter deep in line (ninth or further back) keeps its place with one
-/// light call every 2.25 to 3 s (its place there lasts 9 s; the first within a second of a
-/// vote, whose place lasts 3 s), not with a vote about once a second as the third to eighth
-/// do: with 1,000 waiting clients, their votes were most of what the servers ran per
-/// hand-off. Ten waiting clients behind a holder; the first server's `MONITOR` counts the
-/// tenth one's calls for 5 s (at most its vote as it subscribes, the first light call and one
-/// more; before, a vote every 0.75 to 1 s, five or more), and every server must still keep
-/// its place afterwards.
+/// light call every 2.25 to 3 s (its place there lasts 9 s; a vote's, 3 s), not with a vote
+/// about once a second as the third to eighth do: with 1,000 waiting clients, their votes
+/// were most of what the servers ran per hand-off. Ten waiting clients behind a holder; the
+/// first server's `MONITOR` counts the tenth one's calls for 5 s (at most its vote as it
+/// subscribes and two light calls; before, a vote every 0.75 to 1 s, five or more), and every
+/// server must still keep its place afterwards.
 async fn redlock_waiters_deep_in_line_keep_places_seldom() -> Outcome {
     const WINDOW: Duration = Duration::from_secs(5);
     let seen = calls_in_line("redlock-deep", 10, 9, WINDOW).await?;
@@ -94,9 +97,9 @@ const PAUSED: usize = 8;
 /// head of the line are paused (planted: places that would last a minute, their client
 /// recorded and listening, so the servers take them for live), with one live waiter behind
 /// them, ninth: it takes the lock within 8 s of the lease's end. Its next call finds the lock
-/// free and votes (within 3 s), each vote starts a paused waiter's turn (400 ms), and it votes
-/// again when that turn is over, taking each paused one out of the line in turn: at most about
-/// 3 s + 8 x 0.4 s. A waiter that voted only to keep its place (every 0.75 to 1 s) needed two
+/// free and votes (within 3 s), each vote starts a paused waiter's turn (400 ms), and it calls
+/// again when that turn is over, which finds the turn's place ran out and votes, taking each
+/// paused one out of the line in turn: at most about 3 s + 8 x 0.4 s. A waiter that voted only to keep its place (every 0.75 to 1 s) needed two
 /// votes per paused waiter, one to start its turn and one to take its lapsed place out.
 async fn redlock_waiter_behind_paused_ones_takes_a_lock_left_free() -> Outcome {
     const BOUND: Duration = Duration::from_secs(8);
@@ -110,13 +113,128 @@ async fn redlock_waiter_behind_paused_ones_takes_a_lock_left_free() -> Outcome {
         .map_err(fail("holder's acquire"))?;
     let ends = Instant::now() + ttl;
     let mut raws = redlock_raw_conns().await?;
+    let (paused, _listeners) = plant_paused(&mut raws, &keys).await?;
+    let waiting = wait_behind(&name).await?;
+    until_queued_everywhere(&mut raws, &keys, PAUSED + 1).await?;
+    let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
+    let guard = guard.map_err(fail("acquire behind paused waiters"))?;
+    let took = acquired.saturating_duration_since(ends);
+    guard.release().await.map_err(fail("release"))?;
+    drop(held);
+    ensure!(
+        took <= BOUND,
+        "the live waiter behind {PAUSED} paused ones took the lock {took:?} after the holder's \
+         lease ended (bound {BOUND:?})"
+    );
+    paused_are_gone(&mut raws, &keys, &paused).await
+}
+
+/// A subscribed Redlock waiter deep in line whose light call (`KEEP`) finds the lock free
+/// during another waiter's turn calls again when that turn is over, and votes when that
+/// call finds the turn's place ran out, the lock still free: the waiter whose turn it was may
+/// be paused, and with every waiter nearer the head paused too nobody else votes. Here
+/// [`PAUSED`] paused waiters are planted at the head, a live one queues ninth, the holder
+/// releases, and the first paused one's turn is kept running (its place pushed to end 350 ms
+/// ahead, every 100 ms) until the first server's `MONITOR` shows the live waiter's `KEEP`;
+/// then it stops, and the live waiter must vote within 1.5 s of that `KEEP`. A waiter that
+/// took the turn for a held lock slept 2.25 to 3 s before its next call.
+async fn redlock_waiter_deep_in_line_follows_a_turn_it_found() -> Outcome {
+    const BOUND: Duration = Duration::from_millis(1500);
+    let (name, keys, held) = redlock_held("redlock-follows-turn").await?;
+    let mut raws = redlock_raw_conns().await?;
+    let (paused, _listeners) = plant_paused(&mut raws, &keys).await?;
+    let waiting = wait_behind(&name).await?;
+    until_queued_everywhere(&mut raws, &keys, PAUSED + 1).await?;
+    let line: Vec<String> = raws[0]
+        .zrange(&keys.queue, -1, -1)
+        .await
+        .map_err(fail("ZRANGE"))?;
+    let live = line
+        .first()
+        .filter(|token| !paused.contains(token))
+        .ok_or_else(|| Failure(format!("the live waiter is not last in line: {line:?}")))?
+        .clone();
+    held.release().await.map_err(fail("holder's release"))?;
+    // The first paused waiter's turn, kept running until `stop` is sent.
+    let first = paused[0].clone();
+    let mut pushers = redlock_raw_conns().await?;
+    push_place_end(&mut pushers, &keys, &first).await?;
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let pushing = tokio::spawn({
+        let keys = keys.clone();
+        async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return Ok::<(), Failure>(()),
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+                push_place_end(&mut pushers, &keys, &first).await?;
+            }
+        }
+    });
+    let mut monitor = monitor(&redlock_urls()?.remove(0)).await?;
+    let keep = format!("\"4\" \"{}\"", keys.lock);
+    let vote = format!("\"6\" \"{}\"", keys.lock);
+    let token = format!("\"{live}\"");
+    // When the live waiter's first light call came, and its first vote after it.
+    let (mut kept_at, mut voted) = (None, None);
+    let mut stop = Some(stop);
+    let watch = Instant::now() + Duration::from_secs(8);
+    while let Ok(Some(line)) = tokio::time::timeout_at(watch.into(), monitor.next()).await {
+        if !line.contains(&token) {
+            continue;
+        }
+        match kept_at {
+            None if line.contains(&keep) => {
+                kept_at = Some(Instant::now());
+                // The turn runs out at most 350 ms from now.
+                if let Some(stop) = stop.take() {
+                    // An error only says the pushing task is gone (it failed, answered below).
+                    let _ = stop.send(());
+                }
+            }
+            Some(kept) if line.contains(&vote) => {
+                voted = Some(kept.elapsed());
+                break;
+            }
+            _ => {}
+        }
+    }
+    // Dropping `stop`, if unsent, ends the pushes too.
+    drop(stop);
+    pushing.await.map_err(fail("pushing task"))??;
+    let (guard, _) = waiting.await.map_err(fail("waiter task"))?;
+    guard
+        .map_err(fail("acquire behind paused waiters"))?
+        .release()
+        .await
+        .map_err(fail("release"))?;
+    ensure!(
+        kept_at.is_some(),
+        "the live waiter made no light call in 8 s: the case tests nothing"
+    );
+    ensure!(
+        voted.is_some_and(|after| after <= BOUND),
+        "the live waiter voted {voted:?} after its light call found a turn running, which then \
+         ran out (bound {BOUND:?})"
+    );
+    paused_are_gone(&mut raws, &keys, &paused).await
+}
+
+/// Plants [`PAUSED`] waiters at the head of the line on every server (places that would last a
+/// minute, their client recorded and listening, so the servers take them for live ones
+/// paused): their tokens, and the subscriptions by which their client listens.
+async fn plant_paused(
+    raws: &mut [MultiplexedConnection],
+    keys: &lock_redis::RedisKeys,
+) -> Result<(Vec<String>, Vec<redis::aio::PubSub>), Failure> {
     let paused: Vec<String> = (0..PAUSED)
         .map(|i| format!("0123456789abcdef0123456789abcd{i:02}"))
         .collect();
     let mut listeners = Vec::new();
     for (raw, url) in raws.iter_mut().zip(redlock_urls()?) {
         for (ticket, token) in (1..).zip(&paused) {
-            super::queue::plant_dead_waiter_as(raw, &keys, token, ticket).await?;
+            super::queue::plant_dead_waiter_as(raw, keys, token, ticket).await?;
         }
         // Their client listens: paused, not dead, so no server takes them out of the line.
         let mut listener = redis::Client::open(url.as_str())
@@ -130,29 +248,56 @@ async fn redlock_waiter_behind_paused_ones_takes_a_lock_left_free() -> Outcome {
             .map_err(fail("SUBSCRIBE"))?;
         listeners.push(listener);
     }
+    Ok((paused, listeners))
+}
+
+/// A live waiter of its own client on `name`, for 30 s: its answer and when it came.
+async fn wait_behind(
+    name: &lock_core::LockName,
+) -> Result<
+    tokio::task::JoinHandle<(Result<lock_core::LockGuard, lock_core::LockError>, Instant)>,
+    Failure,
+> {
     let waiter = redlock_client().await?;
-    let waiting = tokio::spawn({
-        let options = LockOptions::new()
-            .ttl(Duration::from_secs(30))
-            .wait(Duration::from_secs(30));
-        let name = name.clone();
-        async move {
-            let guard = waiter.lock_with(&name, &options).await;
-            (guard, Instant::now())
-        }
-    });
-    until_queued_everywhere(&mut raws, &keys, PAUSED + 1).await?;
-    let (guard, acquired) = waiting.await.map_err(fail("waiter task"))?;
-    let guard = guard.map_err(fail("acquire behind paused waiters"))?;
-    let took = acquired.saturating_duration_since(ends);
-    guard.release().await.map_err(fail("release"))?;
-    drop(held);
-    ensure!(
-        took <= BOUND,
-        "the live waiter behind {PAUSED} paused ones took the lock {took:?} after the holder's \
-         lease ended (bound {BOUND:?})"
-    );
-    for raw in &mut raws {
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(30));
+    let name = name.clone();
+    Ok(tokio::spawn(async move {
+        let guard = waiter.lock_with(&name, &options).await;
+        (guard, Instant::now())
+    }))
+}
+
+/// Moves `token`'s place end to 350 ms after each server's clock, where it has a place.
+async fn push_place_end(
+    raws: &mut [MultiplexedConnection],
+    keys: &lock_redis::RedisKeys,
+    token: &str,
+) -> Outcome {
+    for raw in raws {
+        let _: i64 = redis::Script::new(
+            "local t = redis.call('TIME') \
+             return redis.call('ZADD', KEYS[1], 'XX', 'CH', \
+               tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 350, ARGV[1])",
+        )
+        .key(&keys.places)
+        .arg(token)
+        .invoke_async(raw)
+        .await
+        .map_err(fail("push a place's end"))?;
+    }
+    Ok(())
+}
+
+/// Checks on every server that no paused waiter of [`plant_paused`] keeps a place, then removes
+/// the lock's queue keys.
+async fn paused_are_gone(
+    raws: &mut [MultiplexedConnection],
+    keys: &lock_redis::RedisKeys,
+    paused: &[String],
+) -> Outcome {
+    for raw in raws {
         // Gone, or over: a server that missed one vote (its time-out) may still list a paused
         // waiter whose place ended with its turn.
         let (secs, micros): (u64, u64) = redis::cmd("TIME")
@@ -160,7 +305,7 @@ async fn redlock_waiter_behind_paused_ones_takes_a_lock_left_free() -> Outcome {
             .await
             .map_err(fail("TIME"))?;
         let now_ms = secs * 1_000 + micros / 1_000;
-        for token in &paused {
+        for token in paused {
             let ends: Option<u64> = raw
                 .zscore(&keys.places, token)
                 .await

@@ -203,12 +203,12 @@ return grant(t, now, first)
 /// - the waiter has no place here (it lapsed, or was taken out of the line), which a vote
 ///   gives back under its ticket.
 ///
-/// A lock free during a turn is left to the waiter whose turn it is (a release or a vote
-/// named it): a call then would mostly find it taken a moment later; the caller calls again
-/// when that turn is over, and that call asks for a vote if the lock is still free (a first
-/// waiter's own place that is about to run out looks the same, and is over as soon). Else the call writes only the place's end (and pushes the queue's
-/// expiry, as [`ACQUIRE`] does): no sweep of lapsed places, no waiter mark, no client record,
-/// which the votes of the waiters nearer the head see to.
+/// A lock free during a turn is left to the waiter whose turn it is (a release or a vote named it):
+/// a call then would mostly find it taken a moment later; the caller calls again when that turn is
+/// over, and that call asks for a vote if the lock is still free (a first waiter's own place that
+/// is about to run out looks the same, and is over as soon). Else the call writes only the place's
+/// end (and pushes the queue's expiry, as [`ACQUIRE`] does): no sweep of lapsed places, no waiter
+/// mark, no client record, which the votes of the waiters nearer the head see to.
 pub(crate) static KEEP: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         r"

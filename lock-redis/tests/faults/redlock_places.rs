@@ -93,14 +93,14 @@ async fn redlock_waiters_deep_in_line_keep_places_seldom() -> Outcome {
 /// ahead of the live one: as many as puts it deep in line, where it only keeps its place.
 const PAUSED: usize = 8;
 
-/// A Redlock lock whose holder died (its lease ends with no release) while the waiters at the
-/// head of the line are paused (planted: places that would last a minute, their client
-/// recorded and listening, so the servers take them for live), with one live waiter behind
-/// them, ninth: it takes the lock within 8 s of the lease's end. Its next call finds the lock
-/// free and votes (within 3 s), each vote starts a paused waiter's turn (400 ms), and it calls
-/// again when that turn is over, which finds the turn's place ran out and votes, taking each
-/// paused one out of the line in turn: at most about 3 s + 8 x 0.4 s. A waiter that voted only to keep its place (every 0.75 to 1 s) needed two
-/// votes per paused waiter, one to start its turn and one to take its lapsed place out.
+/// A Redlock lock whose holder died (its lease ends with no release) while the waiters at the head
+/// of the line are paused (planted: places that would last a minute, their client recorded and
+/// listening, so the servers take them for live), with one live waiter behind them, ninth: it takes
+/// the lock within 8 s of the lease's end. Its next call finds the lock free and votes (within 3
+/// s), each vote starts a paused waiter's turn (400 ms), and it calls again when that turn is over,
+/// which finds the turn's place ran out and votes, taking each paused one out of the line in turn:
+/// at most about 3 s + 8 x 0.4 s. A waiter that voted only to keep its place (every 0.75 to 1 s)
+/// needed two votes per paused waiter, one to start its turn and one to take its lapsed place out.
 async fn redlock_waiter_behind_paused_ones_takes_a_lock_left_free() -> Outcome {
     const BOUND: Duration = Duration::from_secs(8);
     let name = conformance_tests::faults::unique_name("redlock-behind-paused")?;
@@ -334,12 +334,12 @@ struct Seen {
     kept_everywhere: bool,
 }
 
-/// Queues `waiters` clients (each its own) one by one behind a holder of a new Redlock lock
-/// tagged `tag`, then counts on the first server's `MONITOR`, for `window`, the script calls
-/// on the lock's key of the waiter at `index` in line and of everyone else (each call is one
-/// `EVALSHA`; the `EVAL` that follows one the server refused, not knowing the script yet, is
-/// not counted again); then looks whether that waiter still has a place on every server, releases the lock,
-/// and waits for every waiter to take and release it.
+/// Queues `waiters` clients (each its own) one by one behind a holder of a new Redlock lock tagged
+/// `tag`, then counts on the first server's `MONITOR`, for `window`, the script calls on the lock's
+/// key of the waiter at `index` in line and of everyone else (each call is one `EVALSHA`; the
+/// `EVAL` that follows one the server refused, not knowing the script yet, is not counted again);
+/// then looks whether that waiter still has a place on every server, releases the lock, and waits
+/// for every waiter to take and release it.
 async fn calls_in_line(
     tag: &str,
     waiters: usize,

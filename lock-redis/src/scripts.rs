@@ -205,10 +205,11 @@ return grant(t, now, first)
 ///
 /// A lock free during a turn is left to the waiter whose turn it is (a release or a vote named it):
 /// a call then would mostly find it taken a moment later; the caller calls again when that turn is
-/// over, and that call asks for a vote if the lock is still free (a first waiter's own place that
-/// is about to run out looks the same, and is over as soon). Else the call writes only the place's
-/// end (and pushes the queue's expiry, as [`ACQUIRE`] does): no sweep of lapsed places, no waiter
-/// mark, no client record, which the votes of the waiters nearer the head see to.
+/// over, and that call asks for a vote if the lock is still free with no turn running (a first
+/// waiter's own place that is about to run out looks the same, and is over as soon). Else the call
+/// writes only the place's end (and pushes the queue's expiry, as [`ACQUIRE`] does): no sweep of
+/// lapsed places, no waiter mark, no client record, which the votes of the waiters nearer the head
+/// see to.
 pub(crate) static KEEP: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(
         r"

@@ -148,16 +148,17 @@ const PLACE_KEPT: Duration = Duration::from_secs(1);
 /// turn, the waiter calls again (`KEEP` again, not a vote) 1 to 10 ms after that turn ends, which
 /// votes if the lock is still free and the turn's waiter's place ran out (paused, as at the head of
 /// fault case `redlock_waiter_behind_paused_ones_takes_a_lock_left_free`; fault case
-/// `redlock_waiter_deep_in_line_follows_a_turn_it_found`); voting there instead took the same runs
-/// to 671 to 812 commands per acquisition (four runs). The waiters nearer the head go on voting
-/// (the first two every [`QUEUED_POLL_MAX`], the others every [`PLACE_KEPT`]): their votes start
-/// the first one's turn when the lock is free and nobody else came, keep the waiter mark by which
-/// releases publish, and take dead waiters out of the line. A waiter learns its place at each call;
-/// one that moved up further than it knows (the line moves on at every hand-off) is named by the
-/// releases once it is among the first two. With 1,000 separate clients holding 1 ms, the servers
-/// ran 637 to 1,019 commands per acquisition when every waiter further back than second voted every
-/// 0.75-1 s, 331 to 431 with this (four alternating runs each; 326 to 328 with 16 clients either
-/// way).
+/// `redlock_waiter_deep_in_line_follows_a_turn_it_found`). With a vote there and the first call
+/// within [`PLACE_KEPT`] of a vote, the same benchmark ran 671 to 812 commands per acquisition
+/// (four runs); these runs do not tell the two rules' costs apart. The waiters nearer the head go
+/// on voting (the first two every [`QUEUED_POLL_MAX`], the others every [`PLACE_KEPT`]): their
+/// votes start the first one's turn when the lock is free and nobody else came, keep the waiter
+/// mark by which releases publish, and take dead waiters out of the line. A waiter learns its place
+/// at each call; one that moved up further than it knows (the line moves on at every hand-off) is
+/// named by the releases once it is among the first two. With 1,000 separate clients holding 1 ms,
+/// the servers ran 637 to 1,019 commands per acquisition when every waiter further back than second
+/// voted every 0.75-1 s, 331 to 431 with this (four alternating runs each; 326 to 328 with 16
+/// clients either way).
 const FAR_BACK: u64 = 8;
 
 /// How often a waiter at [`FAR_BACK`] or further back keeps its place, at most (jitter takes it

@@ -172,12 +172,49 @@ async fn redlock_waiter_deep_in_line_follows_a_turn_it_found() -> Outcome {
             }
         }
     });
+    let (kept, voted) = keep_then_vote(&keys, &live, stop).await?;
+    pushing.await.map_err(fail("pushing task"))??;
+    let (guard, _) = waiting.await.map_err(fail("waiter task"))?;
+    guard
+        .map_err(fail("acquire behind paused waiters"))?
+        .release()
+        .await
+        .map_err(fail("release"))?;
+    ensure!(
+        kept,
+        "the live waiter made no light call in 8 s: the case tests nothing"
+    );
+    // The pushes leave the turn at least 250 ms when the `KEEP` runs: a vote much sooner means
+    // that `KEEP` found no turn (the pushes stalled), so nothing was tested.
+    ensure!(
+        voted.is_none_or(|after| after >= Duration::from_millis(100)),
+        "the live waiter voted {voted:?} after its light call, too soon for a call that found a \
+         turn running: the case tests nothing"
+    );
+    ensure!(
+        voted.is_some_and(|after| after <= BOUND),
+        "the live waiter voted {voted:?} after its light call found a turn running, which then \
+         ran out (bound {BOUND:?})"
+    );
+    paused_are_gone(&mut raws, &keys, &paused).await
+}
+
+/// Watches the first Redlock server's `MONITOR` for `live`'s first `KEEP` on the lock of
+/// `keys`, sends `stop` then (dropped unsent otherwise), and for its first vote after that: whether
+/// the `KEEP` came (within 8 s), and how long after it the vote came (within 8 s of the start).
+async fn keep_then_vote(
+    keys: &lock_redis::RedisKeys,
+    live: &str,
+    stop: tokio::sync::oneshot::Sender<()>,
+) -> Result<(bool, Option<Duration>), Failure> {
     let mut monitor = monitor(&redlock_urls()?.remove(0)).await?;
-    let keep = format!("\"4\" \"{}\"", keys.lock);
-    let vote = format!("\"6\" \"{}\"", keys.lock);
+    // KEEP's first two keys are the lock and the queue, a vote's the lock and the fence (a
+    // release's, the lock and the waiter mark).
+    let keep = format!("\"4\" \"{}\" \"{}\"", keys.lock, keys.queue);
+    let vote = format!("\"6\" \"{}\" \"{}\"", keys.lock, keys.fence);
     let token = format!("\"{live}\"");
     // When the live waiter's first light call came, and its first vote after it.
-    let (mut kept_at, mut voted) = (None, None);
+    let (mut kept_at, mut voted) = (None::<Instant>, None);
     let mut stop = Some(stop);
     let watch = Instant::now() + Duration::from_secs(8);
     while let Ok(Some(line)) = tokio::time::timeout_at(watch.into(), monitor.next()).await {
@@ -189,7 +226,7 @@ async fn redlock_waiter_deep_in_line_follows_a_turn_it_found() -> Outcome {
                 kept_at = Some(Instant::now());
                 // The turn runs out at most 350 ms from now.
                 if let Some(stop) = stop.take() {
-                    // An error only says the pushing task is gone (it failed, answered below).
+                    // An error only says the pushing task is gone (it failed; the caller says so).
                     let _ = stop.send(());
                 }
             }
@@ -200,25 +237,7 @@ async fn redlock_waiter_deep_in_line_follows_a_turn_it_found() -> Outcome {
             _ => {}
         }
     }
-    // Dropping `stop`, if unsent, ends the pushes too.
-    drop(stop);
-    pushing.await.map_err(fail("pushing task"))??;
-    let (guard, _) = waiting.await.map_err(fail("waiter task"))?;
-    guard
-        .map_err(fail("acquire behind paused waiters"))?
-        .release()
-        .await
-        .map_err(fail("release"))?;
-    ensure!(
-        kept_at.is_some(),
-        "the live waiter made no light call in 8 s: the case tests nothing"
-    );
-    ensure!(
-        voted.is_some_and(|after| after <= BOUND),
-        "the live waiter voted {voted:?} after its light call found a turn running, which then \
-         ran out (bound {BOUND:?})"
-    );
-    paused_are_gone(&mut raws, &keys, &paused).await
+    Ok((kept_at.is_some(), voted))
 }
 
 /// Plants [`PAUSED`] waiters at the head of the line on every server (places that would last a
@@ -235,6 +254,12 @@ async fn plant_paused(
     for (raw, url) in raws.iter_mut().zip(redlock_urls()?) {
         for (ticket, token) in (1..).zip(&paused) {
             super::queue::plant_dead_waiter_as(raw, keys, token, ticket).await?;
+        }
+        // The line's keys last as long as those places: the live waiter's first vote would
+        // otherwise set them to expire with its own 3 s place, and a call after that would
+        // find no line at all.
+        for key in [&keys.queue, &keys.places, &keys.clients] {
+            let _: () = raw.pexpire(key, 60_000).await.map_err(fail("PEXPIRE"))?;
         }
         // Their client listens: paused, not dead, so no server takes them out of the line.
         let mut listener = redis::Client::open(url.as_str())

@@ -33,7 +33,8 @@ use wakeups::Wakeups;
 /// - Requests go to every server in parallel, each bounded by a per-server time-out; the lock
 ///   is valid for `ttl - elapsed - drift` with `drift = ttl * 0.01 + 2 ms`, and the lease's
 ///   local deadline is computed the same way.
-/// - A failed attempt releases on every server (a timed-out server may have granted), then
+/// - A failed attempt releases where it was granted and where no answer came (a timed-out
+///   server may have granted), not where it was refused, then
 ///   retries after a random delay: `lock_core::backend::poll_until_acquired`'s jittered back-off,
 ///   bounded by the holder's TTL and the wait budget.
 /// - Renewal must reach a majority within the validity.
@@ -466,7 +467,21 @@ impl RedlockBackend {
         keys: &Keys,
         token: &LeaseToken,
     ) -> Vec<Vote<bool>> {
-        self.everywhere("release", |mut conn| async move {
+        self.release_on(self.inner.nodes.iter(), keys, token).await
+    }
+
+    /// Releases `token`'s hold on `nodes`, each within the per-server time-out (none: nothing
+    /// is sent). A vote that is not granted is undone where it may hold the lock: the servers
+    /// that granted it and those that did not answer (they may have granted), not one that
+    /// refused it, where a release finds another's key and does nothing (fault case
+    /// `redlock_minority_grant_is_undone_only_where_granted`).
+    async fn release_on<'a>(
+        &self,
+        nodes: impl Iterator<Item = &'a Conn>,
+        keys: &Keys,
+        token: &LeaseToken,
+    ) -> Vec<Vote<bool>> {
+        self.on(nodes, "release", |mut conn| async move {
             // Each server tells the clients of the first two waiters it names (see `wakeups`).
             ops::release(&mut conn, keys, token, Tell::Publish, Next::TurnIfListening).await
         })
@@ -594,7 +609,8 @@ impl RedlockBackend {
     }
 
     /// One round of Redlock: asks every server, keeps the lock if a majority granted it within
-    /// its validity, else undoes the round everywhere. A refused vote that too few servers
+    /// its validity, else undoes the round where it may hold (the servers that granted it or
+    /// did not answer). A refused vote that too few servers
     /// answered records why (`Wait::unanswered`): a wait whose budget is spent after it answers
     /// `Unavailable` rather than a `Timeout`, here or in the waiting loop, which votes no more
     /// once the budget is spent. `listening` says, server
@@ -636,7 +652,7 @@ impl RedlockBackend {
             ..Wait::default()
         };
         let mut foreign = None;
-        let mut failed = 0;
+        let mut no_answer = Vec::new();
         for (node, vote) in self.inner.nodes.iter().zip(votes) {
             match vote {
                 Ok(Try::Granted { fence, server_ms }) => granted.push((node, fence, server_ms)),
@@ -648,7 +664,7 @@ impl RedlockBackend {
                 // Not asked for (Redlock never hands a lock over): counts as busy.
                 Ok(Try::Handed { .. }) => wait.heard(None, None),
                 Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
-                Err(_) => failed += 1,
+                Err(_) => no_answer.push(node),
             }
         }
         if foreign.is_none()
@@ -671,9 +687,10 @@ impl RedlockBackend {
                 )));
             }
         }
-        if !granted.is_empty() || failed > 0 {
-            self.release_everywhere(keys, token).await;
-        }
+        let failed = no_answer.len();
+        // Undone where this vote may hold the lock (see `release_on`).
+        no_answer.extend(granted.iter().map(|(node, _, _)| *node));
+        self.release_on(no_answer.into_iter(), keys, token).await;
         if let Some(error) = foreign {
             return Err(error);
         }

@@ -241,7 +241,9 @@ pub(super) async fn redlock_uncontended_acquire_is_one_round() -> Outcome {
 }
 
 /// Script calls (`EVALSHA` and `EVAL`) each server has served so far.
-async fn script_calls(raws: &mut [redis::aio::MultiplexedConnection]) -> Result<Vec<u64>, Failure> {
+pub(super) async fn script_calls(
+    raws: &mut [redis::aio::MultiplexedConnection],
+) -> Result<Vec<u64>, Failure> {
     let mut calls = Vec::new();
     for raw in raws {
         let info: String = redis::cmd("INFO")

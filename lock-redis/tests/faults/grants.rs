@@ -1,5 +1,6 @@
 //! Grants the backend cannot stand behind are undone, never returned nor left behind: a
-//! `WAIT` for replicas that fails, a grant whose reply comes after its local deadline.
+//! `WAIT` for replicas that fails, a grant whose reply comes after its local deadline, a
+//! Redlock vote that a minority granted (undone there, and only there).
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,8 @@ use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
 use redis::AsyncCommands;
 
 use super::{
-    raw_conn,
+    fences::script_calls,
+    raw_conn, redlock_client, redlock_raw_conns,
     replicas::{replica_streams, start_replica},
     single_client,
 };
@@ -184,4 +186,58 @@ pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
     let _ = replica.wait();
     let _ = std::fs::remove_dir_all(&dir);
     outcome
+}
+
+/// A Redlock vote that only a minority granted is undone on those servers, and on those that
+/// did not answer (they may have granted), not on the servers that refused it: a release
+/// there finds another holder's key and does nothing, and when a thousand waiters' votes time
+/// out together those releases add to the load that timed them out. A holds the lock; its
+/// key is deleted by hand on the last two servers, so B's try (no wait) is granted there and
+/// refused on the first three. Counted on the servers, least of three tries: one script call
+/// on each server that refused (the vote), two on each that granted (the vote and its
+/// release), and B's grants are gone. Before, B's try released on every server: two calls
+/// on each.
+pub(super) async fn redlock_minority_grant_is_undone_only_where_granted() -> Outcome {
+    let (a, b) = (redlock_client().await?, redlock_client().await?);
+    let mut raws = redlock_raw_conns().await?;
+    let lock = unique_name("redlock-minority-grant")?;
+    let key = RedisKeys::new("faults", &lock).lock;
+    let held = a
+        .lock_with(&lock, &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .map_err(fail("A's acquire"))?;
+    let granting = raws.len() / 2 + 1..raws.len();
+    let mut least = vec![u64::MAX; raws.len()];
+    for _ in 0..3 {
+        for raw in &mut raws[granting.clone()] {
+            let _: () = raw.del(&key).await.map_err(fail("DEL"))?;
+        }
+        let before = script_calls(&mut raws).await?;
+        let tried = b.try_lock(&lock).await.map_err(fail("B's try"))?;
+        let after = script_calls(&mut raws).await?;
+        ensure!(
+            tried.is_none(),
+            "B's try got the lock a majority holds for A"
+        );
+        for ((least, a), b) in least.iter_mut().zip(&after).zip(&before) {
+            *least = (*least).min(a.saturating_sub(*b));
+        }
+        for (i, raw) in raws.iter_mut().enumerate() {
+            let left: bool = raw.exists(&key).await.map_err(fail("EXISTS"))?;
+            ensure!(
+                left != granting.contains(&i),
+                "server {i}: the lock key is {}after B's try",
+                if left { "still there " } else { "gone " }
+            );
+        }
+    }
+    held.release().await.map_err(fail("A's release"))?;
+    let expected: Vec<u64> = (0..raws.len())
+        .map(|i| if granting.contains(&i) { 2 } else { 1 })
+        .collect();
+    ensure!(
+        least == expected,
+        "script calls per server for B's try (least of three): {least:?}, expected {expected:?}"
+    );
+    Ok(())
 }

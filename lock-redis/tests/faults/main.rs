@@ -254,6 +254,10 @@ fn main() -> ExitCode {
         .case("replica_wait_past_the_ttl_is_released", || {
             Box::pin(grants::replica_wait_past_the_ttl_is_released())
         })
+        .case(
+            "redlock_minority_grant_is_undone_only_where_granted",
+            || Box::pin(grants::redlock_minority_grant_is_undone_only_where_granted()),
+        )
         .case("replica_acknowledgements_are_required", || {
             Box::pin(replicas::replica_acknowledgements_are_required())
         })

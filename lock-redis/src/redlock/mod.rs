@@ -75,7 +75,7 @@ use wakeups::Wakeups;
 ///   a majority of its subscriptions is confirmed, a waiter polls only to keep its place (the
 ///   first two in line when the holder's time or the first waiter's turn runs out, else
 ///   every 187-250 ms; those further back every 0.75-1 s, and from ninth in line on every
-///   2.25-3 s, 1.95-2.7 s after a vote, by a lighter call than a vote); without
+///   2.25-3 s, the first time 1.95-2.7 s after a vote, by a lighter call than a vote); without
 ///   them, the first and second in line vote every `backoff.min` (jittered), the ones further
 ///   back more slowly, about every 250 ms at most (jittered up to 312 ms). A place lasts 3 s
 ///   without another vote, and the first in line has 100 ms after a release that named it
@@ -135,9 +135,9 @@ const QUEUED_POLL_MAX: Duration = Duration::from_millis(250);
 /// release naming it (those ahead gave up or died, which tells nobody) is told by each server
 /// where another's vote starts its [`TURN`] (see [`scripts::ACQUIRE`]; fault case
 /// `redlock_waiter_hears_the_turn_another_vote_starts`: 854, 881 and 907 ms after that vote,
-/// past its turn, before the servers told it). A lost message costs it up to this long: it may then
-/// lose that turn to a waiter behind it, and on its next vote rejoins at the head under its
-/// ticket (so nobody starves).
+/// past its turn, before the servers told it). A lost message costs it up to this long (up to
+/// [`PLACE_KEPT_FAR`] from [`FAR_BACK`] on): it may then lose that turn to a waiter behind it,
+/// and on its next call rejoins at the head under its ticket (so nobody starves).
 const PLACE_KEPT: Duration = Duration::from_secs(1);
 
 /// From which place in line (0 first) a queued waiter with push wake-ups only keeps its place, with
@@ -173,8 +173,10 @@ const PLACE_KEPT_FAR: Duration = Duration::from_secs(3);
 
 /// How long before a vote's [`PLACE`] ends a waiter at [`FAR_BACK`] or further back keeps it
 /// with its first [`scripts::KEEP`], at least, for the sleep's and the call's own time: that
-/// call comes 1.95 to 2.7 s after the vote ([`PLACE`] less this, less up to a quarter of
-/// [`PLACE_KEPT_FAR`], as spread as the other calls), not 2.25 to 3 s as the later ones. A
+/// call is sent 1.95 to 2.7 s after the vote was ([`PLACE`] less this, less up to a quarter of
+/// [`PLACE_KEPT_FAR`], as spread as the other calls; counted from the vote's sending, so the
+/// time its answers and a release round after it took comes out of it), not 2.25 to 3 s as
+/// the later ones. A
 /// call that came after the place ended found it gone if a vote swept the line meanwhile; the
 /// waiter then rejoined under its ticket, and one that had moved up to the head without
 /// knowing lost that turn. 1,000 separate clients holding 1 ms ran 357 to 727 server commands
@@ -230,9 +232,9 @@ struct Wait {
     /// A server found the lock free during the first waiter's turn (`holder_left` is then at
     /// most that turn's end).
     turn: bool,
-    /// A vote heard this (its places last [`PLACE`]), not [`scripts::KEEP`] (its places last
-    /// [`PLACE_FAR`]).
-    voted: bool,
+    /// When the vote that heard this was sent (its places last [`PLACE`] from about then);
+    /// `None` when [`scripts::KEEP`] heard it (its places last [`PLACE_FAR`]).
+    voted: Option<Instant>,
     /// Too few servers answered the vote for a majority: why, as the error a wait that ends
     /// now answers (the store may be down, so not a time-out).
     unanswered: Option<LockError>,
@@ -282,11 +284,10 @@ impl Wait {
                 };
                 // The first `KEEP` after a vote comes before that vote's place ends; spread
                 // as widely as every other call (a quarter of `every`).
-                let latest = if self.voted {
-                    every.min(PLACE.saturating_sub(PLACE_MARGIN))
-                } else {
-                    every
-                };
+                let latest = self.voted.map_or(every, |sent| {
+                    let by = PLACE.saturating_sub(PLACE_MARGIN);
+                    every.min(by.saturating_sub(sent.elapsed()))
+                });
                 let keep = rand::random_range(latest.saturating_sub(every / 4)..=latest);
                 match self.holder_left {
                     // Spread over 1-10 ms, so the waiters that saw one turn do not all call at
@@ -648,7 +649,7 @@ impl RedlockBackend {
         .await;
         let mut granted = Vec::new();
         let mut wait = Wait {
-            voted: true,
+            voted: Some(start),
             ..Wait::default()
         };
         let mut foreign = None;
@@ -938,25 +939,58 @@ impl LockBackend for RedlockBackend {
 mod tests {
     use super::*;
 
+    /// The shortest and the longest of 1,000 delays of `wait` (push wake-ups on).
+    fn spread(wait: &Wait) -> (Duration, Duration) {
+        let ms = Duration::from_millis(10);
+        let delays: Vec<Duration> = (0..1000).map(|_| wait.delay(ms, ms, true)).collect();
+        let shortest = delays.iter().min().copied().unwrap_or_default();
+        (shortest, delays.iter().max().copied().unwrap_or_default())
+    }
+
     /// A waiter far back keeps its place with `KEEP` after a vote. Its first call must reach
-    /// the servers before the vote's place ([`PLACE`]) ends, by a margin for the sleep's and
-    /// the call's own time: else a vote that sweeps the line meanwhile takes the place out,
-    /// and a waiter that moved up to the head without knowing loses that turn.
+    /// the servers before the vote's place ([`PLACE`], from the vote's sending) ends, by a
+    /// margin for the sleep's and the call's own time: else a vote that sweeps the line
+    /// meanwhile takes the place out, and a waiter that moved up to the head without knowing
+    /// loses that turn. The time since the vote was sent counts; the calls stay as spread as
+    /// the others (a quarter of [`PLACE_KEPT_FAR`]); after a `KEEP` (its place lasts
+    /// [`PLACE_FAR`]) and nearer the head nothing changes.
     #[test]
     fn far_back_keeps_a_voted_place_before_it_ends() {
-        let after_vote = Wait {
-            rank: Some(FAR_BACK),
-            voted: true,
+        let by = PLACE - PLACE_MARGIN;
+        let voted = |ago: Duration, rank: u64| Wait {
+            rank: Some(rank),
+            voted: Instant::now().checked_sub(ago),
             ..Wait::default()
         };
-        let ms = Duration::from_millis(10);
-        let longest = (0..1000)
-            .map(|_| after_vote.delay(ms, ms, true))
-            .max()
-            .unwrap_or_default();
+        let (shortest, longest) = spread(&voted(Duration::ZERO, FAR_BACK));
         assert!(
-            longest <= PLACE - PLACE_MARGIN,
-            "first call after a vote {longest:?} after it; its place lasts {PLACE:?}"
+            longest <= by,
+            "first call {longest:?} after a vote; its place lasts {PLACE:?}"
+        );
+        let slack = Duration::from_millis(50);
+        assert!(
+            shortest + slack >= by - PLACE_KEPT_FAR / 4,
+            "first call only {shortest:?} after a vote"
+        );
+        let ago = Duration::from_millis(500);
+        let (_, longest) = spread(&voted(ago, FAR_BACK));
+        assert!(
+            longest <= by - ago,
+            "first call {longest:?} after a vote sent {ago:?} ago"
+        );
+        let kept = Wait {
+            rank: Some(FAR_BACK),
+            ..Wait::default()
+        };
+        let (shortest, longest) = spread(&kept);
+        assert!(
+            shortest >= PLACE_KEPT_FAR * 3 / 4 && longest > by && longest <= PLACE_KEPT_FAR,
+            "after a KEEP the next call came {shortest:?} to {longest:?} later"
+        );
+        let (shortest, longest) = spread(&voted(Duration::ZERO, 2));
+        assert!(
+            shortest >= PLACE_KEPT * 3 / 4 && longest <= PLACE_KEPT,
+            "third in line called {shortest:?} to {longest:?} after a vote"
         );
     }
 }

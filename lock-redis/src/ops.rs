@@ -18,13 +18,16 @@ use crate::{
 pub(crate) enum Try {
     /// Granted with this fence, at this server time (ms since the epoch).
     Granted { fence: u64, server_ms: u64 },
-    /// Held by someone else for this long (when the server said); `rank` is the caller's
-    /// place in the waiters' queue (0 first), if it queues; `seen` the larger of the fence
-    /// counter and the server time in µs as the try found them.
+    /// Held for this long (when the server said); `rank` is the caller's place in the
+    /// waiters' queue (0 first), if it queues; `seen` the larger of the fence counter and the
+    /// server time in µs as the try found them. `own`: held by the caller's own token, where
+    /// releases do not hand locks over (Redlock: an earlier vote's grant whose answer was lost
+    /// and whose undo failed; with hand-overs that is [`Try::Handed`]).
     Busy {
         pttl: Option<Duration>,
         rank: Option<u64>,
         seen: u64,
+        own: bool,
     },
     /// Free, but a waiter queued earlier has its turn for this long.
     Queued {
@@ -289,6 +292,7 @@ pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
                 pttl,
                 rank: rank_at(&reply, 3),
                 seen: seen_at(&reply, 4),
+                own: value == token.as_str(),
             })
         }
         Some(2) => Err(reported(name, keys, &reply)),

@@ -473,8 +473,10 @@ impl RedlockBackend {
 
     /// Releases `token`'s hold on `nodes`, each within the per-server time-out (none: nothing
     /// is sent). A vote that is not granted is undone where it may hold the lock: the servers
-    /// that granted it and those that did not answer (they may have granted), not one that
-    /// refused it, where a release finds another's key and does nothing (fault case
+    /// that granted it, those that did not answer (they may have granted), and those that
+    /// answered busy with this token (an earlier vote's grant, left when its answer was lost
+    /// and its undo failed: fault case `redlock_failed_vote_undoes_its_own_earlier_grant`);
+    /// not one busy with another's key, where a release does nothing (fault case
     /// `redlock_minority_grant_is_undone_only_where_granted`).
     async fn release_on<'a>(
         &self,
@@ -653,7 +655,8 @@ impl RedlockBackend {
             ..Wait::default()
         };
         let mut foreign = None;
-        let mut no_answer = Vec::new();
+        // The servers that did not answer, and those that hold this token already.
+        let (mut no_answer, mut ours) = (Vec::new(), Vec::new());
         for (node, vote) in self.inner.nodes.iter().zip(votes) {
             match vote {
                 Ok(Try::Granted { fence, server_ms }) => granted.push((node, fence, server_ms)),
@@ -661,9 +664,14 @@ impl RedlockBackend {
                     wait.turn = true;
                     wait.heard(Some(turn), rank);
                 }
-                Ok(Try::Busy { pttl, rank, .. }) => wait.heard(pttl, rank),
-                // Not asked for (Redlock never hands a lock over): counts as busy.
-                Ok(Try::Handed { .. }) => wait.heard(None, None),
+                Ok(Try::Busy {
+                    pttl, rank, own, ..
+                }) => {
+                    ours.extend(own.then_some(node));
+                    wait.heard(pttl, rank);
+                }
+                // Not asked for (Redlock never hands a lock over): counts as busy, and ours.
+                Ok(Try::Handed { .. }) => ours.push(node),
                 Err(error @ LockError::Foreign { .. }) => foreign = Some(error),
                 Err(_) => no_answer.push(node),
             }
@@ -688,24 +696,30 @@ impl RedlockBackend {
                 )));
             }
         }
-        let failed = no_answer.len();
+        wait.unanswered = self.unanswered(name, no_answer.len());
         // Undone where this vote may hold the lock (see `release_on`).
-        no_answer.extend(granted.iter().map(|(node, _, _)| *node));
-        self.release_on(no_answer.into_iter(), keys, token).await;
+        ours.extend(no_answer);
+        ours.extend(granted.iter().map(|(node, _, _)| *node));
+        self.release_on(ours.into_iter(), keys, token).await;
         if let Some(error) = foreign {
             return Err(error);
-        }
-        let nodes = self.inner.nodes.len();
-        if failed > nodes - self.quorum() {
-            wait.unanswered = Some(LockError::unavailable_msg(format!(
-                "lock `{name}`: {failed} of {nodes} servers failed to answer; a majority of {} is needed",
-                self.quorum()
-            )));
         }
         if Instant::now() >= request.deadline() {
             return Err(wait.spent(request));
         }
         Ok(Err(wait))
+    }
+
+    /// Why a vote that `failed` servers did not answer cannot be granted, when too few
+    /// answered for a majority.
+    fn unanswered(&self, name: &LockName, failed: usize) -> Option<LockError> {
+        let nodes = self.inner.nodes.len();
+        (failed > nodes - self.quorum()).then(|| {
+            LockError::unavailable_msg(format!(
+                "lock `{name}`: {failed} of {nodes} servers failed to answer; a majority of {} is needed",
+                self.quorum()
+            ))
+        })
     }
 
     /// Writes `fence` back to the granting majority (`granting`: each server and the fence it
@@ -962,12 +976,14 @@ mod tests {
             voted: Instant::now().checked_sub(ago),
             ..Wait::default()
         };
+        let sampling = Instant::now();
         let (shortest, longest) = spread(&voted(Duration::ZERO, FAR_BACK));
         assert!(
             longest <= by,
             "first call {longest:?} after a vote; its place lasts {PLACE:?}"
         );
-        let slack = Duration::from_millis(50);
+        // The time since the vote counts, and some passed while sampling.
+        let slack = sampling.elapsed() + Duration::from_millis(1);
         assert!(
             shortest + slack >= by - PLACE_KEPT_FAR / 4,
             "first call only {shortest:?} after a vote"

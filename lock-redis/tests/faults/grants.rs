@@ -1,8 +1,11 @@
 //! Grants the backend cannot stand behind are undone, never returned nor left behind: a
 //! `WAIT` for replicas that fails, a grant whose reply comes after its local deadline, a
-//! Redlock vote that a minority granted (undone there, and only there).
+//! Redlock vote that a minority granted (undone there, and only there), and where an earlier
+//! vote's grant was left behind.
 
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
 
 use conformance_tests::{
     Failure, Outcome, ensure,
@@ -14,7 +17,7 @@ use redis::AsyncCommands;
 
 use super::{
     fences::script_calls,
-    raw_conn, redlock_client, redlock_raw_conns,
+    monitor, raw_conn, redlock_client, redlock_raw_conns, redlock_urls,
     replicas::{replica_streams, start_replica},
     single_client,
 };
@@ -240,4 +243,76 @@ pub(super) async fn redlock_minority_grant_is_undone_only_where_granted() -> Out
         "script calls per server for B's try (least of three): {least:?}, expected {expected:?}"
     );
     Ok(())
+}
+
+/// A Redlock server that still holds a waiter's own token (a grant of an earlier vote whose
+/// answer was lost and whose undo failed, as when a connection drops between the two) answers
+/// its next vote "busy" with that token; a vote that fails must undo it there too, or the
+/// server refuses everyone until the TTL. A holds the lock; B waits. Once the first server's
+/// `MONITOR` shows B's vote (and so its token), the test sets the lock there to B's token, and
+/// deletes A's on the last two servers: B's next vote is granted there, busy with its own
+/// token on the first, refused on the other two, and must be undone on all three. Before,
+/// the first server kept B's token (the undo went only where the vote was granted).
+pub(super) async fn redlock_failed_vote_undoes_its_own_earlier_grant() -> Outcome {
+    let (a, b) = (redlock_client().await?, redlock_client().await?);
+    let mut raws = redlock_raw_conns().await?;
+    let lock = unique_name("redlock-own-grant")?;
+    let keys = RedisKeys::new("faults", &lock);
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(10));
+    let held = a
+        .lock_with(&lock, &options)
+        .await
+        .map_err(fail("A's acquire"))?;
+    let first = redlock_urls()?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure("no Redlock server".into()))?;
+    let mut watch = monitor(&first).await?;
+    let waiting = tokio::spawn({
+        let (lock, options) = (lock.clone(), options.clone());
+        async move { b.lock_with(&lock, &options).await.map(drop) }
+    });
+    let by = Instant::now() + Duration::from_secs(5);
+    let token = loop {
+        let line = tokio::time::timeout_at(by.into(), watch.next())
+            .await
+            .map_err(|_| Failure("no vote of B on the first server within 5 s".into()))?
+            .ok_or_else(|| Failure("the MONITOR ended".into()))?;
+        // `"EVALSHA" "<sha>" "6" "<lock>" <five more keys> "<token>" ...`
+        let fields: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+        if fields.first() == Some(&"EVALSHA")
+            && fields.get(3) == Some(&keys.lock.as_str())
+            && let Some(token) = fields.get(9)
+        {
+            break (*token).to_owned();
+        }
+    };
+    drop(watch);
+    let _: () = raws[0]
+        .set_ex(&keys.lock, &token, 30)
+        .await
+        .map_err(fail("SET B's token"))?;
+    for raw in &mut raws[3..] {
+        let _: () = raw.del(&keys.lock).await.map_err(fail("DEL"))?;
+    }
+    let by = Instant::now() + Duration::from_secs(3);
+    let outcome = loop {
+        let value: Option<String> = raws[0].get(&keys.lock).await.map_err(fail("GET"))?;
+        if value.as_deref() != Some(token.as_str()) {
+            break Ok(());
+        }
+        if Instant::now() >= by {
+            break Err(Failure(
+                "3 s on, the first server still holds B's token, which B's failing votes left"
+                    .into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    waiting.abort();
+    drop(waiting.await);
+    held.release().await.map_err(fail("A's release"))?;
+    outcome
 }

@@ -258,6 +258,9 @@ fn main() -> ExitCode {
             "redlock_minority_grant_is_undone_only_where_granted",
             || Box::pin(grants::redlock_minority_grant_is_undone_only_where_granted()),
         )
+        .case("redlock_failed_vote_undoes_its_own_earlier_grant", || {
+            Box::pin(grants::redlock_failed_vote_undoes_its_own_earlier_grant())
+        })
         .case("replica_acknowledgements_are_required", || {
             Box::pin(replicas::replica_acknowledgements_are_required())
         })

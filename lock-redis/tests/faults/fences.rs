@@ -101,7 +101,7 @@ pub(super) async fn planted_fence_counters_are_refused() -> Outcome {
 }
 
 /// Sends `CLIENT PAUSE ms WRITE` to the server at `url`: its scripts queue until it ends.
-async fn pause_writes(url: &str, ms: u64) -> Outcome {
+pub(super) async fn pause_writes(url: &str, ms: u64) -> Outcome {
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(ms)
@@ -113,7 +113,7 @@ async fn pause_writes(url: &str, ms: u64) -> Outcome {
 }
 
 /// Ends a `CLIENT PAUSE` on the server at `url`; its queued scripts then run in order.
-async fn unpause(url: &str) -> Outcome {
+pub(super) async fn unpause(url: &str) -> Outcome {
     let _: () = redis::cmd("CLIENT")
         .arg("UNPAUSE")
         .query_async(&mut raw_conn(url).await?)

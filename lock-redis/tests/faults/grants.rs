@@ -16,7 +16,7 @@ use lock_redis::{RedisBackend, RedisConfig, RedisKeys};
 use redis::AsyncCommands;
 
 use super::{
-    fences::script_calls,
+    fences::{cycle, pause_writes, script_calls, unpause},
     monitor, raw_conn, redlock_client, redlock_raw_conns, redlock_urls,
     replicas::{replica_streams, start_replica},
     single_client,
@@ -315,4 +315,54 @@ pub(super) async fn redlock_failed_vote_undoes_its_own_earlier_grant() -> Outcom
     drop(waiting.await);
     held.release().await.map_err(fail("A's release"))?;
     outcome
+}
+
+/// A Redlock vote that a server did not answer in time may still have been granted there (its
+/// script ran late): a failed vote is undone there too. A holds the lock; its key is deleted
+/// on the last three servers and the third holds back writes for 300 ms (`CLIENT PAUSE`), so
+/// B's try is granted on the last two, busy on the first two, unanswered on the third, and
+/// fails. Once the pause ends, the third runs B's vote (a grant) and then its undo: two script
+/// calls at least, and no key left there. Undone only where the vote was granted, it kept B's
+/// key.
+pub(super) async fn redlock_unanswered_vote_is_undone_there() -> Outcome {
+    let (a, b) = (redlock_client().await?, redlock_client().await?);
+    let mut raws = redlock_raw_conns().await?;
+    let urls = redlock_urls()?;
+    let lock = unique_name("redlock-unanswered")?;
+    let key = RedisKeys::new("faults", &lock).lock;
+    let held = a
+        .lock_with(&lock, &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .map_err(fail("A's acquire"))?;
+    // Loads the scripts on every server (a first call is two: NOSCRIPT, then the source).
+    cycle(&b, &unique_name("redlock-unanswered-warm")?, 1).await?;
+    for raw in &mut raws[2..] {
+        let _: () = raw.del(&key).await.map_err(fail("DEL"))?;
+    }
+    let before = script_calls(&mut raws).await?;
+    pause_writes(&urls[2], 300).await?;
+    let tried = b.try_lock(&lock).await;
+    unpause(&urls[2]).await?;
+    ensure!(
+        matches!(tried, Ok(None)),
+        "B's try gave {tried:?}; two of five granted it"
+    );
+    // Both calls run once the pause ends; other clients' calls could only add to the count.
+    let by = Instant::now() + Duration::from_secs(2);
+    let (calls, left) = loop {
+        let calls = script_calls(&mut raws[2..3]).await?[0].saturating_sub(before[2]);
+        let left: bool = raws[2].exists(&key).await.map_err(fail("EXISTS"))?;
+        if (calls >= 2 && !left) || Instant::now() >= by {
+            break (calls, left);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    held.release().await.map_err(fail("A's release"))?;
+    ensure!(
+        calls >= 2 && !left,
+        "the server that did not answer ran {calls} script calls of B's try (the vote, and its \
+         undo expected) and {} a key",
+        if left { "keeps" } else { "has no" }
+    );
+    Ok(())
 }

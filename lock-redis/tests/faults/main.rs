@@ -261,6 +261,9 @@ fn main() -> ExitCode {
         .case("redlock_failed_vote_undoes_its_own_earlier_grant", || {
             Box::pin(grants::redlock_failed_vote_undoes_its_own_earlier_grant())
         })
+        .case("redlock_unanswered_vote_is_undone_there", || {
+            Box::pin(grants::redlock_unanswered_vote_is_undone_there())
+        })
         .case("replica_acknowledgements_are_required", || {
             Box::pin(replicas::replica_acknowledgements_are_required())
         })

@@ -17,7 +17,7 @@ use redis::AsyncCommands;
 
 use super::{
     fences::{cycle, pause_writes, script_calls, unpause},
-    monitor, raw_conn, redlock_client, redlock_raw_conns, redlock_urls,
+    monitor, raw_conn, redlock_client, redlock_held, redlock_raw_conns, redlock_urls,
     replicas::{replica_streams, start_replica},
     single_client,
 };
@@ -201,14 +201,8 @@ pub(super) async fn replica_wait_past_the_ttl_is_released() -> Outcome {
 /// release), and B's grants are gone. Before, B's try released on every server: two calls
 /// on each.
 pub(super) async fn redlock_minority_grant_is_undone_only_where_granted() -> Outcome {
-    let (a, b) = (redlock_client().await?, redlock_client().await?);
-    let mut raws = redlock_raw_conns().await?;
-    let lock = unique_name("redlock-minority-grant")?;
-    let key = RedisKeys::new("faults", &lock).lock;
-    let held = a
-        .lock_with(&lock, &LockOptions::new().ttl(Duration::from_secs(30)))
-        .await
-        .map_err(fail("A's acquire"))?;
+    let (lock, RedisKeys { lock: key, .. }, held) = redlock_held("redlock-minority-grant").await?;
+    let (b, mut raws) = (redlock_client().await?, redlock_raw_conns().await?);
     let granting = raws.len() / 2 + 1..raws.len();
     let mut least = vec![u64::MAX; raws.len()];
     for _ in 0..3 {
@@ -254,17 +248,11 @@ pub(super) async fn redlock_minority_grant_is_undone_only_where_granted() -> Out
 /// token on the first, refused on the other two, and must be undone on all three. Before,
 /// the first server kept B's token (the undo went only where the vote was granted).
 pub(super) async fn redlock_failed_vote_undoes_its_own_earlier_grant() -> Outcome {
-    let (a, b) = (redlock_client().await?, redlock_client().await?);
-    let mut raws = redlock_raw_conns().await?;
-    let lock = unique_name("redlock-own-grant")?;
-    let keys = RedisKeys::new("faults", &lock);
+    let (lock, keys, held) = redlock_held("redlock-own-grant").await?;
+    let (b, mut raws) = (redlock_client().await?, redlock_raw_conns().await?);
     let options = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(10));
-    let held = a
-        .lock_with(&lock, &options)
-        .await
-        .map_err(fail("A's acquire"))?;
     let first = redlock_urls()?
         .into_iter()
         .next()
@@ -325,15 +313,12 @@ pub(super) async fn redlock_failed_vote_undoes_its_own_earlier_grant() -> Outcom
 /// calls at least, and no key left there. Undone only where the vote was granted, it kept B's
 /// key.
 pub(super) async fn redlock_unanswered_vote_is_undone_there() -> Outcome {
-    let (a, b) = (redlock_client().await?, redlock_client().await?);
-    let mut raws = redlock_raw_conns().await?;
-    let urls = redlock_urls()?;
-    let lock = unique_name("redlock-unanswered")?;
-    let key = RedisKeys::new("faults", &lock).lock;
-    let held = a
-        .lock_with(&lock, &LockOptions::new().ttl(Duration::from_secs(30)))
-        .await
-        .map_err(fail("A's acquire"))?;
+    let (lock, RedisKeys { lock: key, .. }, held) = redlock_held("redlock-unanswered").await?;
+    let (b, mut raws, urls) = (
+        redlock_client().await?,
+        redlock_raw_conns().await?,
+        redlock_urls()?,
+    );
     // Loads the scripts on every server (a first call is two: NOSCRIPT, then the source).
     cycle(&b, &unique_name("redlock-unanswered-warm")?, 1).await?;
     for raw in &mut raws[2..] {

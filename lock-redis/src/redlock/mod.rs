@@ -33,8 +33,9 @@ use wakeups::Wakeups;
 /// - Requests go to every server in parallel, each bounded by a per-server time-out; the lock
 ///   is valid for `ttl - elapsed - drift` with `drift = ttl * 0.01 + 2 ms`, and the lease's
 ///   local deadline is computed the same way.
-/// - A failed attempt releases where it was granted and where no answer came (a timed-out
-///   server may have granted), not where it was refused, then
+/// - A failed attempt releases where it was granted, where no answer came (a timed-out
+///   server may have granted) and where its own token is held already (an earlier grant whose
+///   answer was lost), not where another's hold refused it, then
 ///   retries after a random delay: `lock_core::backend::poll_until_acquired`'s jittered back-off,
 ///   bounded by the holder's TTL and the wait budget.
 /// - Renewal must reach a majority within the validity.
@@ -146,12 +147,12 @@ const PLACE_KEPT: Duration = Duration::from_secs(1);
 /// its client where they are confirmed). A vote's place lasts [`PLACE`], so the first call after a
 /// vote comes [`PLACE_MARGIN`] before it ends, at the latest (a call that comes after a place
 /// lapsed revives it, or, if a vote swept it out meanwhile, votes and rejoins under its ticket).
-/// Calling within [`PLACE_KEPT`] of a vote instead cost more
-/// than it saved: with 1,000 separate clients, 536 to 964 server commands per acquisition against
-/// 377 to 581 without it (six alternating runs each). When the call finds the lock free during a
-/// turn, the waiter calls again (`KEEP` again, not a vote) 1 to 10 ms after that turn ends, which
-/// votes if the lock is still free and the turn's waiter's place ran out (paused, as at the head of
-/// fault case `redlock_waiter_behind_paused_ones_takes_a_lock_left_free`; fault case
+/// Calling within [`PLACE_KEPT`] of a vote instead cost more than it saved: with 1,000 separate
+/// clients, 536 to 964 server commands per acquisition against 377 to 581 without it (six
+/// alternating runs each). When the call finds the lock free during a turn, the waiter calls again
+/// (`KEEP` again, not a vote) 1 to 10 ms after that turn ends, which votes if the lock is still
+/// free and the turn's waiter's place ran out (paused, as at the head of fault case
+/// `redlock_waiter_behind_paused_ones_takes_a_lock_left_free`; fault case
 /// `redlock_waiter_deep_in_line_follows_a_turn_it_found`). With a vote there and the first call
 /// within [`PLACE_KEPT`] of a vote, the same benchmark ran 671 to 812 commands per acquisition
 /// (four runs); these runs do not tell the two rules' costs apart. The waiters nearer the head go
@@ -171,17 +172,16 @@ const FAR_BACK: u64 = 8;
 /// first one's turn); with fewer waiters in line than [`FAR_BACK`] nobody waits this long.
 const PLACE_KEPT_FAR: Duration = Duration::from_secs(3);
 
-/// How long before a vote's [`PLACE`] ends a waiter at [`FAR_BACK`] or further back keeps it
-/// with its first [`scripts::KEEP`], at least, for the sleep's and the call's own time: that
-/// call is sent 1.95 to 2.7 s after the vote was ([`PLACE`] less this, less up to a quarter of
-/// [`PLACE_KEPT_FAR`], as spread as the other calls; counted from the vote's sending, so the
-/// time its answers and a release round after it took comes out of it), not 2.25 to 3 s as
-/// the later ones. A
-/// call that came after the place ended found it gone if a vote swept the line meanwhile; the
-/// waiter then rejoined under its ticket, and one that had moved up to the head without
-/// knowing lost that turn. 1,000 separate clients holding 1 ms ran 357 to 727 server commands
-/// per acquisition with this (eight runs with a count), 385 to 754 before (sixteen runs
-/// alternating with them and with a 2.25 to 2.7 s window; unit test
+/// How long before a vote's [`PLACE`] ends a waiter at [`FAR_BACK`] or further back keeps it with
+/// its first [`scripts::KEEP`], at least, for the sleep's and the call's own time: that call is
+/// sent 1.95 to 2.7 s after the vote was ([`PLACE`] less this, less up to a quarter of
+/// [`PLACE_KEPT_FAR`], as spread as the other calls; counted from the vote's sending, so the time
+/// its answers and a release round after it took comes out of it), not 2.25 to 3 s as the later
+/// ones. A call that came after the place ended found it gone if a vote swept the line meanwhile;
+/// the waiter then rejoined under its ticket, and one that had moved up to the head without knowing
+/// lost that turn. 1,000 separate clients holding 1 ms ran 357 to 727 server commands per
+/// acquisition with this (eight runs with a count), 385 to 754 before (sixteen runs alternating
+/// with them and with a 2.25 to 2.7 s window; unit test
 /// `far_back_keeps_a_voted_place_before_it_ends`).
 const PLACE_MARGIN: Duration = Duration::from_millis(300);
 
@@ -258,18 +258,17 @@ impl Wait {
         };
     }
 
-    /// How long to wait before the next call (a vote, or `KEEP`). A queued waiter polls at
-    /// `base` when first or
-    /// second in line, and `rank` times slower further back (up to [`QUEUED_POLL_MAX`]), so
-    /// the one whose turn comes next notices the release soon while a long queue costs the
-    /// servers little; with jitter, so waiters do not vote in step. With `push` (releases
-    /// tell this waiter), a queued waiter polls only to keep its place: the first two right
-    /// after the holder's time or the first waiter's turn runs out, else every 0.75 to 1 times
-    /// [`QUEUED_POLL_MAX`]; those further back every 0.75 to 1 times [`PLACE_KEPT`], and from
+    /// How long to wait before the next call (a vote, or `KEEP`). A queued waiter polls at `base`
+    /// when first or second in line, and `rank` times slower further back (up to
+    /// [`QUEUED_POLL_MAX`]), so the one whose turn comes next notices the release soon while a long
+    /// queue costs the servers little; with jitter, so waiters do not vote in step. With `push`
+    /// (releases tell this waiter), a queued waiter polls only to keep its place: the first two
+    /// right after the holder's time or the first waiter's turn runs out, else every 0.75 to 1
+    /// times [`QUEUED_POLL_MAX`]; those further back every 0.75 to 1 times [`PLACE_KEPT`], and from
     /// [`FAR_BACK`] on every 0.75 to 1 times [`PLACE_KEPT_FAR`], the first time after a vote
-    /// [`PLACE_MARGIN`] or more before that vote's place ends (a release that names one of
-    /// them wakes it). A waiter that did not queue (no server took its place) backs off by `step`,
-    /// up to the holder's expiry.
+    /// [`PLACE_MARGIN`] or more before that vote's place ends (a release that names one of them
+    /// wakes it). A waiter that did not queue (no server took its place) backs off by `step`, up to
+    /// the holder's expiry.
     fn delay(&self, step: Duration, base: Duration, push: bool) -> Duration {
         match self.rank {
             // Further back, only the place needs keeping: a release names the first two, a
@@ -611,15 +610,14 @@ impl RedlockBackend {
         .filter(|v| !v.is_zero())
     }
 
-    /// One round of Redlock: asks every server, keeps the lock if a majority granted it within
-    /// its validity, else undoes the round where it may hold (the servers that granted it or
-    /// did not answer). A refused vote that too few servers
-    /// answered records why (`Wait::unanswered`): a wait whose budget is spent after it answers
-    /// `Unavailable` rather than a `Timeout`, here or in the waiting loop, which votes no more
-    /// once the budget is spent. `listening` says, server
-    /// by server, where the waiter's subscription is confirmed: its client (`queueing.client`)
-    /// is recorded only there (`None`: everywhere). A grant comes with whether every server
-    /// granted (else one that did not may keep a place of this waiter).
+    /// One round of Redlock: asks every server, keeps the lock if a majority granted it within its
+    /// validity, else undoes the round where it may hold (see [`Self::release_on`]). A refused vote
+    /// that too few servers answered records why (`Wait::unanswered`): a wait whose budget is spent
+    /// after it answers `Unavailable` rather than a `Timeout`, here or in the waiting loop, which
+    /// votes no more once the budget is spent. `listening` says, server by server, where the
+    /// waiter's subscription is confirmed: its client (`queueing.client`) is recorded only there
+    /// (`None`: everywhere). A grant comes with whether every server granted (else one that did not
+    /// may keep a place of this waiter).
     async fn vote(
         &self,
         request: &AcquireRequest,

@@ -470,13 +470,13 @@ impl RedlockBackend {
         self.release_on(self.inner.nodes.iter(), keys, token).await
     }
 
-    /// Releases `token`'s hold on `nodes`, each within the per-server time-out (none: nothing
-    /// is sent). A vote that is not granted is undone where it may hold the lock: the servers
-    /// that granted it, those that did not answer (they may have granted), and those that
-    /// answered busy with this token (an earlier vote's grant, left when its answer was lost
-    /// and its undo failed: fault case `redlock_failed_vote_undoes_its_own_earlier_grant`);
-    /// not one busy with another's key, where a release does nothing (fault case
-    /// `redlock_minority_grant_is_undone_only_where_granted`).
+    /// Releases `token`'s hold on `nodes`, each within the per-server time-out (none: nothing is
+    /// sent). A vote that is not granted is undone where it may hold the lock: the servers that
+    /// granted it, those that did not answer (they may have granted: fault case
+    /// `redlock_unanswered_vote_is_undone_there`), and those that answered busy with this token (an
+    /// earlier vote's grant, left when its answer was lost and its undo failed: fault case
+    /// `redlock_failed_vote_undoes_its_own_earlier_grant`); not one busy with another's key, where
+    /// a release does nothing (fault case `redlock_minority_grant_is_undone_only_where_granted`).
     async fn release_on<'a>(
         &self,
         nodes: impl Iterator<Item = &'a Conn>,

@@ -1,6 +1,6 @@
 //! Grants the backend cannot stand behind are undone, never returned nor left behind: a
 //! `WAIT` for replicas that fails, a grant whose reply comes after its local deadline, a
-//! Redlock vote that a minority granted (undone there, and only there), and where an earlier
+//! Redlock vote that a minority granted (undone where it may hold), and where an earlier
 //! vote's grant was left behind.
 
 use std::time::{Duration, Instant};
@@ -306,14 +306,20 @@ pub(super) async fn redlock_failed_vote_undoes_its_own_earlier_grant() -> Outcom
 }
 
 /// A Redlock vote that a server did not answer in time may still have been granted there (its
-/// script ran late): a failed vote is undone there too. A holds the lock; its key is deleted
-/// on the last three servers and the third holds back writes for 300 ms (`CLIENT PAUSE`), so
-/// B's try is granted on the last two, busy on the first two, unanswered on the third, and
-/// fails. Once the pause ends, the third runs B's vote (a grant) and then its undo: two script
-/// calls at least, and no key left there. Undone only where the vote was granted, it kept B's
-/// key.
+/// script ran late): a failed vote is undone there too. A holds the lock; its key is deleted on the
+/// last three servers and the third holds back writes for 300 ms (`CLIENT PAUSE`), so B's try is
+/// granted on the last two, busy on the first two, unanswered on the third, and fails. Once the
+/// pause ends, the third runs B's vote (a grant: its fence counter moves on) and then its undo: two
+/// script calls at least, and no key left there. Undone only where the vote was granted, it kept
+/// B's key.
 pub(super) async fn redlock_unanswered_vote_is_undone_there() -> Outcome {
-    let (lock, RedisKeys { lock: key, .. }, held) = redlock_held("redlock-unanswered").await?;
+    let (
+        lock,
+        RedisKeys {
+            lock: key, fence, ..
+        },
+        held,
+    ) = redlock_held("redlock-unanswered").await?;
     let (b, mut raws, urls) = (
         redlock_client().await?,
         redlock_raw_conns().await?,
@@ -325,6 +331,8 @@ pub(super) async fn redlock_unanswered_vote_is_undone_there() -> Outcome {
         let _: () = raw.del(&key).await.map_err(fail("DEL"))?;
     }
     let before = script_calls(&mut raws).await?;
+    // A's fence there: only a grant of B's vote changes it (its undo leaves it).
+    let fence_before: Option<u64> = raws[2].get(&fence).await.map_err(fail("GET fence"))?;
     pause_writes(&urls[2], 300).await?;
     let tried = b.try_lock(&lock).await;
     unpause(&urls[2]).await?;
@@ -334,15 +342,22 @@ pub(super) async fn redlock_unanswered_vote_is_undone_there() -> Outcome {
     );
     // Both calls run once the pause ends; other clients' calls could only add to the count.
     let by = Instant::now() + Duration::from_secs(2);
-    let (calls, left) = loop {
+    let (calls, granted, left) = loop {
         let calls = script_calls(&mut raws[2..3]).await?[0].saturating_sub(before[2]);
+        let now: Option<u64> = raws[2].get(&fence).await.map_err(fail("GET fence"))?;
         let left: bool = raws[2].exists(&key).await.map_err(fail("EXISTS"))?;
-        if (calls >= 2 && !left) || Instant::now() >= by {
-            break (calls, left);
+        let granted = now != fence_before;
+        if (calls >= 2 && granted && !left) || Instant::now() >= by {
+            break (calls, granted, left);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     held.release().await.map_err(fail("A's release"))?;
+    ensure!(
+        granted,
+        "the server that did not answer never granted B's vote (its fence is still A's): \
+         nothing to undo"
+    );
     ensure!(
         calls >= 2 && !left,
         "the server that did not answer ran {calls} script calls of B's try (the vote, and its \

@@ -149,6 +149,19 @@ pub fn stat_line(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// The sum of the integers on the lines of `text` whose key (before `:` or a tab) starts with
+/// `prefix` and ends with `suffix`: ZooKeeper's `mntr` counts reads per namespace (the first
+/// part of a path), one line each (`zk_cnt_<namespace>_read_per_namespace`). Lines whose value
+/// is not an integer are left out.
+pub fn stat_sum(text: &str, prefix: &str, suffix: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| line.split_once('\t').or_else(|| line.split_once(':')))
+        .filter(|(key, _)| key.len() >= prefix.len() + suffix.len())
+        .filter(|(key, _)| key.starts_with(prefix) && key.ends_with(suffix))
+        .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,5 +206,20 @@ mod tests {
         let mntr = "zk_packets_received\t26\nzk_num_alive_connections\t1\n";
         assert_eq!(stat_line(mntr, "zk_packets_received"), Some(26));
         assert_eq!(stat_line(mntr, "zk_num_alive"), None);
+    }
+
+    #[test]
+    fn stat_sums_add_the_lines_of_one_family() {
+        let mntr = "zk_cnt_locks_read_per_namespace\t2169\n\
+                    zk_cnt_bench_read_per_namespace\t31\n\
+                    zk_sum_locks_read_per_namespace\t99999\n\
+                    zk_cnt_locks_write_per_namespace\t57211\n\
+                    zk_avg_locks_read_per_namespace\t1.5\n\
+                    zk_cnt__read_per_namespace\t7\n";
+        let reads = stat_sum(mntr, "zk_cnt_", "_read_per_namespace");
+        assert_eq!(reads, 2169 + 31 + 7);
+        assert_eq!(stat_sum(mntr, "zk_cnt_", "_delete_per_namespace"), 0);
+        // The prefix and the suffix may not overlap.
+        assert_eq!(stat_sum("ab\t5\n", "ab", "b"), 0);
     }
 }

@@ -27,7 +27,7 @@ pub use clients::{
     separate_clients,
 };
 pub use contender::{Contender, Turn, TurnError, peer_turn};
-pub use counters::{ServerCounters, counted, stat_line};
+pub use counters::{ServerCounters, counted, stat_line, stat_sum};
 pub use renewal::{
     RENEWAL_LOCKS, RENEWAL_PERIODS, Renewal, peer_renewal_report, renewal, renewal_report,
     sent_between, sent_segments,

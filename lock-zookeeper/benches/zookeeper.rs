@@ -200,7 +200,7 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         FLEET_TIME,
         &Counters {
             hosts: support::hosts(var)?,
-            pings: false,
+            count: Count::Requests,
         },
     )
     .await?;
@@ -217,7 +217,7 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         &backend,
         &Counters {
             hosts: support::hosts(var)?,
-            pings: true,
+            count: Count::Packets,
         },
         bench::RENEWAL_LOCKS,
         support::instances(var),
@@ -274,18 +274,33 @@ async fn one_client(
     Ok(())
 }
 
+/// What [`Counters`] counts as one operation.
+#[derive(Clone, Copy)]
+enum Count {
+    /// Every packet received: requests, and each session's pings. The renewal report's count:
+    /// a ZooKeeper session keeps its locks by those pings; and the requests alone would get a
+    /// renewal batch wrong (its `sync` is not counted, its `multiRead` counts once per node).
+    Packets,
+    /// The requests that change or read the tree: the writes each server took from its own
+    /// sessions (`zk_cnt_updatelatency`: every request with a transaction, a create or delete
+    /// that failed too, sessions' creation and close) and the reads it served of a node that
+    /// exists under a path (`zk_cnt_<first path part>_read_per_namespace`: `getData`,
+    /// `exists`, `getChildren`). Not counted: pings, `sync`, the watch calls (`setWatches`,
+    /// `checkWatches`, `removeWatches`) and reads answered "no node" (ZooKeeper 3.8's
+    /// `FinalRequestProcessor`, `ServerStats`, `DataTree.updateReadStat`; the per-namespace
+    /// lines exist from 3.6 on, and on a server only once it served such a read: before, the
+    /// count is the writes alone). The fleets' count of operations per hand-off: an idle session
+    /// pings every few seconds whatever the lock does, so with 1,000 waiting clients the pings,
+    /// not the lock, grew the count per hand-off (see the CHANGELOG); a steady hand-off's
+    /// create, lists, watches set on existing nodes and delete are all counted.
+    Requests,
+}
+
 /// The servers' own counts, from the `mntr` command, summed over the servers of `hosts`: live
-/// connections, and operations, counted one of two ways (`pings`):
-/// - with pings, every packet received: requests and each session's pings (the renewal
-///   report's count: a ZooKeeper session keeps its locks by those pings);
-/// - without, the requests alone: the writes each server took from its own sessions
-///   (`zk_cnt_updatelatency`) and the reads it served under a path (`zk_cnt_<first path
-///   part>_read_per_namespace`, which a ping has not). The fleets' count of operations per
-///   hand-off: an idle session pings every few seconds whatever the lock does, so with 1,000
-///   waiting clients the pings, not the lock, grew the count per hand-off (see the CHANGELOG).
+/// connections, and operations counted as `count` says.
 struct Counters {
     hosts: String,
-    pings: bool,
+    count: Count,
 }
 
 impl Counters {
@@ -312,7 +327,7 @@ impl Counters {
         Ok(sum)
     }
 
-    /// The requests the servers served (see [`Counters`]), pings not counted.
+    /// The requests the servers served (see [`Count::Requests`]).
     async fn requests(&self) -> Result<u64, String> {
         let mut sum = 0;
         for (host, answer) in self.mntr().await? {
@@ -326,18 +341,16 @@ impl Counters {
 
 impl bench::ServerCounters for Counters {
     fn operations_are(&self) -> &'static str {
-        if self.pings {
-            "packets (requests and pings)"
-        } else {
-            "requests (pings not counted)"
+        match self.count {
+            Count::Packets => "packets (requests and pings)",
+            Count::Requests => "requests (writes and reads of existing nodes)",
         }
     }
 
     async fn operations(&self) -> Result<u64, String> {
-        if self.pings {
-            self.sum("zk_packets_received").await
-        } else {
-            self.requests().await
+        match self.count {
+            Count::Packets => self.sum("zk_packets_received").await,
+            Count::Requests => self.requests().await,
         }
     }
 

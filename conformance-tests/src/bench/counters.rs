@@ -215,9 +215,14 @@ mod tests {
                     zk_sum_locks_read_per_namespace\t99999\n\
                     zk_cnt_locks_write_per_namespace\t57211\n\
                     zk_avg_locks_read_per_namespace\t1.5\n\
-                    zk_cnt__read_per_namespace\t7\n";
+                    zk_cnt__read_per_namespace\t7\n\
+                    zk_cnt_odd_read_per_namespace\t12.5\n";
         let reads = stat_sum(mntr, "zk_cnt_", "_read_per_namespace");
-        assert_eq!(reads, 2169 + 31 + 7);
+        assert_eq!(
+            reads,
+            2169 + 31 + 7,
+            "a value that is not an integer is left out"
+        );
         assert_eq!(stat_sum(mntr, "zk_cnt_", "_delete_per_namespace"), 0);
         // The prefix and the suffix may not overlap.
         assert_eq!(stat_sum("ab\t5\n", "ab", "b"), 0);

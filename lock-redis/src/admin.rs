@@ -58,8 +58,8 @@ fn name_of(key_prefix: &str, key: &str) -> Option<LockName> {
 
 /// The lock names `SCAN` finds on one server.
 ///
-/// Every `SCAN` call is bounded by `each` when given (Redlock's per-server time-out: a whole
-/// scan of a large keyspace takes longer than one request may).
+/// Every `SCAN` call is bounded by `each` when given (Redlock's patience for one server's
+/// answer: a whole scan of a large keyspace takes longer than one request may).
 async fn scan<C: ConnectionLike + Send>(
     conn: &mut C,
     key_prefix: &str,
@@ -228,8 +228,8 @@ fn changing_hands(name: &LockName) -> LockError {
 impl LockAdmin for RedlockBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>, LockError> {
         let key_prefix = self.key_prefix().to_owned();
-        // Each `SCAN` call within the per-server time-out, not the whole scan.
-        let each = Some(self.node_timeout());
+        // Each `SCAN` call within the client's patience for one answer, not the whole scan.
+        let each = Some(self.patience());
         let found = self
             .everywhere_batched(|mut conn: Conn| {
                 let key_prefix = key_prefix.clone();

@@ -281,12 +281,13 @@ pub struct RedlockConfig {
     pub urls: Vec<String>,
     /// Prefix of every key (no `{`, `}` or control characters).
     pub key_prefix: String,
-    /// Time-out of one request to one server; a slow server counts as a failed vote. 50 ms by
-    /// default: a vote waits this long for a server that does not answer, on every vote while
-    /// it does not. On a client host so busy that answers reach its threads late (1,000
-    /// separate clients on 2 cores), waits ended `Unavailable` far more often at 50 ms than at
-    /// 200 ms (3,304 failed turns in 60 runs against 26 in 60), though 200 ms did not prevent
-    /// slow runs (see the crate's README, "Redlock on an overloaded host").
+    /// Time-out of one request to one server while a majority of the servers answers within
+    /// half of it; 50 ms by default. A vote waits this long for a server that does not answer,
+    /// on every vote while it does not, and a server that answers later counts as a failed
+    /// vote. While a majority answers later than that, the client waits longer, up to
+    /// [`longest_wait`](Self::longest_wait) (four times this): a majority of slow servers is
+    /// waited for rather than counted as failed on every vote (see the crate's README,
+    /// "Patience").
     #[serde(with = "humantime_serde")]
     pub node_timeout: Duration,
 }
@@ -324,6 +325,21 @@ impl RedlockConfig {
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
+    }
+
+    /// The longest a client waits for one server's answer: four times
+    /// [`node_timeout`](Self::node_timeout). It waits longer than the time-out only while a
+    /// majority of its servers answers late (see the crate's README, "Patience").
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_redis::RedlockConfig;
+    ///
+    /// let config = RedlockConfig::new(["redis://a:6379", "redis://b:6379", "redis://c:6379"]);
+    /// assert_eq!(config.longest_wait(), Duration::from_millis(200));
+    /// ```
+    pub fn longest_wait(&self) -> Duration {
+        self.node_timeout.saturating_mul(4)
     }
 
     /// Parses the URL form `redlock://[user:password@]host:port,host:port,...[/db]` with the

@@ -123,10 +123,17 @@ impl Conn {
     }
 
     /// A connection to one server that connects on first use (a Redlock node may be down
-    /// when the backend starts).
-    pub(crate) fn lazy_single(url: &str, timeout: Duration) -> Result<Self, LockError> {
+    /// when the backend starts); each request bounded by `answer` (Redlock bounds its requests
+    /// itself, shorter: this only keeps a request that is never answered from waiting forever).
+    pub(crate) fn lazy_single(
+        url: &str,
+        timeout: Duration,
+        answer: Duration,
+    ) -> Result<Self, LockError> {
         let client = client(url, &TlsRoots::default())?;
-        let config = reconnecting(timeout).set_number_of_retries(1);
+        let config = reconnecting(timeout)
+            .set_response_timeout(Some(answer))
+            .set_number_of_retries(1);
         let manager = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| Error::new(format!("connecting to {}", redact_url(url)), e))?;
         Ok(Self::Single(manager))

@@ -23,16 +23,20 @@ use crate::{
     scripts::Mark,
 };
 
+mod patience;
 mod wakeups;
 
+use patience::{Answered, Patience};
 use wakeups::Wakeups;
 
 /// Redlock: a lock is held when a majority (N/2 + 1) of N independent servers granted it
 /// within its validity.
 ///
-/// - Requests go to every server in parallel, each bounded by a per-server time-out; the lock
-///   is valid for `ttl - elapsed - drift` with `drift = ttl * 0.01 + 2 ms`, and the lease's
-///   local deadline is computed the same way.
+/// - Requests go to every server in parallel, each bounded by the client's patience (the
+///   per-server time-out while a majority answers within half of it, up to four times it
+///   while a majority answers later: `redlock/patience.rs`); the lock is valid for
+///   `ttl - elapsed - drift` with `drift = ttl * 0.01 + 2 ms`, and the lease's local deadline
+///   is computed the same way.
 /// - A failed attempt releases where it was granted, where no answer came (a timed-out
 ///   server may have granted) and where its own token is held already (an earlier grant whose
 ///   answer was lost), not where another's hold refused it, then
@@ -106,10 +110,35 @@ struct Inner {
     config: RedlockConfig,
     /// Release messages from every server (see [`wakeups`]).
     wakeups: Wakeups,
+    /// How long each server's answer is waited for (see [`Patience`]).
+    patience: Patience,
 }
 
 /// The answer of one server to one request.
 type Vote<T> = Result<T, LockError>;
+
+/// `call`'s answer if it comes within `each` (else a time-out error for `what`), and what it
+/// teaches the client's [`Patience`].
+async fn bounded<T>(
+    each: Duration,
+    what: &'static str,
+    call: impl Future<Output = Vote<T>>,
+) -> (Vote<T>, Answered) {
+    let sent = Instant::now();
+    match tokio::time::timeout(each, call).await {
+        Ok(vote @ (Ok(_) | Err(LockError::Foreign { .. }))) => (vote, Answered::In(sent.elapsed())),
+        Ok(vote) => (vote, Answered::Failed),
+        Err(_) => (Err(timed_out(what)), Answered::Late),
+    }
+}
+
+/// How long [`RedlockBackend::on`] waits for each server, and whether the answers teach the
+/// client's [`Patience`] (when every server was asked).
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    each: Duration,
+    learn: bool,
+}
 
 /// How long the first waiter's turn lasts once the lock is free: a waiter that is paused holds
 /// the line up for at most this long (one that died is taken out of the line before its
@@ -364,10 +393,12 @@ impl RedlockBackend {
     pub async fn connect(config: RedlockConfig) -> Result<Self, LockError> {
         config.validate()?;
         let connecting = config.node_timeout.max(Duration::from_millis(200));
+        // At least twice the longest patience: the client's own bound comes first.
+        let answer = connecting.max(config.longest_wait().saturating_mul(2));
         let nodes = config
             .urls
             .iter()
-            .map(|url| Conn::lazy_single(url, connecting))
+            .map(|url| Conn::lazy_single(url, connecting, answer))
             .collect::<Result<Vec<_>, _>>()?;
         // A server that does not answer in time is left to connect on first use.
         join_all(nodes.iter().map(|node| {
@@ -382,6 +413,7 @@ impl RedlockBackend {
         Ok(Self {
             inner: Arc::new(Inner {
                 nodes,
+                patience: Patience::new(config.node_timeout, config.longest_wait()),
                 config,
                 wakeups,
             }),
@@ -405,9 +437,17 @@ impl RedlockBackend {
         Keys::new(&self.inner.config.key_prefix, name)
     }
 
-    /// The per-server time-out.
-    pub(crate) fn node_timeout(&self) -> Duration {
-        self.inner.config.node_timeout
+    /// How long each server's answer is waited for now (see [`Patience`]).
+    pub(crate) fn patience(&self) -> Duration {
+        self.inner.patience.get()
+    }
+
+    /// The client's current patience, learning from the answers.
+    fn learning(&self) -> Bound {
+        Bound {
+            each: self.patience(),
+            learn: true,
+        }
     }
 
     /// The key prefix.
@@ -419,17 +459,19 @@ impl RedlockBackend {
         self.inner.config.quorum()
     }
 
-    /// Runs `op` on every server in parallel, each within the per-server time-out.
+    /// Runs `op` on every server in parallel, each within the client's [`Patience`], which
+    /// learns from the answers.
     pub(crate) async fn everywhere<T, F, Fut>(&self, what: &'static str, op: F) -> Vec<Vote<T>>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, LockError>>,
     {
-        self.on(self.inner.nodes.iter(), what, op).await
+        self.on(self.inner.nodes.iter(), what, op, self.learning())
+            .await
     }
 
     /// Like [`Self::everywhere`], for a batch: `op` sends several requests to a server, one
-    /// after the other, and bounds each by the per-server time-out itself (a batch of
+    /// after the other, and bounds each by the client's patience itself (a batch of
     /// thousands takes longer than one request, and as long as this process is slow).
     pub(crate) async fn everywhere_batched<T, F, Fut>(&self, op: F) -> Vec<Vote<T>>
     where
@@ -439,27 +481,32 @@ impl RedlockBackend {
         join_all(self.inner.nodes.iter().map(|conn| op(conn.clone()))).await
     }
 
-    /// Runs `op` on `nodes` in parallel, each within the per-server time-out.
+    /// Runs `op` on `nodes` in parallel, each within `bound`.
     async fn on<'a, T, F, Fut>(
         &self,
         nodes: impl Iterator<Item = &'a Conn>,
         what: &'static str,
         op: F,
+        bound: Bound,
     ) -> Vec<Vote<T>>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, LockError>>,
     {
-        let timeout = self.inner.config.node_timeout;
-        join_all(nodes.map(|conn| {
-            let call = op(conn.clone());
-            async move {
-                tokio::time::timeout(timeout, call)
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out(what)))
-            }
-        }))
-        .await
+        let answers = join_all(nodes.map(|conn| bounded(bound.each, what, op(conn.clone())))).await;
+        if bound.learn {
+            self.learn(bound.each, &answers);
+        }
+        answers.into_iter().map(|(vote, _)| vote).collect()
+    }
+
+    /// Teaches the client's [`Patience`] the answers of one request that waited `each` for
+    /// each server, when every server was asked.
+    fn learn<T>(&self, each: Duration, answers: &[(Vote<T>, Answered)]) {
+        if answers.len() == self.inner.nodes.len() {
+            let answered: Vec<Answered> = answers.iter().map(|(_, answered)| *answered).collect();
+            self.inner.patience.observe(each, &answered, self.quorum());
+        }
     }
 
     pub(crate) async fn release_everywhere(
@@ -467,10 +514,11 @@ impl RedlockBackend {
         keys: &Keys,
         token: &LeaseToken,
     ) -> Vec<Vote<bool>> {
-        self.release_on(self.inner.nodes.iter(), keys, token).await
+        self.release_on(self.inner.nodes.iter(), keys, token, self.learning())
+            .await
     }
 
-    /// Releases `token`'s hold on `nodes`, each within the per-server time-out (none: nothing is
+    /// Releases `token`'s hold on `nodes`, each within `bound` (none: nothing is
     /// sent). A vote that is not granted is undone where it may hold the lock: the servers that
     /// granted it, those that did not answer (they may have granted: fault case
     /// `redlock_unanswered_vote_is_undone_there`), and those that answered busy with this token (an
@@ -482,11 +530,18 @@ impl RedlockBackend {
         nodes: impl Iterator<Item = &'a Conn>,
         keys: &Keys,
         token: &LeaseToken,
+        bound: Bound,
     ) -> Vec<Vote<bool>> {
-        self.on(nodes, "release", |mut conn| async move {
-            // Each server tells the clients of the first two waiters it names (see `wakeups`).
-            ops::release(&mut conn, keys, token, Tell::Publish, Next::TurnIfListening).await
-        })
+        self.on(
+            nodes,
+            "release",
+            |mut conn| async move {
+                // Each server tells the clients of the first two waiters it names (see
+                // `wakeups`).
+                ops::release(&mut conn, keys, token, Tell::Publish, Next::TurnIfListening).await
+            },
+            bound,
+        )
         .await
     }
 
@@ -610,6 +665,42 @@ impl RedlockBackend {
         .filter(|v| !v.is_zero())
     }
 
+    /// Sends one vote to every server, each within the client's patience (no longer than the
+    /// wait budget left, unless that is shorter than the time-out), and learns from the answers:
+    /// the answers, server by server, and the patience they had. `listening` as in
+    /// [`Self::vote`].
+    async fn ballots(
+        &self,
+        request: &AcquireRequest,
+        keys: &Keys,
+        token: &LeaseToken,
+        (queueing, listening): (Queueing, Option<&[bool]>),
+    ) -> (Vec<Vote<Try>>, Duration) {
+        let (name, ttl) = (request.name(), request.ttl());
+        let queueing = Queueing {
+            fence_floor: fence_floor(),
+            ..queueing
+        };
+        let left = request.deadline().saturating_duration_since(Instant::now());
+        let patience = self.patience().min(left.max(self.inner.patience.floor()));
+        let answers = join_all(self.inner.nodes.iter().enumerate().map(|(i, conn)| {
+            let listens = listening.is_none_or(|l| l.get(i).copied().unwrap_or(false));
+            let queueing = Queueing {
+                client: if listens { queueing.client } else { 0 },
+                ..queueing
+            };
+            let mut conn = conn.clone();
+            async move {
+                let call = ops::try_acquire(&mut conn, name, keys, token, ttl, queueing);
+                bounded(patience, "acquire", call).await
+            }
+        }))
+        .await;
+        self.learn(patience, &answers);
+        let votes = answers.into_iter().map(|(vote, _)| vote).collect();
+        (votes, patience)
+    }
+
     /// One round of Redlock: asks every server, keeps the lock if a majority granted it within its
     /// validity, else undoes the round where it may hold (see [`Self::release_on`]). A refused vote
     /// that too few servers answered records why (`Wait::unanswered`): a wait whose budget is spent
@@ -626,27 +717,10 @@ impl RedlockBackend {
         (queueing, listening): (Queueing, Option<&[bool]>),
     ) -> Result<Result<(Grant, bool), Wait>, LockError> {
         let (name, ttl) = (request.name(), request.ttl());
-        let queueing = Queueing {
-            fence_floor: fence_floor(),
-            ..queueing
-        };
         let start = Instant::now();
-        let timeout = self.inner.config.node_timeout;
-        let votes = join_all(self.inner.nodes.iter().enumerate().map(|(i, conn)| {
-            let listens = listening.is_none_or(|l| l.get(i).copied().unwrap_or(false));
-            let queueing = Queueing {
-                client: if listens { queueing.client } else { 0 },
-                ..queueing
-            };
-            let mut conn = conn.clone();
-            async move {
-                let call = ops::try_acquire(&mut conn, name, keys, token, ttl, queueing);
-                tokio::time::timeout(timeout, call)
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out("acquire")))
-            }
-        }))
-        .await;
+        let (votes, patience) = self
+            .ballots(request, keys, token, (queueing, listening))
+            .await;
         let mut granted = Vec::new();
         let mut wait = Wait {
             voted: Some(start),
@@ -682,7 +756,7 @@ impl RedlockBackend {
             let server_ms = granted.iter().map(|(_, _, t)| *t).max().unwrap_or_default();
             let granting: Vec<(&Conn, u64)> = granted.iter().map(|(n, f, _)| (*n, *f)).collect();
             let written = self
-                .write_back(&granting, name, keys, fence, &mut foreign)
+                .write_back(&granting, (name, keys), fence, patience, &mut foreign)
                 .await;
             // Checked again after the write-back: a grant past its local deadline is no grant.
             if foreign.is_none() && written >= self.quorum() && Self::validity(ttl, start).is_some()
@@ -698,7 +772,13 @@ impl RedlockBackend {
         // Undone where this vote may hold the lock (see `release_on`).
         ours.extend(no_answer);
         ours.extend(granted.iter().map(|(node, _, _)| *node));
-        self.release_on(ours.into_iter(), keys, token).await;
+        // Within the time-out, as before patience: a server that has not answered the undo
+        // still runs it (it was sent), and nobody waits for its answer.
+        let undo = Bound {
+            each: self.inner.patience.floor(),
+            learn: false,
+        };
+        self.release_on(ours.into_iter(), keys, token, undo).await;
         if let Some(error) = foreign {
             return Err(error);
         }
@@ -729,9 +809,9 @@ impl RedlockBackend {
     async fn write_back(
         &self,
         granting: &[(&Conn, u64)],
-        name: &LockName,
-        keys: &Keys,
+        (name, keys): (&LockName, &Keys),
         fence: u64,
+        each: Duration,
         foreign: &mut Option<LockError>,
     ) -> usize {
         if granting.iter().all(|(_, issued)| *issued == fence) {
@@ -742,6 +822,7 @@ impl RedlockBackend {
                 granting.iter().map(|(node, _)| *node),
                 "raise the fence",
                 |mut conn| async move { ops::raise_fence(&mut conn, name, keys, fence).await },
+                Bound { each, learn: false },
             )
             .await;
         let mut written = 0;
@@ -865,7 +946,7 @@ impl LockBackend for RedlockBackend {
         let start = Instant::now();
         // Built once for the five servers.
         let renewals = &ops::Renewals::new(&batch);
-        let timeout = Some(self.inner.config.node_timeout);
+        let timeout = Some(self.patience());
         let per_node: Vec<Vote<Vec<Value>>> = self
             .everywhere_batched(|mut conn| async move { renewals.send(&mut conn, timeout).await })
             .await;

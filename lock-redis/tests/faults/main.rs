@@ -20,10 +20,15 @@ mod renewals;
 mod replicas;
 mod scripts;
 mod slots;
+mod slow_majority;
 mod turns;
 mod wakeups;
 
-use std::{process::ExitCode, time::Duration};
+use std::{
+    net::{SocketAddr, ToSocketAddrs},
+    process::ExitCode,
+    time::Duration,
+};
 
 use conformance_tests::{
     Failure, Outcome,
@@ -32,7 +37,7 @@ use conformance_tests::{
 use lock_core::{LockClient, LockGuard, LockName, LockOptions};
 use lock_redis::{RedisBackend, RedisConfig, RedisKeys, RedlockBackend, RedlockConfig};
 use redis::{
-    AsyncCommands,
+    AsyncCommands, ConnectionAddr, IntoConnectionInfo,
     aio::{ConnectionLike, MultiplexedConnection},
 };
 
@@ -188,6 +193,24 @@ async fn queue_line<C: ConnectionLike + Send + Sync>(
         .map_err(fail("ZRANGE"))
 }
 
+/// The TCP address of the server at `url`.
+fn tcp_address(url: &str) -> Result<SocketAddr, Failure> {
+    match url
+        .into_connection_info()
+        .map_err(fail("server URL"))?
+        .addr()
+    {
+        ConnectionAddr::Tcp(host, port) => (host.as_str(), *port)
+            .to_socket_addrs()
+            .map_err(fail("server address"))?
+            .next()
+            .ok_or_else(|| Failure(format!("{host} has no address"))),
+        other => Err(Failure(format!(
+            "the relay needs a TCP server, not {other:?}"
+        ))),
+    }
+}
+
 fn main() -> ExitCode {
     if conformance_tests::holder_process::role().as_deref() == Some(fences::SKEWED_ROLE) {
         return fences::skewed_child();
@@ -202,6 +225,7 @@ fn main() -> ExitCode {
     let cases = redlock_order::cases(cases);
     let cases = turns::cases(cases);
     let cases = handover::cases(cases);
+    let cases = slow_majority::cases(cases);
     outages::list_cases(cases)
         .case("unreachable_server_is_unavailable", || {
             Box::pin(outages::unreachable_server_is_unavailable())

@@ -3,7 +3,6 @@
 
 use std::{
     collections::HashMap,
-    net::{SocketAddr, ToSocketAddrs},
     time::{Duration, Instant},
 };
 
@@ -13,9 +12,9 @@ use conformance_tests::{
 };
 use lock_core::{LockError, LockOptions};
 use lock_redis::RedisKeys;
-use redis::{ConnectionAddr, IntoConnectionInfo, aio::MultiplexedConnection};
+use redis::aio::MultiplexedConnection;
 
-use super::{raw_conn, single_client, until_marked};
+use super::{raw_conn, single_client, tcp_address, until_marked};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
@@ -179,24 +178,6 @@ pub(super) async fn half_open_pubsub_keeps_the_wait_budget() -> Outcome {
     }
     drop(relay);
     outcome
-}
-
-/// The TCP address of the server at `url`.
-fn tcp_address(url: &str) -> Result<SocketAddr, Failure> {
-    match url
-        .into_connection_info()
-        .map_err(fail("server URL"))?
-        .addr()
-    {
-        ConnectionAddr::Tcp(host, port) => (host.as_str(), *port)
-            .to_socket_addrs()
-            .map_err(fail("server address"))?
-            .next()
-            .ok_or_else(|| Failure(format!("{host} has no address"))),
-        other => Err(Failure(format!(
-            "the relay needs a TCP server, not {other:?}"
-        ))),
-    }
 }
 
 /// A server that refuses a waiter's `SUBSCRIBE` (an ACL user without channel permissions)

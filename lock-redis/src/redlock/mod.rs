@@ -409,7 +409,9 @@ impl RedlockBackend {
             }
         }))
         .await;
-        let wakeups = Wakeups::new(&config.urls, connecting)?;
+        // Each pub/sub step as long as the longest wait for an answer: a subscription to a
+        // server further away than the time-out is confirmed, as a vote there is waited for.
+        let wakeups = Wakeups::new(&config.urls, connecting.max(config.longest_wait()))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 nodes,

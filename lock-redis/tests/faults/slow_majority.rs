@@ -5,12 +5,14 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{
     Cases, Failure, Outcome, ensure,
-    faults::{Relay, fail, unique_name},
+    faults::{Relay, fail, poll_until, unique_name},
 };
-use lock_core::{LockClient, LockOptions};
-use lock_redis::{RedlockBackend, RedlockConfig};
+use lock_core::{LockClient, LockName, LockOptions};
+use lock_redis::{RedisKeys, RedlockBackend, RedlockConfig};
 
-use super::{fences::cycle, raw_conn, redlock_urls, tcp_address};
+use super::{
+    fences::cycle, raw_conn, redlock_client, redlock_raw_conns, redlock_urls, tcp_address,
+};
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
@@ -34,13 +36,15 @@ async fn redlock_waits_for_a_slow_majority() -> Outcome {
 
 /// As [`redlock_waits_for_a_slow_majority`] with a per-server time-out of 200 ms and servers
 /// about 240 ms away: the connections' own response time-out (which was the longer of the
-/// time-out and 200 ms) does not cut the wait short.
+/// time-out and 200 ms) does not cut the wait short, and a waiter subscribes on the slow
+/// servers too (each pub/sub step was bounded by the same 200 ms: it subscribed on 2 of 5).
 async fn redlock_waits_for_a_slow_majority_past_a_long_time_out() -> Outcome {
     served_by_a_slow_majority(Some(Duration::from_millis(200)), Duration::from_millis(120)).await
 }
 
 /// A client (with `node_timeout` when given) whose links to three of five servers are
-/// `slower` each way acquires and releases twice.
+/// `slower` each way acquires and releases twice, then waits behind another client's hold
+/// (see [`waits_with_push`]).
 async fn served_by_a_slow_majority(node_timeout: Option<Duration>, slower: Duration) -> Outcome {
     let urls = redlock_urls()?;
     let mut relays = Vec::with_capacity(urls.len());
@@ -96,5 +100,58 @@ async fn served_by_a_slow_majority(node_timeout: Option<Duration>, slower: Durat
             .await
             .map_err(|error| Failure(format!("release {round}: {error}")))?;
     }
+    waits_with_push(&client, &lock, &options).await
+}
+
+/// `client` waits for `lock`, held by a client of its own, and subscribes to its release
+/// messages on every server, the slow ones too; it gets the lock once released.
+async fn waits_with_push(client: &LockClient, lock: &LockName, options: &LockOptions) -> Outcome {
+    let held = redlock_client()
+        .await?
+        .lock_with(lock, &LockOptions::new().ttl(Duration::from_secs(10)))
+        .await
+        .map_err(fail("the holder's acquire"))?;
+    let waiting = tokio::spawn({
+        let (client, lock, options) = (client.clone(), lock.clone(), options.clone());
+        async move {
+            client
+                .lock_with(&lock, &options)
+                .await
+                .map(|guard| guard.fence())
+        }
+    });
+    let stem = RedisKeys::new("faults", lock).channel;
+    let mut raws = redlock_raw_conns().await?;
+    let mut listening = 0;
+    let heard = poll_until(
+        Duration::from_secs(3),
+        "the waiter's subscription on every server",
+        async || {
+            listening = 0;
+            for raw in &mut raws {
+                let active: Vec<String> = redis::cmd("PUBSUB")
+                    .arg("CHANNELS")
+                    .arg(format!("{stem}:*"))
+                    .query_async(raw)
+                    .await
+                    .map_err(fail("PUBSUB CHANNELS"))?;
+                listening += usize::from(!active.is_empty());
+            }
+            Ok(listening == raws.len())
+        },
+    )
+    .await;
+    held.release().await.map_err(fail("the holder's release"))?;
+    let got = waiting.await.map_err(fail("the waiter's task"))?;
+    heard.map_err(|Failure(why)| {
+        Failure(format!(
+            "{why}: subscribed on {listening} of {} servers",
+            raws.len()
+        ))
+    })?;
+    ensure!(
+        got.is_ok(),
+        "the waiter did not get the lock once released: {got:?}"
+    );
     Ok(())
 }

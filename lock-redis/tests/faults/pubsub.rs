@@ -109,7 +109,10 @@ async fn pubsub_clients(conn: &mut MultiplexedConnection) -> Result<usize, Failu
 
 /// How many of the locks whose channel stems are `stems` have a waiter subscribed: each waiter
 /// listens on its client's channel under the lock's stem.
-async fn subscribers(conn: &mut MultiplexedConnection, stems: &[String]) -> Result<usize, Failure> {
+pub(super) async fn subscribers(
+    conn: &mut MultiplexedConnection,
+    stems: &[String],
+) -> Result<usize, Failure> {
     let mut subscribed = 0;
     for stem in stems {
         let active: Vec<String> = redis::cmd("PUBSUB")

@@ -495,7 +495,27 @@ impl RedlockBackend {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, LockError>>,
     {
-        let answers = join_all(nodes.map(|conn| bounded(bound.each, what, op(conn.clone())))).await;
+        self.on_each(nodes, what, |_, conn| op(conn), bound).await
+    }
+
+    /// Like [`Self::on`], telling `op` each server's place among `nodes`.
+    async fn on_each<'a, T, F, Fut>(
+        &self,
+        nodes: impl Iterator<Item = &'a Conn>,
+        what: &'static str,
+        op: F,
+        bound: Bound,
+    ) -> Vec<Vote<T>>
+    where
+        F: Fn(usize, Conn) -> Fut,
+        Fut: Future<Output = Result<T, LockError>>,
+    {
+        let answers = join_all(
+            nodes
+                .enumerate()
+                .map(|(i, conn)| bounded(bound.each, what, op(i, conn.clone()))),
+        )
+        .await;
         if bound.learn {
             self.learn(bound.each, &answers);
         }
@@ -685,21 +705,25 @@ impl RedlockBackend {
         };
         let left = request.deadline().saturating_duration_since(Instant::now());
         let patience = self.patience().min(left.max(self.inner.patience.floor()));
-        let answers = join_all(self.inner.nodes.iter().enumerate().map(|(i, conn)| {
-            let listens = listening.is_none_or(|l| l.get(i).copied().unwrap_or(false));
-            let queueing = Queueing {
-                client: if listens { queueing.client } else { 0 },
-                ..queueing
-            };
-            let mut conn = conn.clone();
-            async move {
-                let call = ops::try_acquire(&mut conn, name, keys, token, ttl, queueing);
-                bounded(patience, "acquire", call).await
-            }
-        }))
-        .await;
-        self.learn(patience, &answers);
-        let votes = answers.into_iter().map(|(vote, _)| vote).collect();
+        let learning = Bound {
+            each: patience,
+            learn: true,
+        };
+        let votes = self
+            .on_each(
+                self.inner.nodes.iter(),
+                "acquire",
+                |i, mut conn| {
+                    let listens = listening.is_none_or(|l| l.get(i).copied().unwrap_or(false));
+                    let queueing = Queueing {
+                        client: if listens { queueing.client } else { 0 },
+                        ..queueing
+                    };
+                    async move { ops::try_acquire(&mut conn, name, keys, token, ttl, queueing).await }
+                },
+                learning,
+            )
+            .await;
         (votes, patience)
     }
 

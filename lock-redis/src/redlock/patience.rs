@@ -22,7 +22,8 @@ pub(super) enum Answered {
 /// configured per-server time-out ([`crate::RedlockConfig::node_timeout`]) while a majority
 /// answers well within it, longer while it does not.
 ///
-/// Each request sent to every server teaches it (from the wait that request used):
+/// Each vote, and each other single request sent to every server, teaches it (from the wait
+/// that request used; the undo of a failed vote, a batch of renewals and `list`'s scans do not):
 /// - when a majority answered (a reply, not an error), the wait becomes twice the time that
 ///   majority took (the answer of the slowest server of the fastest majority), but never
 ///   below the time-out;

@@ -468,8 +468,13 @@ impl RedlockBackend {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, LockError>>,
     {
-        self.on(self.inner.nodes.iter(), what, op, self.learning())
-            .await
+        self.on(
+            self.inner.nodes.iter(),
+            what,
+            |_, conn| op(conn),
+            self.learning(),
+        )
+        .await
     }
 
     /// Like [`Self::everywhere`], for a batch: `op` sends several requests to a server, one
@@ -483,23 +488,9 @@ impl RedlockBackend {
         join_all(self.inner.nodes.iter().map(|conn| op(conn.clone()))).await
     }
 
-    /// Runs `op` on `nodes` in parallel, each within `bound`.
+    /// Runs `op` on `nodes` in parallel, each within `bound`; `op` is told each server's place
+    /// among `nodes`.
     async fn on<'a, T, F, Fut>(
-        &self,
-        nodes: impl Iterator<Item = &'a Conn>,
-        what: &'static str,
-        op: F,
-        bound: Bound,
-    ) -> Vec<Vote<T>>
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = Result<T, LockError>>,
-    {
-        self.on_each(nodes, what, |_, conn| op(conn), bound).await
-    }
-
-    /// Like [`Self::on`], telling `op` each server's place among `nodes`.
-    async fn on_each<'a, T, F, Fut>(
         &self,
         nodes: impl Iterator<Item = &'a Conn>,
         what: &'static str,
@@ -557,7 +548,7 @@ impl RedlockBackend {
         self.on(
             nodes,
             "release",
-            |mut conn| async move {
+            |_, mut conn| async move {
                 // Each server tells the clients of the first two waiters it names (see
                 // `wakeups`).
                 ops::release(&mut conn, keys, token, Tell::Publish, Next::TurnIfListening).await
@@ -710,7 +701,7 @@ impl RedlockBackend {
             learn: true,
         };
         let votes = self
-            .on_each(
+            .on(
                 self.inner.nodes.iter(),
                 "acquire",
                 |i, mut conn| {
@@ -847,7 +838,7 @@ impl RedlockBackend {
             .on(
                 granting.iter().map(|(node, _)| *node),
                 "raise the fence",
-                |mut conn| async move { ops::raise_fence(&mut conn, name, keys, fence).await },
+                |_, mut conn| async move { ops::raise_fence(&mut conn, name, keys, fence).await },
                 Bound { each, learn: false },
             )
             .await;

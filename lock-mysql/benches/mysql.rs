@@ -5,7 +5,8 @@
 //! - uncontended acquire + release cycle vs the floor: an autocommitted `INSERT` + `DELETE` of
 //!   one row, the two alternating op by op, on the backend's pool (target for the lease
 //!   strategy: at most 1.3x) and on one connection of its own (targets: the lease at least
-//!   0.85x of its rate, the row lock 0.8x);
+//!   0.85x of its rate, the row lock 0.8x); the row lock also against its own cycle by hand
+//!   with a fence bump (no target, see `mysql/row_floor.rs`);
 //! - 16 tasks over 4 clients on one lock: hand-off latency (from the start of a release to the
 //!   next holder's acquire returning) p50/p99 vs one raw commit (an autocommitted `UPDATE`),
 //!   and acquisitions per second (target for the row-lock strategy: p50 at most 3x);
@@ -16,7 +17,8 @@
 //! - separate clients (see `conformance_tests::bench::fleet_report`), and for the row lock the
 //!   100-client run against InnoDB's own queue of 100 raw connections on one row, measured
 //!   right after it (target: time per acquisition at most 1.25x, that is at least 0.8x of
-//!   the raw rate);
+//!   the raw rate), then against the same queue with a fence bump per grant (no target: the
+//!   part of the gap that durable fences cost, see `mysql/row_floor.rs`);
 //! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
 //! - the renewal cost of locks held by one client (`conformance_tests::bench::renewal_report`):
 //!   10,000 on the lease table, 100 on the row lock (a connection per lock).
@@ -30,11 +32,15 @@ mod support;
 #[path = "mysql/peer.rs"]
 mod peer;
 
+#[path = "mysql/row_floor.rs"]
+mod row_floor;
+
 use std::{process::ExitCode, sync::Mutex, time::Duration};
 
 use conformance_tests::bench::{self, Report};
 use lock_core::{LockClient, LockOptions};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
+use row_floor::{Fence, FencedCycle, raw_row_queue};
 use sqlx::AssertSqlSafe;
 
 const TASKS: usize = 16;
@@ -102,7 +108,7 @@ async fn run() -> Result<(), String> {
             .wait(Duration::from_secs(30));
         let mut report = Report::new(label);
         if conformance_tests::selection::workload(conformance_tests::selection::UNCONTENDED) {
-            uncontended(&mut report, strategy, &client, &options, &raw).await?;
+            uncontended(&mut report, (strategy, &backend), &client, &options, &raw).await?;
             handoff(&mut report, strategy, &clients, &options, &raw).await?;
         }
         fleets(&mut report, strategy, &config, &backend, &raw).await?;
@@ -149,7 +155,7 @@ async fn run() -> Result<(), String> {
 /// The uncontended cycle against the raw floor, on the pool and on one connection.
 async fn uncontended(
     report: &mut Report,
-    strategy: Strategy,
+    (strategy, backend): (Strategy, &MySqlBackend),
     client: &LockClient,
     options: &LockOptions,
     raw: &Raw,
@@ -176,6 +182,20 @@ async fn uncontended(
             _ => 1.0 / 0.85,
         }),
     );
+    if strategy == Strategy::RowLock {
+        // Against the same cycle by hand with its fence bump (no target): the share of the
+        // gap that the durable fence costs, beside what the rest of ours costs.
+        let fenced = FencedCycle::new(&support::url()?, backend).await?;
+        let by_hand =
+            bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || fenced.cycle())
+                .await?;
+        report.round_ratio(
+            "uncontended acquire+release / the same cycle by hand on two connections \
+             (FOR UPDATE, a fence bump on the second, ROLLBACK; means)",
+            &by_hand,
+            None,
+        );
+    }
     peer::uncontended(
         report,
         &support::url()?,
@@ -260,27 +280,38 @@ async fn fleets(
         // The row lock against InnoDB's own queue: the same number of clients, each an OS
         // thread with its own connection, taking one row with `SELECT ... FOR UPDATE`,
         // holding it as long and rolling back. Time per acquisition, ours over raw
-        // (target 1.25x: at least 0.8x of the raw rate).
+        // (target 1.25x: at least 0.8x of the raw rate). Then the same queue with a fence
+        // bump per grant (no target): what issuing fences that survive the rollback costs
+        // by itself, beside what the rest of ours costs.
         for fleet in runs.iter().filter(|fleet| fleet.clients == QUEUE_CLIENTS) {
-            let raw_rate = tokio::task::block_in_place(|| {
-                raw_row_queue(
-                    &support::url()?,
-                    backend,
-                    QUEUE_CLIENTS,
-                    QUEUE_HOLD,
-                    FLEET_TIME,
-                )
-            })?;
-            report.rate(
-                &format!("{QUEUE_CLIENTS} raw connections queueing on one row: acquisitions"),
-                raw_rate,
-            );
-            report.ratio(
-                &format!("{QUEUE_CLIENTS} clients: time per acquisition / raw FOR UPDATE queue"),
-                per_acquisition(fleet.per_second),
-                per_acquisition(raw_rate),
-                Some(1.25),
-            );
+            for (fence, what, target) in [
+                (Fence::None, "", Some(1.25)),
+                (Fence::Bumped, " with a fence bump per grant", None),
+            ] {
+                let raw_rate = tokio::task::block_in_place(|| {
+                    raw_row_queue(
+                        &support::url()?,
+                        backend,
+                        (QUEUE_CLIENTS, fence),
+                        QUEUE_HOLD,
+                        FLEET_TIME,
+                    )
+                })?;
+                report.rate(
+                    &format!(
+                        "{QUEUE_CLIENTS} raw connections queueing on one row{what}: acquisitions"
+                    ),
+                    raw_rate,
+                );
+                report.ratio(
+                    &format!(
+                        "{QUEUE_CLIENTS} clients: time per acquisition / raw FOR UPDATE queue{what}"
+                    ),
+                    per_acquisition(fleet.per_second),
+                    per_acquisition(raw_rate),
+                    target,
+                );
+            }
         }
     }
     Ok(())
@@ -323,83 +354,6 @@ const QUEUE_HOLD: Duration = Duration::from_millis(1);
 /// The time one acquisition takes at `per_second`.
 fn per_acquisition(per_second: f64) -> Duration {
     Duration::from_secs_f64(1.0 / per_second.max(f64::MIN_POSITIVE))
-}
-
-/// InnoDB's own queue as a floor: `clients` OS threads, each with its own runtime and raw
-/// connection, take one row of the backend's table in turn (`START TRANSACTION`, `SELECT ...
-/// FOR UPDATE`, hold, `ROLLBACK`) for `run_for`. Returns acquisitions per second.
-fn raw_row_queue(
-    url: &str,
-    backend: &MySqlBackend,
-    clients: usize,
-    hold: Duration,
-    run_for: Duration,
-) -> Result<f64, String> {
-    use sqlx::Connection;
-    let table = backend.table().as_str().to_owned();
-    let name = format!("bench/raw-queue/{:016x}", rand::random::<u64>()).into_bytes();
-    let ready = std::sync::Arc::new(std::sync::Barrier::new(clients + 1));
-    let mut threads = Vec::with_capacity(clients);
-    for index in 0..clients {
-        let (url, table, name) = (url.to_owned(), table.clone(), name.clone());
-        let ready = ready.clone();
-        threads.push(std::thread::spawn(move || -> Result<usize, String> {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async move {
-                let connected = sqlx::MySqlConnection::connect(&url).await;
-                let mut conn = match connected {
-                    Ok(conn) => conn,
-                    Err(error) => {
-                        ready.wait();
-                        return Err(error.to_string());
-                    }
-                };
-                if index == 0 {
-                    let create = format!("INSERT IGNORE INTO `{table}` (name) VALUES (?)");
-                    sqlx::query(AssertSqlSafe(create))
-                        .bind(&name)
-                        .execute(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                ready.wait();
-                let end = std::time::Instant::now() + run_for;
-                let lock = format!("SELECT name FROM `{table}` WHERE name = ? FOR UPDATE");
-                let mut taken = 0;
-                while std::time::Instant::now() < end {
-                    sqlx::raw_sql("START TRANSACTION")
-                        .execute(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    sqlx::query(AssertSqlSafe(lock.clone()))
-                        .bind(&name)
-                        .fetch_all(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if std::time::Instant::now() < end {
-                        taken += 1;
-                    }
-                    tokio::time::sleep(hold).await;
-                    sqlx::raw_sql("ROLLBACK")
-                        .execute(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok(taken)
-            })
-        }));
-    }
-    ready.wait();
-    let mut total = 0;
-    for thread in threads {
-        total += thread
-            .join()
-            .map_err(|_| "a raw queue client panicked".to_owned())??;
-    }
-    Ok(total as f64 / run_for.as_secs_f64())
 }
 
 /// The raw operations on the backend's own pool, as prepared statements, on a table of its

@@ -187,6 +187,48 @@ impl Shared {
         Ok(self.start_hold(hold, fence, dedicated))
     }
 
+    /// Runs `sql` on `dedicated`, racing it against `deadline` (unless `nowait`) and the
+    /// caller of `acquire` leaving. When either wins, the statement is killed (tried until
+    /// the connect time-out) and, when the kill went through, its answer drained, so the
+    /// connection is never reused mid-statement: the caller of `wait` then closes it. When
+    /// the deadline wins, `tx` is told so first ([`Answer::out_of_time`]): the caller of
+    /// `acquire` answers Timeout without waiting for the kill.
+    pub(super) async fn wait(
+        &self,
+        dedicated: &mut Dedicated,
+        sql: String,
+        deadline: Instant,
+        nowait: bool,
+        tx: &mut Answer,
+    ) -> Result<Vec<MySqlRow>, (Option<Stop>, sqlx::Error)> {
+        let id = dedicated.id;
+        let query = run(&mut dedicated.conn, AssertSqlSafe(sql));
+        tokio::pin!(query);
+        let deadline = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(deadline);
+        let stop = tokio::select! {
+            biased;
+            result = &mut query => return result.map_err(|e| (None, e)),
+            () = &mut deadline, if !nowait => Stop::Deadline,
+            () = tx.closed() => Stop::Cancelled,
+        };
+        if stop == Stop::Deadline {
+            tx.out_of_time();
+        }
+        if self
+            .kill_query(id, Instant::now() + self.connect_timeout)
+            .await
+        {
+            // Interrupted (1317), or granted just before the kill: either way the caller
+            // closes the connection, which rolls back anything it holds.
+            let _ = tokio::time::timeout(self.connect_timeout, query).await;
+        }
+        Err((
+            Some(stop),
+            sqlx::Error::Protocol(format!("wait stopped: {stop:?}")),
+        ))
+    }
+
     /// Waits for this client's turn to wait in InnoDB for the name: only one acquisition of
     /// a client waits there per name; the others wait here.
     async fn take_turn(

@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use lock_core::LockError;
-use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row, mysql::MySqlRow};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
 
-use super::{Shared, acquire::Answer};
+use super::Shared;
 use crate::{
     config::ceil_secs,
     error::{Error, server_code},
@@ -134,47 +134,5 @@ impl Shared {
             Ok(_) => self.keep(dedicated),
             Err(_) => self.discard(dedicated),
         }
-    }
-
-    /// Runs `sql` on `dedicated`, racing it against `deadline` (unless `nowait`) and the
-    /// caller of `acquire` leaving. When either wins, the statement is killed (tried until
-    /// the connect time-out) and, when the kill went through, its answer drained, so the
-    /// connection is never reused mid-statement: the caller of `wait` then closes it. When
-    /// the deadline wins, `tx` is told so first ([`Answer::out_of_time`]): the caller of
-    /// `acquire` answers Timeout without waiting for the kill.
-    pub(super) async fn wait(
-        &self,
-        dedicated: &mut Dedicated,
-        sql: String,
-        deadline: Instant,
-        nowait: bool,
-        tx: &mut Answer,
-    ) -> Result<Vec<MySqlRow>, (Option<Stop>, sqlx::Error)> {
-        let id = dedicated.id;
-        let query = run(&mut dedicated.conn, AssertSqlSafe(sql));
-        tokio::pin!(query);
-        let deadline = tokio::time::sleep_until(deadline.into());
-        tokio::pin!(deadline);
-        let stop = tokio::select! {
-            biased;
-            result = &mut query => return result.map_err(|e| (None, e)),
-            () = &mut deadline, if !nowait => Stop::Deadline,
-            () = tx.closed() => Stop::Cancelled,
-        };
-        if stop == Stop::Deadline {
-            tx.out_of_time();
-        }
-        if self
-            .kill_query(id, Instant::now() + self.connect_timeout)
-            .await
-        {
-            // Interrupted (1317), or granted just before the kill: either way the caller
-            // closes the connection, which rolls back anything it holds.
-            let _ = tokio::time::timeout(self.connect_timeout, query).await;
-        }
-        Err((
-            Some(stop),
-            sqlx::Error::Protocol(format!("wait stopped: {stop:?}")),
-        ))
     }
 }

@@ -12,7 +12,7 @@ use std::{
 use distributed_lock::{LockBackend, LockClient, LockOptions, StoreConfig};
 use hdrhistogram::Histogram;
 
-use crate::{Failed, output::Output};
+use crate::Failed;
 
 /// What one phase measured.
 #[derive(Debug, serde::Serialize)]
@@ -95,12 +95,12 @@ async fn phase(config: &StoreConfig, clients: usize, length: Duration) -> Result
     })
 }
 
+/// Runs both phases: one client alone for half of `length`, then `clients` for `length`.
 pub(crate) async fn run(
     config: &StoreConfig,
     clients: usize,
     length: Duration,
-    out: &Output,
-) -> Result<(), Failed> {
+) -> Result<[Phase; 2], Failed> {
     if clients == 0 || length.is_zero() {
         return Err(Failed(
             "bench needs at least one client and one second".into(),
@@ -108,6 +108,5 @@ pub(crate) async fn run(
     }
     let alone = phase(config, 1, length / 2).await?;
     let contended = phase(config, clients, length).await?;
-    out.bench(&[alone, contended]);
-    Ok(())
+    Ok([alone, contended])
 }

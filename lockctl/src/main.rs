@@ -190,7 +190,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failed> {
             out.forced(&name, store.force_release(&name).await?.as_ref());
         }
         Command::Bench { clients, seconds } => {
-            bench::run(&config, clients, Duration::from_secs(seconds), &out).await?;
+            out.bench(&bench::run(&config, clients, Duration::from_secs(seconds)).await?);
         }
         Command::Capabilities => {
             let store = config.backend().await?;

@@ -25,7 +25,7 @@ pub(crate) const CHAOS_RUN: [&str; 8] = [
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let root = crate::workspace_root();
     services::up(false)?;
-    let status = crate::test_cmd::cargo_command()
+    let status = crate::cargo::cargo_command()
         .args(CHAOS_RUN)
         .args(args)
         .current_dir(&root)

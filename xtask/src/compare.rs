@@ -255,7 +255,7 @@ fn run_steps(
         }
         let targets: Vec<&str> = chosen.iter().map(|(_, target)| *target).collect();
         let name = format!("build: every {kind} binary in one cargo build");
-        let mut build = crate::test_cmd::cargo_command();
+        let mut build = crate::cargo::cargo_command();
         build
             .args(crate::built::build_args(kind, &targets))
             .current_dir(root);
@@ -307,7 +307,7 @@ fn step_of(
     let mut command = Command::new(&exe.executable);
     // xtask's own package variables (from `cargo run`) are not the target's: cargo sets
     // `CARGO_MANIFEST_DIR` to the target's package when it runs one.
-    crate::test_cmd::without_cargo_run_variables(&mut command);
+    crate::cargo::without_cargo_run_variables(&mut command);
     command
         .current_dir(&exe.package_dir)
         .env("CARGO_MANIFEST_DIR", &exe.package_dir)

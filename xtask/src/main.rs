@@ -12,6 +12,7 @@
 //! * `cargo xtask chaos [STORE...] [--duration S] [--seed N]` runs the fault campaign.
 
 mod built;
+mod cargo;
 mod chaos;
 mod compare;
 mod migration_matrix;

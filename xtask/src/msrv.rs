@@ -28,7 +28,7 @@ fn show((major, minor, patch): Version) -> String {
 /// Checks the workspace's declared `rust-version` against its dependencies' and the running
 /// compiler's.
 pub(crate) fn check(root: &Path) -> Result<()> {
-    let out = crate::test_cmd::cargo_command()
+    let out = crate::cargo::cargo_command()
         .args(["metadata", "--format-version", "1"])
         .current_dir(root)
         .output()

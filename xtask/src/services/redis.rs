@@ -114,7 +114,7 @@ fn prepare(tools: &Tools, group: &[&Instance]) -> Result<()> {
         if let Some(port) = inst.tls_port {
             redis_tls::ensure_certificates(tools, inst)?;
             if let (true, process::PidState::Alive(pid)) =
-                (redis_tls::missing(inst, port), inst.pid_state())
+                (tls_missing(inst, port), inst.pid_state())
             {
                 eprintln!("xtask: {}: restarting it with TLS on {port}", inst.name);
                 stop(inst, pid, Some(&tools.redis_cli))?;
@@ -229,6 +229,12 @@ fn cluster_info(port: u16) -> Result<HashMap<String, String>> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect())
+}
+
+/// True when `inst` answers on its plain port but not on its TLS `port`: started before TLS
+/// was configured, so it must be restarted.
+fn tls_missing(inst: &Instance, port: u16) -> bool {
+    answers(inst.port) && !process::port_open(port)
 }
 
 /// True if Redis on `port` answers PING with PONG.

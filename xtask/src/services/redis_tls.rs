@@ -109,9 +109,3 @@ pub(super) fn ensure_certificates(tools: &Tools, inst: &Instance) -> Result<()> 
     }
     Ok(())
 }
-
-/// True when `inst` answers on its plain port but not on its TLS `port`: started before TLS
-/// was configured, so it must be restarted.
-pub(super) fn missing(inst: &Instance, port: u16) -> bool {
-    super::redis::answers(inst.port) && !process::port_open(port)
-}

@@ -8,7 +8,8 @@
 //! - renewing 50 held locks: one batched call vs 50 single renewals;
 //! - separate clients (`conformance_tests::bench::fleet_report`); on the single server, their
 //!   hand-off p50 also against the raw floor of a hand-off by push (a script's `PUBLISH` heard
-//!   by another thread's client, see `push_floor`);
+//!   by another thread's client, see `push_floor`), and the 16 clients' rate against 16 raw
+//!   clients passing the turn round-robin by push (no target, see `push_floor::ring`);
 //! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
 //! - rslock, a peer library, on the single server, on the cluster (its cluster mode) and on
 //!   the five Redlock servers, through the same workloads: its uncontended cycle against the same floor (right after ours),
@@ -520,15 +521,15 @@ async fn push_report(
     if held.is_empty() {
         return Ok(());
     }
-    let url = url.to_owned();
-    let floor = tokio::task::spawn_blocking(move || push_floor::push_floor(&url))
+    let floor_url = url.to_owned();
+    let floor = tokio::task::spawn_blocking(move || push_floor::push_floor(&floor_url))
         .await
         .map_err(|e| e.to_string())??;
     report.stats(
         "raw hand-off by push (a script's PUBLISH heard by another thread's client)",
         &floor,
     );
-    for fleet in held {
+    for fleet in &held {
         report.ratio(
             &format!(
                 "{} clients, hold 1ms: hand-off to another client p50 / raw hand-off by push p50",
@@ -539,8 +540,42 @@ async fn push_report(
             None,
         );
     }
+    // The rate of the fairest hand-off with nothing around it (no target): as many raw
+    // clients passing the turn round-robin by push. A lock that hands over to the client
+    // that waited longest pays this wake-up of another client at every turn; one whose
+    // releaser takes the lock again at once does not.
+    for fleet in held
+        .into_iter()
+        .filter(|fleet| fleet.clients == RING_CLIENTS)
+    {
+        let url = url.to_owned();
+        let ring = tokio::task::spawn_blocking(move || {
+            push_floor::ring(&url, RING_CLIENTS, Duration::from_millis(1), FLEET_TIME)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        report.rate(
+            &format!(
+                "{RING_CLIENTS} raw clients passing the turn round-robin by push, hold 1ms: \
+                 acquisitions"
+            ),
+            ring,
+        );
+        let per = |rate: f64| Duration::from_secs_f64(1.0 / rate.max(f64::MIN_POSITIVE));
+        report.ratio(
+            &format!(
+                "{RING_CLIENTS} clients, hold 1ms: time per acquisition / raw round-robin by push"
+            ),
+            per(fleet.per_second),
+            per(ring),
+            None,
+        );
+    }
     Ok(())
 }
+
+/// The clients of the fleet compared with [`push_floor::ring`].
+const RING_CLIENTS: usize = 16;
 
 async fn cluster() -> Result<(), String> {
     let cluster_urls: Vec<String> = var("LOCK_TEST_REDIS_CLUSTER_URLS")?

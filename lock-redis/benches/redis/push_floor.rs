@@ -1,8 +1,9 @@
-//! The raw floor of a hand-off by push between two clients: what a release that wakes a waiter
-//! of another client cannot beat on this machine, without any code of this library.
+//! The raw floors of a hand-off by push between clients, without any code of this library: the
+//! time from a release to another client hearing it ([`push_floor`]), and the rate of clients
+//! that pass the lock round-robin by push ([`ring`]).
 
 use std::{
-    sync::mpsc,
+    sync::{Arc, Barrier, mpsc},
     time::{Duration, Instant},
 };
 
@@ -85,6 +86,124 @@ pub(crate) fn push_floor(url: &str) -> Result<Stats, String> {
         .map(|(sent, heard)| heard.saturating_duration_since(*sent))
         .collect();
     bench::stats_of(&delays)
+}
+
+/// The rate of a fair hand-off by push with nothing else around it: `clients` threads (each
+/// its own current-thread runtime, a connection and a pub/sub connection on a channel of its
+/// own, as separate clients have) pass one turn round-robin for `run_for`. The client whose
+/// turn it is counts an acquisition, holds `hold` (`tokio::time::sleep`, as the fleets hold)
+/// and hands the turn to the next by the release script of [`push_floor`] (a `DEL` and a
+/// `PUBLISH` on the next client's channel); the next one holds as soon as it hears it. No lock
+/// key is read or written, and each turn goes to the client that waited longest. Returns
+/// acquisitions per second.
+///
+/// # Errors
+/// A failed connection, subscription or call, or a turn not heard within 5 s.
+pub(crate) fn ring(
+    url: &str,
+    clients: usize,
+    hold: Duration,
+    run_for: Duration,
+) -> Result<f64, String> {
+    let run_for = conformance_tests::selection::run_for(run_for);
+    let stem = format!("bench:ring:{:016x}", rand::random::<u64>());
+    let ready = Arc::new(Barrier::new(clients + 1));
+    let start = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let go = Arc::new(Barrier::new(clients + 1));
+    let mut threads = Vec::with_capacity(clients);
+    for id in 0..clients {
+        let (url, stem) = (url.to_owned(), stem.clone());
+        let (ready, start, go) = (ready.clone(), start.clone(), go.clone());
+        threads.push(std::thread::spawn(move || -> Result<usize, String> {
+            let runtime = runtime()?;
+            let seat = runtime.block_on(Seat::new(&url, &stem, (id, clients)));
+            ready.wait();
+            go.wait();
+            let seat = seat?;
+            let began = start
+                .lock()
+                .map_err(|e| e.to_string())?
+                .ok_or("the ring did not start")?;
+            runtime.block_on(seat.run(hold, began + run_for))
+        }));
+    }
+    ready.wait();
+    *start.lock().map_err(|e| e.to_string())? = Some(Instant::now());
+    go.wait();
+    let mut total = 0;
+    for thread in threads {
+        total += thread
+            .join()
+            .map_err(|_| "a ring client panicked".to_owned())??;
+    }
+    Ok(total as f64 / run_for.as_secs_f64())
+}
+
+/// One client of the [`ring`].
+struct Seat {
+    id: usize,
+    conn: redis::aio::MultiplexedConnection,
+    pubsub: redis::aio::PubSub,
+    /// The next client's channel.
+    next: String,
+}
+
+impl Seat {
+    async fn new(url: &str, stem: &str, (id, clients): (usize, usize)) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
+        pubsub
+            .subscribe(format!("{stem}:{id}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            id,
+            conn,
+            pubsub,
+            next: format!("{stem}:{}", (id + 1) % clients),
+        })
+    }
+
+    /// Takes its turns until `end`; returns how many it took before `end`. Once the run is
+    /// over, each client passes the turn on once more and stops, so every one hears the end.
+    async fn run(mut self, hold: Duration, end: Instant) -> Result<usize, String> {
+        let release = redis::Script::new(
+            "redis.call('DEL', KEYS[1]) return redis.call('PUBLISH', ARGV[1], ARGV[2])",
+        );
+        let key = format!("{}:key", self.next);
+        let mut messages = self.pubsub.on_message();
+        let mut taken = 0;
+        // The first client has the first turn.
+        let mut turn = self.id == 0;
+        loop {
+            if !turn {
+                tokio::time::timeout(Duration::from_secs(5), messages.next())
+                    .await
+                    .map_err(|_| "a ring turn was not heard within 5 s".to_owned())?
+                    .ok_or("a ring subscription ended")?;
+            }
+            turn = false;
+            let over = Instant::now() >= end;
+            if !over {
+                taken += 1;
+                tokio::time::sleep(hold).await;
+            }
+            let _: i64 = release
+                .key(&key)
+                .arg(&self.next)
+                .arg(taken)
+                .invoke_async(&mut self.conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if over {
+                return Ok(taken);
+            }
+        }
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {

@@ -5,8 +5,9 @@
 //! - uncontended acquire + release cycle vs the floor: an autocommitted `INSERT` + `DELETE` of
 //!   one row, the two alternating op by op, on the backend's pool (target for the lease
 //!   strategy: at most 1.3x) and on one connection of its own (targets: the lease at least
-//!   0.85x of its rate, the row lock 0.8x); the row lock also against its own cycle by hand
-//!   with a fence bump (no target, see `mysql/row_floor.rs`);
+//!   0.85x of its rate, the row lock 0.8x); the row lock also against a bare row-lock cycle
+//!   by hand with its fence bump, and that cycle with the bump against without it (no
+//!   targets, see `mysql/row_floor.rs`);
 //! - 16 tasks over 4 clients on one lock: hand-off latency (from the start of a release to the
 //!   next holder's acquire returning) p50/p99 vs one raw commit (an autocommitted `UPDATE`),
 //!   and acquisitions per second (target for the row-lock strategy: p50 at most 3x);
@@ -15,10 +16,10 @@
 //!   separate clients (each of its runs right before ours of the same shape, see `fleets`)
 //!   and its client sweep (before ours);
 //! - separate clients (see `conformance_tests::bench::fleet_report`), and for the row lock the
-//!   100-client run against InnoDB's own queue of 100 raw connections on one row, measured
-//!   right after it (target: time per acquisition at most 1.25x, that is at least 0.8x of
-//!   the raw rate), then against the same queue with a fence bump per grant (no target: the
-//!   part of the gap that durable fences cost, see `mysql/row_floor.rs`);
+//!   100-client run against InnoDB's own queue of 100 raw connections on one row (target: time
+//!   per acquisition at most 1.25x, that is at least 0.8x of the raw rate), and against the
+//!   same queue with a fence bump per grant (no target: the part of the gap that durable
+//!   fences cost, see `mysql/row_floor.rs`), both measured before the fleets;
 //! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
 //! - the renewal cost of locks held by one client (`conformance_tests::bench::renewal_report`):
 //!   10,000 on the lease table, 100 on the row lock (a connection per lock).
@@ -40,7 +41,7 @@ use std::{process::ExitCode, sync::Mutex, time::Duration};
 use conformance_tests::bench::{self, Report};
 use lock_core::{LockClient, LockOptions};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
-use row_floor::{Fence, FencedCycle, raw_row_queue};
+use row_floor::{BareCycle, Fence, raw_row_queue};
 use sqlx::AssertSqlSafe;
 
 const TASKS: usize = 16;
@@ -183,16 +184,30 @@ async fn uncontended(
         }),
     );
     if strategy == Strategy::RowLock {
-        // Against the same cycle by hand with its fence bump (no target): the share of the
-        // gap that the durable fence costs, beside what the rest of ours costs.
-        let fenced = FencedCycle::new(&support::url()?, backend).await?;
-        let by_hand =
-            bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || fenced.cycle())
-                .await?;
+        // Against the bare row-lock cycle by hand with its fence bump, and that cycle with the
+        // bump against without it (no targets): what the fence costs by itself, beside what
+        // the rest of ours costs.
+        let url = support::url()?;
+        let bumped = BareCycle::new(&url, backend, Fence::Bumped).await?;
+        let bare = BareCycle::new(&url, backend, Fence::None).await?;
+        let ours = bench::uncontended_rounds(client, options, ROUNDS, PER_ROUND, || bumped.cycle())
+            .await?;
         report.round_ratio(
-            "uncontended acquire+release / the same cycle by hand on two connections \
-             (FOR UPDATE, a fence bump on the second, ROLLBACK; means)",
-            &by_hand,
+            "uncontended acquire+release / bare row-lock cycle by hand with a fence bump \
+             (FOR UPDATE, the bump on a second connection, ROLLBACK; means)",
+            &ours,
+            None,
+        );
+        let (bumped, bare) = (&bumped, &bare);
+        let fence = bench::round_ratios(ROUNDS, || async move {
+            let (with, without) =
+                bench::time_pairs(PER_ROUND, || bumped.cycle(), || bare.cycle()).await?;
+            Ok((with.mean, without.mean))
+        })
+        .await?;
+        report.round_ratio(
+            "bare row-lock cycle by hand: with the fence bump / without (means)",
+            &fence,
             None,
         );
     }
@@ -265,6 +280,36 @@ async fn fleets(
     // of its runs right before ours of the same shape, the 1,000-client runs last: a run
     // right after a 1,000-client run measures a server still recovering (the peer took 7
     // acquisitions/s right after our 1,000 clients, 429/s without them).
+    // The row lock against InnoDB's own queue: the same number of clients, each an OS thread
+    // with its own connection, taking one row with `SELECT ... FOR UPDATE`, holding it as long
+    // and rolling back. Time per acquisition, ours over raw (target 1.25x: at least 0.8x of
+    // the raw rate). Then the same queue with a fence bump per grant (no target): what issuing
+    // fences that survive the rollback costs by itself, beside what the rest of ours costs.
+    // Both measured before the fleets: after their 1,000-client runs the server is still
+    // recovering.
+    let queues = if strategy == Strategy::RowLock
+        && bench::chosen_runs().contains(&(QUEUE_CLIENTS, QUEUE_HOLD))
+    {
+        let mut queues = Vec::new();
+        for (fence, what, target) in [
+            (Fence::None, "", Some(1.25)),
+            (Fence::Bumped, " with a fence bump per grant", None),
+        ] {
+            let rate = tokio::task::block_in_place(|| {
+                raw_row_queue(
+                    &support::url()?,
+                    backend,
+                    (QUEUE_CLIENTS, fence),
+                    QUEUE_HOLD,
+                    FLEET_TIME,
+                )
+            })?;
+            queues.push((rate, what, target));
+        }
+        queues
+    } else {
+        Vec::new()
+    };
     let runs = bench::fleet_report_beside(
         report,
         bench::each_own(fleet_config, |config| async move {
@@ -276,42 +321,20 @@ async fn fleets(
         &counters,
     )
     .await?;
-    if strategy == Strategy::RowLock {
-        // The row lock against InnoDB's own queue: the same number of clients, each an OS
-        // thread with its own connection, taking one row with `SELECT ... FOR UPDATE`,
-        // holding it as long and rolling back. Time per acquisition, ours over raw
-        // (target 1.25x: at least 0.8x of the raw rate). Then the same queue with a fence
-        // bump per grant (no target): what issuing fences that survive the rollback costs
-        // by itself, beside what the rest of ours costs.
-        for fleet in runs.iter().filter(|fleet| fleet.clients == QUEUE_CLIENTS) {
-            for (fence, what, target) in [
-                (Fence::None, "", Some(1.25)),
-                (Fence::Bumped, " with a fence bump per grant", None),
-            ] {
-                let raw_rate = tokio::task::block_in_place(|| {
-                    raw_row_queue(
-                        &support::url()?,
-                        backend,
-                        (QUEUE_CLIENTS, fence),
-                        QUEUE_HOLD,
-                        FLEET_TIME,
-                    )
-                })?;
-                report.rate(
-                    &format!(
-                        "{QUEUE_CLIENTS} raw connections queueing on one row{what}: acquisitions"
-                    ),
-                    raw_rate,
-                );
-                report.ratio(
-                    &format!(
-                        "{QUEUE_CLIENTS} clients: time per acquisition / raw FOR UPDATE queue{what}"
-                    ),
-                    per_acquisition(fleet.per_second),
-                    per_acquisition(raw_rate),
-                    target,
-                );
-            }
+    for fleet in runs.iter().filter(|fleet| fleet.clients == QUEUE_CLIENTS) {
+        for &(rate, what, target) in &queues {
+            report.rate(
+                &format!("{QUEUE_CLIENTS} raw connections queueing on one row{what}: acquisitions"),
+                rate,
+            );
+            report.ratio(
+                &format!(
+                    "{QUEUE_CLIENTS} clients: time per acquisition / raw FOR UPDATE queue{what}"
+                ),
+                per_acquisition(fleet.per_second),
+                per_acquisition(rate),
+                target,
+            );
         }
     }
     Ok(())

@@ -9,7 +9,8 @@
 //! - separate clients (`conformance_tests::bench::fleet_report`); on the single server, their
 //!   hand-off p50 also against the raw floor of a hand-off by push (a script's `PUBLISH` heard
 //!   by another thread's client, see `push_floor`), and the 16 clients' rate against 16 raw
-//!   clients passing the turn round-robin by push (no target, see `push_floor::ring`);
+//!   clients passing the turn round-robin by push, measured before the fleets (no target, see
+//!   `push_floor::ring`);
 //! - the client sweep on many names (`conformance_tests::bench::sweep_report`);
 //! - rslock, a peer library, on the single server, on the cluster (its cluster mode) and on
 //!   the five Redlock servers, through the same workloads: its uncontended cycle against the same floor (right after ours),
@@ -460,6 +461,7 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
         batching(&mut report, &backend).await?;
     }
     let rtt = raw.round_trip().await?.p50;
+    let ring = ring(url).await?;
     let fleets = bench::fleet_report_beside(
         &mut report,
         bench::each_own(
@@ -472,7 +474,7 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
         &counters,
     )
     .await?;
-    push_report(&mut report, url, &fleets).await?;
+    push_report(&mut report, url, &fleets, ring).await?;
     bench::peer_sweep_report(
         &mut report,
         RSLOCK,
@@ -511,11 +513,13 @@ fn held_1ms(fleets: &[bench::Fleet]) -> Vec<&bench::Fleet> {
 }
 
 /// The raw floor of a hand-off by push (see [`push_floor::push_floor`]), and the hand-off of
-/// each fleet that held 1 ms against it (none when no fleet ran).
+/// each fleet that held 1 ms against it (none when no fleet ran); the rate of the
+/// [`RING_CLIENTS`] fleet against `ring`'s, when measured (see [`ring`]).
 async fn push_report(
     report: &mut Report,
     url: &str,
     fleets: &[bench::Fleet],
+    ring: Option<f64>,
 ) -> Result<(), String> {
     let held = held_1ms(fleets);
     if held.is_empty() {
@@ -541,37 +545,48 @@ async fn push_report(
         );
     }
     // The rate of the fairest hand-off with nothing around it (no target): as many raw
-    // clients passing the turn round-robin by push. A lock that hands over to the client
-    // that waited longest pays this wake-up of another client at every turn; one whose
+    // clients passing the turn round-robin by push (see `ring`). A lock that hands over to the
+    // client that waited longest pays this wake-up of another client at every turn; one whose
     // releaser takes the lock again at once does not.
-    for fleet in held
-        .into_iter()
-        .filter(|fleet| fleet.clients == RING_CLIENTS)
-    {
-        let url = url.to_owned();
-        let ring = tokio::task::spawn_blocking(move || {
-            push_floor::ring(&url, RING_CLIENTS, Duration::from_millis(1), FLEET_TIME)
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-        report.rate(
-            &format!(
-                "{RING_CLIENTS} raw clients passing the turn round-robin by push, hold 1ms: \
-                 acquisitions"
-            ),
-            ring,
-        );
-        let per = |rate: f64| Duration::from_secs_f64(1.0 / rate.max(f64::MIN_POSITIVE));
-        report.ratio(
-            &format!(
-                "{RING_CLIENTS} clients, hold 1ms: time per acquisition / raw round-robin by push"
-            ),
-            per(fleet.per_second),
-            per(ring),
-            None,
-        );
+    if let Some(ring) = ring {
+        for fleet in held
+            .into_iter()
+            .filter(|fleet| fleet.clients == RING_CLIENTS)
+        {
+            report.rate(
+                &format!(
+                    "{RING_CLIENTS} raw clients passing the turn round-robin by push, hold 1ms: \
+                     acquisitions"
+                ),
+                ring,
+            );
+            let per = |rate: f64| Duration::from_secs_f64(1.0 / rate.max(f64::MIN_POSITIVE));
+            report.ratio(
+                &format!(
+                    "{RING_CLIENTS} clients, hold 1ms: time per acquisition / raw round-robin by push"
+                ),
+                per(fleet.per_second),
+                per(ring),
+                None,
+            );
+        }
     }
     Ok(())
+}
+
+/// The rate of [`push_floor::ring`] with [`RING_CLIENTS`] holding 1 ms, when that fleet runs
+/// (measured before the fleets: after their 1,000-client runs the server is still recovering).
+async fn ring(url: &str) -> Result<Option<f64>, String> {
+    if !bench::chosen_runs().contains(&(RING_CLIENTS, Duration::from_millis(1))) {
+        return Ok(None);
+    }
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        push_floor::ring(&url, RING_CLIENTS, Duration::from_millis(1), FLEET_TIME)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map(Some)
 }
 
 /// The clients of the fleet compared with [`push_floor::ring`].

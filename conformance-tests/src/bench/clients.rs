@@ -334,8 +334,10 @@ pub const FLEET_RUNS: [(usize, Duration); 5] = [
 /// The runs of [`FLEET_RUNS`] this benchmark makes: none when the `clients` workload is left
 /// out (see [`crate::selection::WORKLOAD_VAR`]), the first only in a quick run (see
 /// [`crate::selection::QUICK_VAR`]; [`fleet`] makes it a third as long), else all; of those,
-/// the sizes [`crate::selection::FLEET_SIZES_VAR`] names when it is set.
-fn chosen_runs() -> Vec<(usize, Duration)> {
+/// the sizes [`crate::selection::FLEET_SIZES_VAR`] names when it is set. A benchmark that
+/// measures a floor for one of them looks here first, so it can measure the floor before the
+/// runs (after the 1,000-client runs the server is still recovering).
+pub fn chosen_runs() -> Vec<(usize, Duration)> {
     let runs = if !crate::selection::workload(crate::selection::CLIENTS) {
         &FLEET_RUNS[..0]
     } else if crate::selection::quick() {

@@ -23,8 +23,8 @@ mod sweep;
 mod threads;
 
 pub use clients::{
-    FLEET_RUNS, Fleet, SecondHalf, each_own, fleet, fleet_report, fleet_report_beside, jain,
-    separate_clients,
+    FLEET_RUNS, Fleet, SecondHalf, chosen_runs, each_own, fleet, fleet_report, fleet_report_beside,
+    jain, separate_clients,
 };
 pub use contender::{Contender, Turn, TurnError, peer_turn};
 pub use counters::{ServerCounters, counted, stat_line, stat_sum};
@@ -37,6 +37,7 @@ pub use sweep::{
     SWEEP_CLIENTS, SWEEP_NAMES, SweepStep, ZIPF_EXPONENT, peer_sweep_report, sweep_report,
     sweep_step,
 };
+pub use threads::run_clients;
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};

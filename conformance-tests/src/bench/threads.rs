@@ -14,7 +14,7 @@ use std::{
 ///
 /// # Errors
 /// The first error of a thread (connecting or its body), as text.
-pub(super) fn run_clients<T, C, CF, B, BF>(
+pub fn run_clients<T, C, CF, B, BF>(
     clients: usize,
     connect: C,
     body: B,

@@ -3,7 +3,11 @@
 //! that pass the lock round-robin by push ([`ring`]).
 
 use std::{
-    sync::{Arc, Barrier, mpsc},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+        mpsc,
+    },
     time::{Duration, Instant},
 };
 
@@ -88,14 +92,17 @@ pub(crate) fn push_floor(url: &str) -> Result<Stats, String> {
     bench::stats_of(&delays)
 }
 
-/// The rate of a fair hand-off by push with nothing else around it: `clients` threads (each
-/// its own current-thread runtime, a connection and a pub/sub connection on a channel of its
-/// own, as separate clients have) pass one turn round-robin for `run_for`. The client whose
-/// turn it is counts an acquisition, holds `hold` (`tokio::time::sleep`, as the fleets hold)
-/// and hands the turn to the next by the release script of [`push_floor`] (a `DEL` and a
-/// `PUBLISH` on the next client's channel); the next one holds as soon as it hears it. No lock
-/// key is read or written, and each turn goes to the client that waited longest. Returns
-/// acquisitions per second.
+/// The rate of a fair hand-off by push with nothing else around it: `clients` separate clients
+/// (each an OS thread with its own current-thread runtime, a connection, and a pub/sub
+/// connection on a channel of its own; see [`bench::run_clients`]) pass one turn round-robin
+/// for `run_for`. The client whose turn it is counts an acquisition, holds `hold`
+/// (`tokio::time::sleep`, as the fleets hold) and hands the turn to the next by the release
+/// script of [`push_floor`] (a `DEL` of a key nobody writes, and a `PUBLISH` on the next
+/// client's channel); the next one holds as soon as it hears it. No lock is taken, and each
+/// turn goes to the client that waited longest. Returns the acquisitions begun within
+/// `run_for` per second of `run_for`. (A fleet divides its count by the whole run, to the end
+/// of its last turns, a little longer: its rate against this one leans, if at all, against
+/// this library.)
 ///
 /// # Errors
 /// A failed connection, subscription or call, or a turn not heard within 5 s.
@@ -106,49 +113,46 @@ pub(crate) fn ring(
     run_for: Duration,
 ) -> Result<f64, String> {
     let run_for = conformance_tests::selection::run_for(run_for);
-    let stem = format!("bench:ring:{:016x}", rand::random::<u64>());
-    let ready = Arc::new(Barrier::new(clients + 1));
-    let start = Arc::new(std::sync::Mutex::new(None::<Instant>));
-    let go = Arc::new(Barrier::new(clients + 1));
-    let mut threads = Vec::with_capacity(clients);
-    for id in 0..clients {
-        let (url, stem) = (url.to_owned(), stem.clone());
-        let (ready, start, go) = (ready.clone(), start.clone(), go.clone());
-        threads.push(std::thread::spawn(move || -> Result<usize, String> {
-            let runtime = runtime()?;
-            let seat = runtime.block_on(Seat::new(&url, &stem, (id, clients)));
-            ready.wait();
-            go.wait();
-            let seat = seat?;
-            let began = start
-                .lock()
-                .map_err(|e| e.to_string())?
-                .ok_or("the ring did not start")?;
-            runtime.block_on(seat.run(hold, began + run_for))
-        }));
-    }
-    ready.wait();
-    *start.lock().map_err(|e| e.to_string())? = Some(Instant::now());
-    go.wait();
-    let mut total = 0;
-    for thread in threads {
-        total += thread
-            .join()
-            .map_err(|_| "a ring client panicked".to_owned())??;
-    }
-    Ok(total as f64 / run_for.as_secs_f64())
+    let (url, stem) = (
+        url.to_owned(),
+        format!("bench:ring:{:016x}", rand::random::<u64>()),
+    );
+    let taken = Arc::new(AtomicUsize::new(0));
+    let counted = taken.clone();
+    bench::run_clients(
+        clients,
+        move |id| {
+            let (url, stem) = (url.clone(), stem.clone());
+            async move { Seat::new(&url, &stem, (id, clients)).await }
+        },
+        move |_, seat, began| {
+            let counted = counted.clone();
+            async move {
+                let taken = seat.run(hold, began + run_for).await?;
+                counted.fetch_add(taken, Ordering::Relaxed);
+                Ok(())
+            }
+        },
+        |_| {},
+    )?;
+    Ok(taken.load(Ordering::Relaxed) as f64 / run_for.as_secs_f64())
 }
 
 /// One client of the [`ring`].
 struct Seat {
+    /// Its place in the ring (0 has the first turn).
     id: usize,
+    /// The connection it publishes on.
     conn: redis::aio::MultiplexedConnection,
+    /// Its subscription to its own channel.
     pubsub: redis::aio::PubSub,
     /// The next client's channel.
     next: String,
 }
 
 impl Seat {
+    /// Connects client `id` of `clients` to `url` and subscribes it to its channel
+    /// (`<stem>:<id>`).
     async fn new(url: &str, stem: &str, (id, clients): (usize, usize)) -> Result<Self, String> {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let conn = client
@@ -168,7 +172,7 @@ impl Seat {
         })
     }
 
-    /// Takes its turns until `end`; returns how many it took before `end`. Once the run is
+    /// Takes its turns until `end`; returns how many it began before `end`. Once the run is
     /// over, each client passes the turn on once more and stops, so every one hears the end.
     async fn run(mut self, hold: Duration, end: Instant) -> Result<usize, String> {
         let release = redis::Script::new(

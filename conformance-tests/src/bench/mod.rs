@@ -37,7 +37,7 @@ pub use sweep::{
     SWEEP_CLIENTS, SWEEP_NAMES, SweepStep, ZIPF_EXPONENT, peer_sweep_report, sweep_report,
     sweep_step,
 };
-pub use threads::run_clients;
+pub use threads::{run_clients, run_counting};
 
 use hdrhistogram::Histogram;
 use lock_core::{Holder, LockClient, LockName, LockOptions};

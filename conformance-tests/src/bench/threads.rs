@@ -2,7 +2,10 @@
 //! current-thread runtime and its own client, all connected before the clock starts.
 
 use std::{
-    sync::{Arc, Barrier, Mutex, PoisonError},
+    sync::{
+        Arc, Barrier, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Instant,
 };
 
@@ -79,4 +82,36 @@ where
         Some(error) => Err(error),
         None => Ok(began),
     }
+}
+
+/// [`run_clients`] for clients that count something (the acquisitions of a raw floor): thread
+/// `i` makes its client with `connect(i)`, then `body(i, client, began)` returns its count.
+/// Returns the sum of the counts.
+///
+/// # Errors
+/// The first error of a thread (connecting or its body), as text.
+pub fn run_counting<T, C, CF, B, BF>(clients: usize, connect: C, body: B) -> Result<usize, String>
+where
+    C: Fn(usize) -> CF + Send + Sync + 'static,
+    CF: Future<Output = Result<T, String>>,
+    B: Fn(usize, T, Instant) -> BF + Send + Sync + 'static,
+    BF: Future<Output = Result<usize, String>>,
+{
+    let total = Arc::new(AtomicUsize::new(0));
+    let counted = total.clone();
+    let body = Arc::new(body);
+    run_clients(
+        clients,
+        connect,
+        move |id, client, began| {
+            let (counted, body) = (counted.clone(), body.clone());
+            async move {
+                let count = body(id, client, began).await?;
+                counted.fetch_add(count, Ordering::Relaxed);
+                Ok(())
+            }
+        },
+        |_| {},
+    )?;
+    Ok(total.load(Ordering::Relaxed))
 }

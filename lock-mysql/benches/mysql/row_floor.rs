@@ -3,13 +3,7 @@
 //! commit per grant: a fence bump on a second connection, see [`Fence`]), and one client's
 //! bare uncontended cycle by hand, without and with that bump ([`BareCycle`]).
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use conformance_tests::bench;
 use lock_mysql::MySqlBackend;
@@ -37,7 +31,7 @@ fn bump_sql(table: &str) -> String {
 }
 
 /// `clients` separate clients (each an OS thread with its own runtime and raw connection, two
-/// with [`Fence::Bumped`]; see [`bench::run_clients`]) take one row of the backend's table in
+/// with [`Fence::Bumped`]; see [`bench::run_counting`]) take one row of the backend's table in
 /// turn for `run_for`, each holding it `hold`. Returns the acquisitions begun within `run_for`
 /// per second of `run_for`. (A fleet divides its count by the whole run, to the end of its
 /// last turns, about 1 % longer here: its rate against this one leans, if at all, against
@@ -51,9 +45,7 @@ pub(crate) fn raw_row_queue(
 ) -> Result<f64, String> {
     let (url, table) = (url.to_owned(), backend.table().as_str().to_owned());
     let name = format!("bench/raw-queue/{:016x}", rand::random::<u64>()).into_bytes();
-    let taken = Arc::new(AtomicUsize::new(0));
-    let counted = taken.clone();
-    bench::run_clients(
+    let taken = bench::run_counting(
         clients,
         move |id| {
             let client = Client {
@@ -65,19 +57,11 @@ pub(crate) fn raw_row_queue(
             };
             async move { client.connect().await.map(|conns| (client, conns)) }
         },
-        move |_, (client, conns), began| {
-            let counted = counted.clone();
-            async move {
-                let taken = client.run(conns, hold, began + run_for).await?;
-                counted.fetch_add(taken, Ordering::Relaxed);
-                Ok(())
-            }
-        },
-        |_| {},
+        move |_, (client, conns), began| async move { client.run(conns, hold, began + run_for).await },
     )?;
     // Per second of `run_for`: raw waiters still in the queue at its end are served after it
     // (a fleet's stop waiting then), so the whole run's length would understate the floor.
-    Ok(taken.load(Ordering::Relaxed) as f64 / run_for.as_secs_f64())
+    Ok(taken as f64 / run_for.as_secs_f64())
 }
 
 /// One client of the raw queue.

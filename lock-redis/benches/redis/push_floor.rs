@@ -3,11 +3,7 @@
 //! that pass the lock round-robin by push ([`ring`]).
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-        mpsc,
-    },
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -94,7 +90,7 @@ pub(crate) fn push_floor(url: &str) -> Result<Stats, String> {
 
 /// The rate of a fair hand-off by push with nothing else around it: `clients` separate clients
 /// (each an OS thread with its own current-thread runtime, a connection, and a pub/sub
-/// connection on a channel of its own; see [`bench::run_clients`]) pass one turn round-robin
+/// connection on a channel of its own; see [`bench::run_counting`]) pass one turn round-robin
 /// for `run_for`. The client whose turn it is counts an acquisition, holds `hold`
 /// (`tokio::time::sleep`, as the fleets hold) and hands the turn to the next by the release
 /// script of [`push_floor`] (a `DEL` of a key nobody writes, and a `PUBLISH` on the next
@@ -117,25 +113,15 @@ pub(crate) fn ring(
         url.to_owned(),
         format!("bench:ring:{:016x}", rand::random::<u64>()),
     );
-    let taken = Arc::new(AtomicUsize::new(0));
-    let counted = taken.clone();
-    bench::run_clients(
+    let taken = bench::run_counting(
         clients,
         move |id| {
             let (url, stem) = (url.clone(), stem.clone());
             async move { Seat::new(&url, &stem, (id, clients)).await }
         },
-        move |_, seat, began| {
-            let counted = counted.clone();
-            async move {
-                let taken = seat.run(hold, began + run_for).await?;
-                counted.fetch_add(taken, Ordering::Relaxed);
-                Ok(())
-            }
-        },
-        |_| {},
+        move |_, seat, began| seat.run(hold, began + run_for),
     )?;
-    Ok(taken.load(Ordering::Relaxed) as f64 / run_for.as_secs_f64())
+    Ok(taken as f64 / run_for.as_secs_f64())
 }
 
 /// One client of the [`ring`].

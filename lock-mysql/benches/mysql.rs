@@ -276,16 +276,12 @@ async fn fleets(
     // row lock, the dedicated connection of its hold or wait).
     let fleet_config = config.clone().pool_size(fleet_pool(strategy));
     let counters = Counters(backend.pool().clone());
-    // Beside ours, the peer on the same server (named locks of `distributed-lock-mysql`), each
-    // of its runs right before ours of the same shape, the 1,000-client runs last: a run
-    // right after a 1,000-client run measures a server still recovering (the peer took 7
-    // acquisitions/s right after our 1,000 clients, 429/s without them).
     // The row lock against InnoDB's own queue: the same number of clients, each an OS thread
     // with its own connection, taking one row with `SELECT ... FOR UPDATE`, holding it as long
     // and rolling back. Time per acquisition, ours over raw (target 1.25x: at least 0.8x of
     // the raw rate). Then the same queue with a fence bump per grant (no target): what issuing
     // fences that survive the rollback costs by itself, beside what the rest of ours costs.
-    // Both measured before the fleets: after their 1,000-client runs the server is still
+    // Both measured before the fleets: after their 1,000-client runs the server may still be
     // recovering.
     let queues = if strategy == Strategy::RowLock
         && bench::chosen_runs().contains(&(QUEUE_CLIENTS, QUEUE_HOLD))
@@ -310,6 +306,10 @@ async fn fleets(
     } else {
         Vec::new()
     };
+    // Beside ours, the peer on the same server (named locks of `distributed-lock-mysql`), each
+    // of its runs right before ours of the same shape, the 1,000-client runs last: a run
+    // right after a 1,000-client run measures a server still recovering (the peer took 7
+    // acquisitions/s right after our 1,000 clients, 429/s without them).
     let runs = bench::fleet_report_beside(
         report,
         bench::each_own(fleet_config, |config| async move {

@@ -575,7 +575,8 @@ async fn push_report(
 }
 
 /// The rate of [`push_floor::ring`] with [`RING_CLIENTS`] holding 1 ms, when that fleet runs
-/// (measured before the fleets: after their 1,000-client runs the server is still recovering).
+/// (measured before the fleets: after their 1,000-client runs the server may still be
+/// recovering).
 async fn ring(url: &str) -> Result<Option<f64>, String> {
     if !bench::chosen_runs().contains(&(RING_CLIENTS, Duration::from_millis(1))) {
         return Ok(None);

@@ -336,7 +336,7 @@ pub const FLEET_RUNS: [(usize, Duration); 5] = [
 /// [`crate::selection::QUICK_VAR`]; [`fleet`] makes it a third as long), else all; of those,
 /// the sizes [`crate::selection::FLEET_SIZES_VAR`] names when it is set. A benchmark that
 /// measures a floor for one of them looks here first, so it can measure the floor before the
-/// runs (after the 1,000-client runs the server is still recovering).
+/// runs (after the 1,000-client runs the server may still be recovering).
 pub fn chosen_runs() -> Vec<(usize, Duration)> {
     let runs = if !crate::selection::workload(crate::selection::CLIENTS) {
         &FLEET_RUNS[..0]

@@ -271,7 +271,7 @@ async fn fleets(
     backend: &MySqlBackend,
     raw: &Raw,
 ) -> Result<(), String> {
-    let rtt = bench::time_op(PER_ROUND, || raw.commit()).await?.p50;
+    let rtt = bench::steady_p50(PER_ROUND, || raw.commit()).await?;
     // Each fleet client has its own backend with a pool of its own (plus, on the
     // row lock, the dedicated connection of its hold or wait).
     let fleet_config = config.clone().pool_size(fleet_pool(strategy));

@@ -110,6 +110,13 @@ impl<C: ConnectionLike + Clone + Send + Sync> Raw<C> {
         Ok(stats)
     }
 
+    /// The round trip's p50 taken as the fleets' floor (see [`bench::steady_p50`]).
+    async fn steady_round_trip(&self) -> Result<Duration, String> {
+        let p50 = bench::steady_p50(PER_ROUND, || self.set()).await?;
+        self.delete_key().await?;
+        Ok(p50)
+    }
+
     async fn delete_key(&self) -> Result<(), String> {
         let _: i64 = redis::cmd("DEL")
             .arg(&self.key)
@@ -460,7 +467,7 @@ async fn single(url: &str, raw: &Raw<ConnectionManager>) -> Result<(), String> {
         rslock_uncontended(&mut report, &urls, (|| raw.cycle(), ONE_SERVER)).await;
         batching(&mut report, &backend).await?;
     }
-    let rtt = raw.round_trip().await?.p50;
+    let rtt = raw.steady_round_trip().await?;
     let ring = ring(url).await?;
     let fleets = bench::fleet_report_beside(
         &mut report,
@@ -620,7 +627,7 @@ async fn cluster() -> Result<(), String> {
         let floor = (|| cluster_raw.cycle(), ONE_SERVER);
         rslock_uncontended_on(&mut report, rslock_client(&cluster_urls, true), floor).await;
     }
-    let rtt = cluster_raw.round_trip().await?.p50;
+    let rtt = cluster_raw.steady_round_trip().await?;
     let counters = Counters::new(&cluster_urls).await?;
     bench::fleet_report_beside(
         &mut report,
@@ -776,7 +783,7 @@ async fn redlock(raw: &Raw<ConnectionManager>) -> Result<(), String> {
         .await;
         lock_numbers(&mut report, &client, raw, false).await?;
     }
-    let rtt = raw.round_trip().await?.p50;
+    let rtt = raw.steady_round_trip().await?;
     let fleets = bench::fleet_report_beside(
         &mut report,
         bench::each_own(

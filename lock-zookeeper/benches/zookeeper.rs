@@ -168,16 +168,20 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         raw.delete(&path, None).await.map_err(text)
     })
     .await?;
-    let created = std::sync::Mutex::new(Vec::with_capacity(n + n / 10));
-    let create = bench::time_op(n, || async {
+    let created = std::sync::Mutex::new(Vec::with_capacity(
+        (n + n / 10) * (1 + bench::STEADY_ROUNDS),
+    ));
+    let create_one = || async {
         let path = raw_create(raw, prefix).await?;
         created
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(path);
         Ok(())
-    })
-    .await?;
+    };
+    let create = bench::time_op(n, create_one).await?;
+    // The fleets' floor (see `bench::steady_p50`).
+    let steady_create = bench::steady_p50(n, create_one).await?;
     let created = created
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -196,7 +200,7 @@ async fn run(label: &str, var: &str, n: usize) -> Result<(), String> {
         &mut report,
         bench::each_own(config.clone(), ZkBackend::connect),
         (PEER, peer.clone()),
-        create.p50,
+        steady_create,
         FLEET_TIME,
         &Counters {
             hosts: support::hosts(var)?,

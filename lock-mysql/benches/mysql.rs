@@ -66,8 +66,9 @@ fn main() -> ExitCode {
 /// waiter parks (half the pool parks, so renewals always find a connection); with the
 /// client's anchor its parks wait on and the connection kept beside the pool, four sessions
 /// (the peer's clients hold two); for the row lock one, beside the connection of its hold or
-/// wait (its target: at most one connection per waiting client; the bump and the kill run on
-/// the kept connection, which the pool's first connection becomes). 1,000 lease clients so
+/// wait (its target: at most one connection per waiting client): the pool's first connection
+/// becomes the client's anchor, which its holds park on and which runs its bumps and kills,
+/// so a row-lock client holds two sessions. 1,000 lease clients so
 /// take 4,000 connections: the servers of `cargo xtask services up` take 5,000.
 fn fleet_pool(strategy: Strategy) -> u32 {
     match strategy {

@@ -38,7 +38,14 @@
 //!
 //! **Where.** MariaDB only: `GET_LOCK` takes microseconds in its timeout since MariaDB
 //! 10.1.2 (MDEV-4018), which a lease's last chunk needs; MySQL rounds it to whole seconds,
-//! and statements there park in `SLEEP`. **Cost:** one more connection per backend, idle.
+//! and statements there park in `SLEEP`.
+//!
+//! **Its connection** is one of the pool's, taken out of it (detached: the pool may open
+//! another in its place): a row-lock backend's is the one its schema was checked on when it
+//! connected, a lease backend's the one its first raise gets from the pool. Holding its user
+//! lock is all it does, so the row lock runs its fence bumps and kills on it too (see
+//! [`lending`]): a row-lock client running one lock at a time needs no connection beside its
+//! holds' and waits' but this one.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -46,12 +53,15 @@ use std::{
 };
 
 use lock_core::{LockError, backend::LeaseToken};
-use sqlx::{AssertSqlSafe, Connection, MySqlConnection, mysql::MySqlConnectOptions};
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, pool::PoolConnection};
 
 use crate::{
     error::Error,
-    sql::{connect_within, run, tagged, within},
+    kept,
+    sql::{run, tagged, within},
 };
+
+mod lending;
 
 /// The session variable a parked `GET_LOCK` leaves its answer in (1: it took the anchor).
 pub(crate) const TOOK_VAR: &str = "@lock_park";
@@ -66,7 +76,8 @@ const RAISE_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest wait between raises that fail.
 const RAISE_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
-/// The server's longest idle limit (seconds): the anchor's connection is idle by design.
+/// The server's longest idle limit (seconds): the anchor's connection is idle but for the
+/// short statements it is lent to (see [`lending`]), which may be none for hours.
 const ANCHOR_IDLE_SECS: u64 = 31_536_000;
 
 /// The anchor of one backend: its user lock's name while its connection holds it.
@@ -75,12 +86,13 @@ pub(crate) struct Anchor {
     settings: Settings,
 }
 
-/// How an anchor's connection is opened.
+/// Where an anchor's connection is taken from.
 #[derive(Clone)]
 pub(crate) struct Settings {
-    /// The server and account.
-    pub(crate) connect: MySqlConnectOptions,
-    /// The bound of opening the connection.
+    /// The pool the anchor's connection is taken from (and detached), set up as the pool's
+    /// connections are.
+    pub(crate) pool: MySqlPool,
+    /// The bound of getting the connection.
     pub(crate) connect_timeout: Duration,
     /// The bound of the statement that takes the user lock.
     pub(crate) statement_timeout: Duration,
@@ -91,7 +103,7 @@ pub(crate) struct Settings {
 #[derive(Default)]
 struct State {
     /// The user lock's name and the connection holding it.
-    up: Option<(Arc<str>, MySqlConnection)>,
+    up: Option<Up>,
     /// A raise is under way.
     raising: bool,
     /// Raises failed in a row since the last success.
@@ -100,8 +112,18 @@ struct State {
     next_try: Option<Instant>,
 }
 
+/// An anchor that is up.
+struct Up {
+    /// The user lock's name.
+    name: Arc<str>,
+    /// The connection holding it, while no statement borrows it (see [`Anchor::lend`]).
+    conn: Option<MySqlConnection>,
+    /// Since when the connection has been idle.
+    idle_since: Instant,
+}
+
 impl Anchor {
-    /// An anchor not raised yet (it is raised by [`Anchor::raise`] when a row-lock backend
+    /// An anchor not raised yet (it is raised by [`Anchor::raise_on`] when a row-lock backend
     /// connects, or at the first [`Anchor::name`] due).
     pub(crate) fn new(settings: Settings) -> Self {
         Self {
@@ -116,19 +138,23 @@ impl Anchor {
 
     /// The name parked statements wait on, while the anchor holds it.
     fn up_name(&self) -> Option<Arc<str>> {
-        self.state().up.as_ref().map(|(name, _)| name.clone())
+        self.state().up.as_ref().map(|up| up.name.clone())
     }
 
     /// A parked statement took the user lock `name`: its anchor's connection has ended. Drops
     /// that anchor (a newer one, under another name, stays).
     pub(crate) fn lost(&self, name: &str) {
         let mut state = self.state();
-        if state.up.as_ref().is_some_and(|(up, _)| &**up == name) {
+        if state.up.as_ref().is_some_and(|up| &*up.name == name) {
             tracing::warn!(
                 anchor = name,
                 "the anchor's connection ended; statements park in SLEEP until it is back"
             );
-            state.up = None;
+            let conn = state.up.take().and_then(|up| up.conn);
+            drop(state);
+            if let Some(conn) = conn {
+                kept::close(conn);
+            }
         }
     }
 
@@ -157,8 +183,12 @@ impl Anchor {
     fn finish_raise(&self, up: Option<(Arc<str>, MySqlConnection)>) {
         let mut state = self.state();
         state.raising = false;
-        if up.is_some() {
-            state.up = up;
+        if let Some((name, conn)) = up {
+            state.up = Some(Up {
+                name,
+                conn: Some(conn),
+                idle_since: Instant::now(),
+            });
             state.failures = 0;
             state.next_try = None;
         } else {
@@ -183,11 +213,8 @@ impl std::fmt::Debug for Anchor {
 impl Drop for Anchor {
     fn drop(&mut self) {
         // Say goodbye to the server (it would log an aborted connection otherwise).
-        let up = self.state().up.take();
-        if let (Some((_, conn)), Ok(runtime)) = (up, tokio::runtime::Handle::try_current()) {
-            runtime.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(5), conn.close()).await;
-            });
+        if let Some(conn) = self.state().up.take().and_then(|up| up.conn) {
+            kept::close(conn);
         }
     }
 }
@@ -205,12 +232,12 @@ impl Raise {
         Self { anchor, up: None }
     }
 
-    /// Opens the anchor's connection and takes its user lock, within the connect and statement
-    /// bounds; the outcome takes effect when this ends.
-    async fn run(mut self) {
+    /// Takes the anchor's connection (`given`, or one of the pool's) and its user lock, within
+    /// the connect and statement bounds; the outcome takes effect when this ends.
+    async fn run(mut self, given: Option<MySqlConnection>) {
         let settings = &self.anchor.settings;
         let bound = settings.connect_timeout + settings.statement_timeout;
-        match tokio::time::timeout(bound, self.anchor.open()).await {
+        match tokio::time::timeout(bound, self.anchor.open(given)).await {
             Ok(Ok(up)) => self.up = Some(up),
             Ok(Err(error)) => {
                 tracing::warn!(%error, "raising the anchor failed; statements park in SLEEP");
@@ -239,28 +266,42 @@ impl Anchor {
             return Some(name);
         }
         if self.claim_raise() {
-            tokio::spawn(Raise::new(self.clone()).run());
+            tokio::spawn(Raise::new(self.clone()).run(None));
         }
         None
     }
 
-    /// Raises the anchor now and waits for the outcome, when one is due (MariaDB, none up or
-    /// under way, no back-off running); a failure is logged, and parked statements then wait
-    /// in `SLEEP` until a later raise succeeds.
+    /// Raises the anchor now on `conn` (one of the pool's, then detached from it) and waits
+    /// for the outcome, when one is due (MariaDB, none up or under way, no back-off running);
+    /// a failure is logged, and parked statements then wait in `SLEEP` until a later raise
+    /// succeeds. When none is due, `conn` goes back to the pool.
     ///
     /// # Cancel safety
     /// Dropping the future ends the raise as failed (the next one waits the back-off).
-    pub(crate) async fn raise(self: &Arc<Self>) {
+    pub(crate) async fn raise_on(self: &Arc<Self>, conn: PoolConnection<MySql>) {
         if self.settings.mariadb && self.claim_raise() {
-            Raise::new(self.clone()).run().await;
+            Raise::new(self.clone()).run(Some(conn.detach())).await;
         }
     }
 
-    /// Opens a connection and takes a user lock of a fresh random name on it.
-    async fn open(&self) -> Result<(Arc<str>, MySqlConnection), LockError> {
+    /// Takes a user lock of a fresh random name on `given`, or else on a connection taken out
+    /// of the pool (detached: the pool may open another in its place).
+    async fn open(
+        &self,
+        given: Option<MySqlConnection>,
+    ) -> Result<(Arc<str>, MySqlConnection), LockError> {
         let what = "taking the anchor";
         let settings = &self.settings;
-        let mut conn = connect_within(&settings.connect, settings.connect_timeout, what).await?;
+        let mut conn = match given {
+            Some(conn) => conn,
+            None => within(
+                Instant::now() + settings.connect_timeout,
+                settings.pool.acquire(),
+            )
+            .await
+            .map_err(|e| LockError::from(Error::new(what, e)))?
+            .detach(),
+        };
         // A lease token is 32 random hex digits: a name nobody else holds.
         let name: Arc<str> = format!("lock-mysql/park/{}", LeaseToken::random().as_str()).into();
         let until = Instant::now() + settings.statement_timeout;

@@ -118,10 +118,11 @@ impl MySqlBackend {
     /// [`Fencing::BestEffort`] and logs why. Every session of the backend turns off the
     /// server's statement time limits (`max_statement_time`, `max_execution_time`) and
     /// idle-transaction timeouts where they exist; the backend bounds its statements itself.
-    /// A row-lock backend on MariaDB also opens its anchor connection here, the one its holds
-    /// park on (see the crate's README), which may take up to `connect_timeout` plus
-    /// `statement_timeout` more; if that fails it is logged and tried again later, holds park
-    /// in `SLEEP` meanwhile, and `connect` still succeeds.
+    /// A row-lock backend on MariaDB also raises its anchor here, the user lock its holds
+    /// park on (see the crate's README), on the pool's connection the schema was checked on,
+    /// which may take up to `connect_timeout` plus `statement_timeout` more; if that fails it
+    /// is logged and tried again later, holds park in `SLEEP` meanwhile, and `connect` still
+    /// succeeds.
     ///
     /// # Cancel safety
     /// Dropping the future leaves nothing behind but, possibly, the created table.
@@ -151,7 +152,13 @@ impl MySqlBackend {
                     e,
                 ))
             })?;
-        schema::ensure(&pool, &table, config.strategy, config.create_table).await?;
+        // One connection for the schema's statements (each on the pool would find the one
+        // before still being pinged on its way back, and open another), which becomes the
+        // row lock's anchor: a client opens no connection it does not keep using.
+        let mut first = pool.acquire().await.map_err(|e| {
+            LockError::from(Error::new(format!("checking the lock table `{table}`"), e))
+        })?;
+        schema::ensure(&mut first, &table, config.strategy, config.create_table).await?;
         let mariadb = server.mariadb;
         let imp = match config.strategy {
             Strategy::Lease => Imp::Lease(LeaseStrategy::new(
@@ -163,7 +170,7 @@ impl MySqlBackend {
                     mariadb,
                 },
                 anchor::Settings {
-                    connect: options.clone(),
+                    pool: pool.clone(),
                     connect_timeout: config.connect_timeout,
                     statement_timeout: config.statement_timeout,
                     mariadb,
@@ -182,8 +189,9 @@ impl MySqlBackend {
                 },
             )),
         };
-        if let Imp::RowLock(strategy) = &imp {
-            strategy.raise_anchor().await;
+        match &imp {
+            Imp::RowLock(strategy) => strategy.raise_anchor(first).await,
+            Imp::Lease(_) => drop(first),
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -207,8 +215,8 @@ impl MySqlBackend {
     }
 
     /// The pool of short-statement connections (for monitoring, or to run statements next to
-    /// the locks). Its counts leave out the one connection kept beside it (see the crate's
-    /// README, "Connections").
+    /// the locks). Its counts leave out the one connection kept beside it and, on MariaDB, the
+    /// anchor's (both taken out of it; see the crate's README, "Connections").
     pub fn pool(&self) -> &MySqlPool {
         &self.inner.pool
     }

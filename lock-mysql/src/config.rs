@@ -94,8 +94,11 @@ impl FromStr for Strategy {
 /// per lock name being waited on, outside the pool (so held locks never starve it): of one
 /// client's `acquire` calls waiting for the same name, only the first waits in the server, the
 /// others queue in the client, in arrival order. It keeps up to `idle_hold_connections` of
-/// them open for reuse, and on MariaDB, from the moment it connects, one more, idle, holding
-/// the user lock its holds park on: plan
+/// them open for reuse, and on MariaDB, from the moment it connects, one more, holding the
+/// user lock its holds park on: the pool's first connection, taken out of the pool, which
+/// also runs the fence bumps and kills (the kept connection and the pool serve only when it
+/// is busy or down). A client running one lock at a time so has one connection per held lock
+/// and per name waited on, those kept for reuse, and that one; plan at most
 /// `pool_size + held + names waited on + idle_hold_connections + 2` connections per client
 /// against the server's `max_connections`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
 //! One connection kept out of the pool between the short statements of an uncontended lock: a
 //! lease's tries and lone release, a row lock's fence bump and the kill that ends a hold's
-//! parked statement.
+//! parked statement when the anchor's connection, which runs those first, is busy or down
+//! (see [`crate::anchor`]).
 //!
 //! sqlx tests every connection given back to its pool with a ping (its return path does so
 //! unconditionally: it flushes whatever a dropped statement left on the connection). That is
@@ -8,7 +9,8 @@
 //! machine's. One connection per client is therefore kept here, out of the pool
 //! ([`PoolConnection::detach`]), for the next such statement: a statement that ends cleanly
 //! leaves it here without a ping. A statement that finds it in use takes a pooled connection
-//! as before. So a client opens at most one connection more than its pool's size.
+//! as before. So a client opens at most one connection more than its pool's size here (and,
+//! on MariaDB, one for its [anchor](crate::anchor), also taken out of the pool).
 //!
 //! What the pool does for its own connections is done here too:
 //! - a statement dropped midway leaves the kept connection to a ping in the background, which
@@ -233,7 +235,7 @@ fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
 }
 
 /// Closes `conn`: says goodbye to the server when a runtime is at hand, else drops the socket.
-fn close(conn: MySqlConnection) {
+pub(crate) fn close(conn: MySqlConnection) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(async move {
             let _ = tokio::time::timeout(TRUSTED_IDLE, conn.close()).await;

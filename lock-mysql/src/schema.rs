@@ -5,7 +5,7 @@
 //! and migrate an older layout, and a table of one strategy is never used by the other.
 
 use lock_core::LockError;
-use sqlx::{AssertSqlSafe, MySqlPool, Row};
+use sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
 use crate::{Strategy, TableName, error::Error};
 
@@ -141,9 +141,9 @@ fn tables(table: &TableName, strategy: Strategy) -> Vec<(TableName, Part)> {
 }
 
 /// Creates the tables when `create` and they are missing, then checks that each one carries
-/// this crate's schema version for `strategy`.
+/// this crate's schema version for `strategy`, on `conn`.
 pub(crate) async fn ensure(
-    pool: &MySqlPool,
+    conn: &mut MySqlConnection,
     table: &TableName,
     strategy: Strategy,
     create: bool,
@@ -151,7 +151,7 @@ pub(crate) async fn ensure(
     if create {
         for ddl in create_table_sql(table, strategy) {
             sqlx::raw_sql(AssertSqlSafe(ddl))
-                .execute(pool)
+                .execute(&mut *conn)
                 .await
                 .map_err(|e| {
                     LockError::from(Error::new(format!("creating the lock table `{table}`"), e))
@@ -164,7 +164,7 @@ pub(crate) async fn ensure(
              WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
         )
         .bind(name.as_str())
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(|e| {
             LockError::from(Error::new(

@@ -348,7 +348,7 @@ mod tests {
                 .connect_lazy("mysql://nobody@127.0.0.1:1/none")
                 .unwrap();
             let anchor = anchor::Settings {
-                connect: "mysql://nobody@127.0.0.1:1/none".parse().unwrap(),
+                pool: pool.clone(),
                 connect_timeout: Duration::from_secs(1),
                 statement_timeout: Duration::from_secs(1),
                 mariadb: true,

@@ -506,15 +506,16 @@ impl Shared {
         let until = Instant::now() + self.statement_timeout;
         let bump = || {
             retry_deadlocks(|| {
-                let query =
-                    sqlx::query(AssertSqlSafe(self.bump.clone())).bind(name.as_str().as_bytes());
-                self.kept.execute_within(until, query)
+                self.short(until, || {
+                    sqlx::query(AssertSqlSafe(self.bump.clone())).bind(name.as_str().as_bytes())
+                })
             })
         };
         // Pooled connections the server closed since their last use (a restart) fail at once;
         // each is closed, and a later try gets a live one (at most one try per pooled
-        // connection, and the kept one, more). A bump that committed but lost its answer only
-        // skips a fence: fences grow, and the record takes the fence issued.
+        // connection, and the kept one, more; the anchor's is tried again in `short`). A bump
+        // that committed but lost its answer only skips a fence: fences grow, and the record
+        // takes the fence issued.
         let mut tries = self.pool.options().get_max_connections() + 1;
         let done = loop {
             match bump().await {

@@ -4,13 +4,15 @@
 use std::time::{Duration, Instant};
 
 use lock_core::LockError;
-use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
+use sqlx::{
+    AssertSqlSafe, Connection, Execute, MySql, MySqlConnection, Row, mysql::MySqlQueryResult,
+};
 
 use super::Shared;
 use crate::{
     config::ceil_secs,
-    error::{Error, server_code},
-    sql::{connect_within, run, tagged},
+    error::{Class, Error, classify, server_code},
+    sql::{connect_within, is_timed_out, run, tagged},
 };
 
 /// Why a wait was stopped before the server answered.
@@ -120,12 +122,38 @@ impl Shared {
     /// Stops the statement running on connection `id` (a waiting `SELECT ... FOR UPDATE`, a
     /// parked chunk), trying until `until`. False when that could not be done.
     pub(super) async fn kill_query(&self, id: u64, until: Instant) -> bool {
-        let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}")));
-        match self.kept.execute_within(until, kill).await {
+        let kill = || sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}")));
+        match self.short(until, kill).await {
             Ok(_) => true,
             // 1094: unknown thread id: the connection is gone, and its wait with it.
             Err(error) => server_code(&error) == Some(1094),
         }
+    }
+
+    /// Runs a short statement (a fence bump, a kill: `query` makes it) by `until` on the
+    /// anchor's connection when it is free (see [`crate::anchor`]: the client then needs no
+    /// other connection beside its holds' and waits'), else on the connection kept beside the
+    /// pool or a pooled one (see [`crate::kept`]). A statement whose anchor connection had
+    /// gone (it failed at once, without waiting its time out) runs again there; the anchor
+    /// ends with it and is raised again when a hold next parks.
+    ///
+    /// # Errors
+    /// The statement's, the pool's, or [`crate::sql::timed_out`] at `until`.
+    pub(super) async fn short<'q, Q>(
+        &self,
+        until: Instant,
+        query: impl Fn() -> Q,
+    ) -> Result<MySqlQueryResult, sqlx::Error>
+    where
+        Q: Execute<'q, MySql> + 'q,
+    {
+        if let Some(lent) = self.anchor.lend(until).await {
+            match lent.execute_within(until, query()).await {
+                Err(error) if classify(&error) == Class::Connection && !is_timed_out(&error) => {}
+                done => return done,
+            }
+        }
+        self.kept.execute_within(until, query()).await
     }
 
     /// Rolls back and keeps the connection, or closes it if the rollback fails.

@@ -39,10 +39,10 @@
 //!   the same statement and keeps the TTL.)
 //!
 //! **Costs.** A renewal or the release first stops the parked chunk with `KILL QUERY` from the
-//! connection kept beside the pool, or a pooled one (one round trip more than an idle
-//! connection needs). A holder process that dies is noticed by the server when its chunk ends
-//! (at most [`PARK_CHUNK`]), not at once as on an idle connection. Each held lock runs one tiny
-//! statement per [`PARK_CHUNK`].
+//! anchor's connection, or when it is busy or down the one kept beside the pool (one round
+//! trip more than an idle connection needs). A holder process that dies is noticed by the
+//! server when its chunk ends (at most [`PARK_CHUNK`]), not at once as on an idle connection.
+//! Each held lock runs one tiny statement per [`PARK_CHUNK`].
 //!
 //! **Clean-up.** When lock-core stops listening ([`EndNotifier::is_closed`]: the guard was
 //! dropped without a runtime, or a release failed) the task rolls the hold back and forgets it,

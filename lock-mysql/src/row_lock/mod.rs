@@ -5,16 +5,18 @@
 //!   holder and returns when the holder's transaction ends (no polling). The wait budget is
 //!   enforced to the millisecond although `innodb_lock_wait_timeout` counts whole seconds: the
 //!   session timeout is set to the budget rounded up, the query is raced against the budget,
-//!   and on expiry the waiting statement is stopped with `KILL QUERY` from the connection
-//!   kept beside the pool (see [`crate::kept`]; or a pooled one); the dedicated connection
-//!   is then closed, never reused mid-statement. A wait stopped so answers
-//!   [`LockError::Timeout`] at expiry, before the kill: the kill, the drain and the close go
-//!   on in the background, so a server slow to kill (a thousand waits ending together) or not
-//!   answering does not hold that answer up (see `acquire::Answer`).
+//!   and on expiry the waiting statement is stopped with `KILL QUERY` from the anchor's
+//!   connection on MariaDB (see `Shared::short`; elsewhere, or when it is busy or down, from
+//!   the one kept beside the pool or a pooled one); the dedicated connection is then closed,
+//!   never reused mid-statement. A wait stopped so answers [`LockError::Timeout`] at expiry,
+//!   before the kill: the kill, the drain and the close go on in the background, so a server
+//!   slow to kill (a thousand waits ending together) or not answering does not hold that
+//!   answer up (see `acquire::Answer`).
 //!   A zero budget is `FOR UPDATE NOWAIT`. Of one client's acquisitions of a name only one waits in
 //!   InnoDB at a time; the others queue in the client ([`LocalQueue`]).
 //! - **Fences** live in a separate `<table>_fences` row bumped by an autocommitted statement on
-//!   the connection kept beside the pool (or a pooled one) *after* the row lock is granted, so
+//!   the anchor's connection on MariaDB (see `Shared::short`; elsewhere, or when it is busy or
+//!   down, the one kept beside the pool or a pooled one) *after* the row lock is granted, so
 //!   they follow the order of grants and survive the rollback that ends every hold.
 //! - **Who holds it**: once it has the row lock, the holder inserts its token, fence and
 //!   connection id as a row of `<table>_holds` inside its transaction and never commits.
@@ -95,7 +97,8 @@ impl fmt::Debug for RowLockStrategy {
 
 struct Shared {
     pool: MySqlPool,
-    /// The connection kept out of the pool for the fence bump and the kill of a parked chunk.
+    /// The connection kept out of the pool for the fence bump and the kill of a parked chunk
+    /// when the anchor's is busy or down (see `Shared::short`).
     kept: Kept,
     connect: MySqlConnectOptions,
     connect_timeout: Duration,
@@ -143,9 +146,10 @@ pub(crate) struct Settings {
 }
 
 impl RowLockStrategy {
-    /// Raises the client's [anchor](crate::anchor) before any hold parks (see there why).
-    pub(crate) async fn raise_anchor(&self) {
-        self.shared.anchor.raise().await;
+    /// Raises the client's [anchor](crate::anchor) on `conn` (one of the pool's, detached
+    /// from it) before any hold parks (see there why).
+    pub(crate) async fn raise_anchor(&self, conn: sqlx::pool::PoolConnection<sqlx::MySql>) {
+        self.shared.anchor.raise_on(conn).await;
     }
 
     pub(crate) fn new(pool: MySqlPool, table: TableName, settings: Settings) -> Self {
@@ -158,7 +162,7 @@ impl RowLockStrategy {
             mariadb,
         } = settings;
         let anchor = Arc::new(Anchor::new(anchor::Settings {
-            connect: connect.clone(),
+            pool: pool.clone(),
             connect_timeout,
             statement_timeout,
             mariadb,

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use conformance_tests::{
     Failure, Outcome, ensure,
-    faults::{err, unique_name},
+    faults::{err, poll_every, unique_name},
 };
 use lock_core::{LockClient, LockError, LockGuard, LockName, LockOptions, LossReason};
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
@@ -15,6 +15,7 @@ use super::{
     support::{
         self, MySqlStore,
         admin::{TempUser, root_sql},
+        hex,
     },
     until_waiting,
 };
@@ -66,6 +67,128 @@ pub(super) async fn row_lock_kill_holder() -> Outcome {
     Ok(())
 }
 
+/// A user of its own for a client (see [`TempUser`]), and `config` logging in as that user.
+fn own_user(mut config: MySqlConfig) -> Result<(TempUser, MySqlConfig), Failure> {
+    let base = url::Url::parse(&support::url().map_err(Failure)?).map_err(err)?;
+    let database = base.path().trim_start_matches('/').to_owned();
+    let user = TempUser::create(&database, "MAX_QUERIES_PER_HOUR 0").map_err(Failure)?;
+    let mut own = base.clone();
+    own.set_username(&user.name)
+        .and_then(|()| own.set_password(Some(&user.password)))
+        .map_err(|()| Failure("cannot set the user".into()))?;
+    config.url = own.into();
+    Ok((user, config))
+}
+
+/// How many sessions `user` has open on the server.
+fn sessions_of(user: &TempUser) -> Result<u64, Failure> {
+    let sessions = root_sql(&format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '{}'",
+        user.name
+    ))
+    .map_err(Failure)?;
+    sessions
+        .parse()
+        .map_err(|e| Failure(format!("{sessions:?} sessions: {e}")))
+}
+
+/// Row lock: a client's sessions on the server are one per hold or wait it has (or idle, kept
+/// for its next hold), and one more: its anchor, which its holds park on and which runs its
+/// fence bumps and the kills of its parked statements. A client holding one lock and waiting
+/// for another has three (it had 5 or 6 when the bump and the kill ran on the connection kept
+/// beside the pool, and the schema check left pooled connections behind); after its wait is
+/// granted and its first hold released, still three (the released hold's connection kept for
+/// the next), and its holds still park on the anchor they parked on first: lending its
+/// connection to the bumps and the kill did not end it. The client logs in as a user of its
+/// own, so that its sessions can be counted. (On MySQL, which has no anchor, the kept
+/// connection is the third.)
+pub(super) async fn row_lock_sessions_per_client() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let (user, config) = own_user(store.config().clone())?;
+    let a = client(&config).await?;
+    let b = client(store.config()).await?;
+    let (held_name, waited_name) = (
+        unique_name("sessions-held")?,
+        unique_name("sessions-waited")?,
+    );
+    // No watchdog: no renewal's kill meets a bump on the anchor (it would open the kept one).
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .watchdog(false);
+    let other = b.lock_with(&waited_name, &options).await.map_err(err)?;
+    let held = a.lock_with(&held_name, &options).await.map_err(err)?;
+    let first_anchor = parked_anchor_of(&user).await?;
+    let waiter = spawn_acquire(
+        &a,
+        &waited_name,
+        options.clone().wait(Duration::from_secs(20)),
+    );
+    // The waiter's statement, seen as `root` (the store's user sees only its own sessions).
+    let waiting = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '{}' AND INFO LIKE '%{}%'",
+        user.name,
+        hex(waited_name.as_str())
+    );
+    poll_every(
+        Duration::from_millis(5),
+        Duration::from_secs(2),
+        "the wait",
+        async || Ok(root_sql(&waiting).map_err(Failure)? != "0"),
+    )
+    .await?;
+    let sessions = sessions_of(&user)?;
+    ensure!(
+        sessions <= 3,
+        "a row-lock client holding one lock and waiting for another has {sessions} sessions"
+    );
+    other.release().await.map_err(err)?;
+    let granted = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    held.release().await.map_err(err)?;
+    let sessions = sessions_of(&user)?;
+    ensure!(
+        sessions <= 3,
+        "a row-lock client holding one lock after a wait and a release has {sessions} sessions"
+    );
+    let anchor = parked_anchor_of(&user).await?;
+    ensure!(
+        anchor == first_anchor,
+        "the client's holds parked on {first_anchor}, and after its bumps and kills on {anchor}"
+    );
+    granted.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// The anchor a parked statement of `user` waits on (`GET_LOCK('lock-mysql/park/...')`, seen
+/// as `root`); waits for one up to 2 s.
+async fn parked_anchor_of(user: &TempUser) -> Result<String, Failure> {
+    const MARK: &str = "GET_LOCK('";
+    let parked = format!(
+        "SELECT INFO FROM information_schema.PROCESSLIST WHERE USER = '{}' \
+         AND INFO LIKE '%lock-mysql/park/%'",
+        user.name
+    );
+    let mut found = None;
+    poll_every(
+        Duration::from_millis(5),
+        Duration::from_secs(2),
+        "a parked statement",
+        async || {
+            let infos = root_sql(&parked).map_err(Failure)?;
+            found = infos.lines().find_map(|info| {
+                let start = info.find(MARK)? + MARK.len();
+                let end = start + info[start..].find('\'')?;
+                Some(info[start..end].to_owned())
+            });
+            Ok(found.is_some())
+        },
+    )
+    .await?;
+    found.ok_or_else(|| Failure("no parked statement".into()))
+}
+
 /// Kills every session of `user` (as `root`, with MariaDB's `KILL USER`); fails when it has
 /// none.
 fn kill_sessions_of(user: &TempUser) -> Outcome {
@@ -96,15 +219,7 @@ fn kill_sessions_of(user: &TempUser) -> Outcome {
 /// answered `Unavailable` after 0.5 s.
 pub(super) async fn lease_kill_holder() -> Outcome {
     let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
-    let base = url::Url::parse(&support::url().map_err(Failure)?).map_err(err)?;
-    let database = base.path().trim_start_matches('/').to_owned();
-    let user = TempUser::create(&database, "MAX_QUERIES_PER_HOUR 0").map_err(Failure)?;
-    let mut own = base.clone();
-    own.set_username(&user.name)
-        .and_then(|()| own.set_password(Some(&user.password)))
-        .map_err(|()| Failure("cannot set the user".into()))?;
-    let mut single = store.config().clone().pool_size(1);
-    single.url = own.into();
+    let (user, single) = own_user(store.config().clone().pool_size(1))?;
     let backend = MySqlBackend::connect(&single).await.map_err(err)?;
     let a = LockClient::new(backend.clone());
     let b = client(store.config()).await?;

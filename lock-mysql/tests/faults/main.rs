@@ -74,6 +74,9 @@ fn main() -> ExitCode {
     .case("row_lock/kill_holder_connection", || {
         Box::pin(connections::row_lock_kill_holder())
     })
+    .case("row_lock/sessions_per_client", || {
+        Box::pin(connections::row_lock_sessions_per_client())
+    })
     .case("lease/kill_holder_connection", || {
         Box::pin(connections::lease_kill_holder())
     })
@@ -103,6 +106,9 @@ fn main() -> ExitCode {
     })
     .case("row_lock/park_anchor_killed", || {
         Box::pin(row_lock_park::anchor_killed())
+    })
+    .case("row_lock/anchor_killed_while_idle", || {
+        Box::pin(row_lock_park::anchor_killed_while_idle())
     })
     .case("row_lock/fence_bumped_between_grant_and_bump", || {
         Box::pin(row_lock_fences::row_lock_fence_bumped_in_between())

@@ -120,6 +120,50 @@ pub(super) async fn anchor_killed() -> Outcome {
     Ok(())
 }
 
+/// The anchor's connection, which also runs the client's fence bumps and kills, is killed by
+/// an operator while the client holds nothing (so no parked statement notices): the next
+/// acquisition's bump finds it gone and runs again on the connection kept beside the pool, the
+/// hold parks on a new anchor (another name), and its extension (a kill of its parked
+/// statement) and release go through.
+pub(super) async fn anchor_killed_while_idle() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let holder = client(store.config()).await?;
+    let name = unique_name("anchor-killed-idle")?;
+    let ttl = Duration::from_secs(3);
+    let options = LockOptions::new().ttl(ttl).watchdog(false);
+    let held = holder.lock_with(&name, &options).await.map_err(err)?;
+    let id = holder_connection(&store, &name).await?;
+    let first = parked_anchor(store.admin(), id, None).await?;
+    held.release().await.map_err(err)?;
+    let anchor_id: Option<u64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT CAST(IS_USED_LOCK('{first}') AS UNSIGNED)"
+    )))
+    .fetch_one(store.admin())
+    .await
+    .map_err(err)?;
+    let anchor_id = anchor_id.ok_or_else(|| Failure(format!("nobody holds the anchor {first}")))?;
+    sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {anchor_id}")))
+        .execute(store.admin())
+        .await
+        .map_err(err)?;
+    let held = holder.lock_with(&name, &options).await.map_err(err)?;
+    let id = holder_connection(&store, &name).await?;
+    parked_anchor(store.admin(), id, Some(&first)).await?;
+    held.extend(ttl).await.map_err(err)?;
+    ensure!(held.is_held(), "the hold ended after its extension");
+    held.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// The connection id the holder of `name` recorded.
+async fn holder_connection(store: &MySqlStore, name: &lock_core::LockName) -> Result<u64, Failure> {
+    store
+        .holder_connection(name)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| Failure("the holder recorded no connection id".into()))
+}
+
 /// The anchor the hold on connection `id` is parked on now (other than `not`), read from its
 /// parked statement on the server; waits for one up to 10 s.
 async fn parked_anchor(

@@ -1,0 +1,202 @@
+//! The anchor's connection lent for short statements: a row-lock client runs its fence bumps
+//! and the kills of its parked statements there, so that it needs no connection beside its
+//! holds' but this one (see [`crate::row_lock`]).
+//!
+//! The connection keeps its user lock while it is lent: the statements it runs (an
+//! autocommitted upsert, a `KILL QUERY` of another session) leave its session as it was, and
+//! parked statements go on waiting on the anchor. It is lent to one statement at a time; a
+//! statement that finds it lent (or the anchor down) runs on the connection kept beside the
+//! pool, as every such statement did before.
+//!
+//! It is treated much as [`crate::kept`] treats the kept connection, except that a late answer
+//! does not end it (ending it frees its user lock: every parked statement of the client would
+//! take it and park in `SLEEP` until a new anchor is up, the slow kills the anchor exists to
+//! avoid, and at a moment when the server is slow already):
+//! - idle for [`kept::TRUSTED_IDLE`] or longer, it is pinged before it is lent (the server may
+//!   have gone away meanwhile), in the background: when the answer comes after the caller's
+//!   bound, the caller runs its statement elsewhere and the connection is lent again later;
+//!   a ping that fails, or gets no answer for [`kept::DRAIN_FOR`], ends the anchor;
+//! - a statement whose connection broke (a transport error) ends the anchor: its connection is
+//!   dropped, its user lock comes free on the server, and parked statements take it and report
+//!   it lost, as when an operator kills it (see [`crate::anchor`]); a new one is raised when
+//!   the next statement parks. An error the server answered (even one of
+//!   [`Class::Connection`]'s, such as a read-only server's) leaves the session as it was: the
+//!   connection is lent again;
+//! - a statement whose answer did not come by its bound, or that was dropped midway, leaves the
+//!   connection to a ping in the background, which waits for the statement to end (for at
+//!   most [`kept::DRAIN_FOR`]); it is lent again if the ping answers, and the anchor ends
+//!   otherwise.
+
+use std::{sync::Arc, time::Instant};
+
+use sqlx::{Connection, Execute, Executor, MySql, MySqlConnection, mysql::MySqlQueryResult};
+use tokio::sync::oneshot;
+
+use super::Anchor;
+use crate::{
+    error::{Class, classify},
+    kept,
+    sql::{is_timed_out, within},
+};
+
+/// The anchor's connection, lent to one statement by [`Anchor::lend`]. Dropped before
+/// [`Lent::execute_within`] ended (its statement's future was dropped), it is drained (see
+/// the module docs).
+pub(crate) struct Lent {
+    anchor: Arc<Anchor>,
+    /// The anchor's name when it was lent: it goes back only to that anchor.
+    name: Arc<str>,
+    /// `Some` until given back or dropped.
+    conn: Option<MySqlConnection>,
+}
+
+impl Anchor {
+    /// The anchor's connection for one short statement, by `until`: `None` when no anchor is
+    /// up, its connection is lent, or (idle for [`kept::TRUSTED_IDLE`] or longer) its ping
+    /// did not answer by `until` (it goes on in the background, see the module docs).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves a ping under way to end in the background.
+    pub(crate) async fn lend(self: &Arc<Self>, until: Instant) -> Option<Lent> {
+        let (name, conn, idle_for) = {
+            let mut state = self.state();
+            let up = state.up.as_mut()?;
+            let conn = up.conn.take()?;
+            (up.name.clone(), conn, up.idle_since.elapsed())
+        };
+        let conn = if idle_for < kept::TRUSTED_IDLE {
+            conn
+        } else {
+            self.pinged(&name, conn, until).await?
+        };
+        Some(Lent {
+            anchor: self.clone(),
+            name,
+            conn: Some(conn),
+        })
+    }
+
+    /// `conn` once its ping answered, if that was by `until`. The ping runs in a task of its
+    /// own, so that it is never dropped midway (sqlx does not track a ping it sent as it tracks
+    /// a statement: a ping dropped midway would leave its answer unread): answered later, the
+    /// connection is given back; failed or unanswered for [`kept::DRAIN_FOR`], the anchor ends.
+    async fn pinged(
+        self: &Arc<Self>,
+        name: &Arc<str>,
+        conn: MySqlConnection,
+        until: Instant,
+    ) -> Option<MySqlConnection> {
+        let (answer, mut answered) = oneshot::channel();
+        self.drain(name.clone(), conn, Some(answer));
+        match tokio::time::timeout_at(until.into(), &mut answered).await {
+            Ok(answered) => answered.ok(),
+            Err(_) => {
+                // Late: whatever comes now goes back.
+                answered.close();
+                if let Ok(conn) = answered.try_recv() {
+                    self.give_back(name, conn);
+                }
+                None
+            }
+        }
+    }
+
+    /// Pings `conn` in the background (waiting for any statement left on it to end) for at
+    /// most [`kept::DRAIN_FOR`]: once it answers, it goes to `to` while that still listens,
+    /// else back to the anchor `name`; failed or unanswered, the anchor ends. Without a
+    /// runtime the anchor ends at once.
+    fn drain(
+        self: &Arc<Self>,
+        name: Arc<str>,
+        conn: MySqlConnection,
+        to: Option<oneshot::Sender<MySqlConnection>>,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.lost(&name);
+            drop(conn);
+            return;
+        };
+        let anchor = self.clone();
+        runtime.spawn(async move {
+            let mut conn = conn;
+            match tokio::time::timeout(kept::DRAIN_FOR, conn.ping()).await {
+                Ok(Ok(())) => {
+                    let unsent = match to {
+                        Some(to) => to.send(conn).err(),
+                        None => Some(conn),
+                    };
+                    if let Some(conn) = unsent {
+                        anchor.give_back(&name, conn);
+                    }
+                }
+                _ => {
+                    anchor.lost(&name);
+                    drop(conn);
+                }
+            }
+        });
+    }
+
+    /// Takes back the connection of the anchor `name`, idle from now; closes it when that
+    /// anchor is no longer up (it was reported lost meanwhile).
+    fn give_back(&self, name: &str, conn: MySqlConnection) {
+        let mut state = self.state();
+        match state.up.as_mut() {
+            Some(up) if &*up.name == name && up.conn.is_none() => {
+                up.conn = Some(conn);
+                up.idle_since = Instant::now();
+            }
+            _ => {
+                drop(state);
+                kept::close(conn);
+            }
+        }
+    }
+}
+
+impl Lent {
+    /// Runs `query` (a prepared query or raw SQL) on the anchor's connection, by `until`, and
+    /// hands the connection back as the module docs say: lent again after an answer (an error
+    /// the server answered included), drained after no answer in time, and the anchor ended
+    /// after a transport error.
+    ///
+    /// # Errors
+    /// The statement's, or [`crate::sql::timed_out`] at `until`.
+    pub(crate) async fn execute_within<'q>(
+        mut self,
+        until: Instant,
+        query: impl Execute<'q, MySql> + 'q,
+    ) -> Result<MySqlQueryResult, sqlx::Error> {
+        let Some(conn) = self.conn.as_mut() else {
+            unreachable!("a lent anchor holds its connection until it hands it back, here")
+        };
+        let result = within(until, conn.execute(query)).await;
+        match &result {
+            // Drained when dropped below.
+            Err(error) if is_timed_out(error) => {}
+            Err(error @ (sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)))
+                if classify(error) == Class::Connection =>
+            {
+                if let Some(conn) = self.conn.take() {
+                    self.anchor.lost(&self.name);
+                    // Dropped, not closed politely: it may be mid-answer.
+                    drop(conn);
+                }
+            }
+            _ => {
+                if let Some(conn) = self.conn.take() {
+                    self.anchor.give_back(&self.name, conn);
+                }
+            }
+        }
+        result
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.anchor.drain(self.name.clone(), conn, None);
+        }
+    }
+}

@@ -70,23 +70,9 @@ pub(super) async fn anchor_killed() -> Outcome {
     let ttl = Duration::from_millis(1500);
     let options = LockOptions::new().ttl(ttl);
     let held = holder.lock_with(&name, &options).await.map_err(err)?;
-    let id = store
-        .holder_connection(&name)
-        .await
-        .map_err(err)?
-        .ok_or_else(|| Failure("the holder recorded no connection id".into()))?;
+    let id = holder_connection(&store, &name).await?;
     let first = parked_anchor(store.admin(), id, None).await?;
-    let anchor_id: Option<u64> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT CAST(IS_USED_LOCK('{first}') AS UNSIGNED)"
-    )))
-    .fetch_one(store.admin())
-    .await
-    .map_err(err)?;
-    let anchor_id = anchor_id.ok_or_else(|| Failure(format!("nobody holds the anchor {first}")))?;
-    sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {anchor_id}")))
-        .execute(store.admin())
-        .await
-        .map_err(err)?;
+    kill_anchor(store.admin(), &first).await?;
     let lost = tokio::time::timeout(ttl * 2, held.lost()).await;
     ensure!(
         lost.is_err(),
@@ -135,23 +121,29 @@ pub(super) async fn anchor_killed_while_idle() -> Outcome {
     let id = holder_connection(&store, &name).await?;
     let first = parked_anchor(store.admin(), id, None).await?;
     held.release().await.map_err(err)?;
-    let anchor_id: Option<u64> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT CAST(IS_USED_LOCK('{first}') AS UNSIGNED)"
-    )))
-    .fetch_one(store.admin())
-    .await
-    .map_err(err)?;
-    let anchor_id = anchor_id.ok_or_else(|| Failure(format!("nobody holds the anchor {first}")))?;
-    sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {anchor_id}")))
-        .execute(store.admin())
-        .await
-        .map_err(err)?;
+    kill_anchor(store.admin(), &first).await?;
     let held = holder.lock_with(&name, &options).await.map_err(err)?;
     let id = holder_connection(&store, &name).await?;
     parked_anchor(store.admin(), id, Some(&first)).await?;
     held.extend(ttl).await.map_err(err)?;
     ensure!(held.is_held(), "the hold ended after its extension");
     held.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Kills the connection holding the anchor `name` (as an operator would).
+async fn kill_anchor(admin: &sqlx::MySqlPool, name: &str) -> Outcome {
+    let anchor_id: Option<u64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT CAST(IS_USED_LOCK('{name}') AS UNSIGNED)"
+    )))
+    .fetch_one(admin)
+    .await
+    .map_err(err)?;
+    let anchor_id = anchor_id.ok_or_else(|| Failure(format!("nobody holds the anchor {name}")))?;
+    sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {anchor_id}")))
+        .execute(admin)
+        .await
+        .map_err(err)?;
     Ok(())
 }
 

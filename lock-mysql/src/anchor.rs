@@ -40,9 +40,11 @@
 //! 10.1.2 (MDEV-4018), which a lease's last chunk needs; MySQL rounds it to whole seconds,
 //! and statements there park in `SLEEP`.
 //!
-//! **Its connection** is one of the pool's, taken out of it (detached: the pool may open
-//! another in its place): a row-lock backend's is the one its schema was checked on when it
-//! connected, a lease backend's the one its first raise gets from the pool. Holding its user
+//! **Its connection** is, for a row-lock backend, the pool's connection its schema was checked
+//! on when it connected, taken out of the pool (detached: the pool may open another in its
+//! place); otherwise (a lease backend's, or a raise after a loss) a connection idle in the
+//! pool, taken out of it, or where none is idle a new one (a raise does not wait for the pool,
+//! which parked lease waiters may fill). It runs the pool's session setup. Holding its user
 //! lock is all it does, so the row lock runs its fence bumps and kills on it too (see
 //! [`lending`]): a row-lock client running one lock at a time needs no connection beside its
 //! holds' and waits' but this one.
@@ -53,12 +55,15 @@ use std::{
 };
 
 use lock_core::{LockError, backend::LeaseToken};
-use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlPool, pool::PoolConnection};
+use sqlx::{
+    AssertSqlSafe, MySql, MySqlConnection, MySqlPool, mysql::MySqlConnectOptions,
+    pool::PoolConnection,
+};
 
 use crate::{
     error::Error,
     kept,
-    sql::{run, tagged, within},
+    sql::{connect_within, run, tagged, within},
 };
 
 mod lending;
@@ -89,9 +94,13 @@ pub(crate) struct Anchor {
 /// Where an anchor's connection is taken from.
 #[derive(Clone)]
 pub(crate) struct Settings {
-    /// The pool the anchor's connection is taken from (and detached), set up as the pool's
-    /// connections are.
+    /// The pool whose idle connection the anchor takes (and detaches), when one is idle.
     pub(crate) pool: MySqlPool,
+    /// The server and account, for a connection of its own when none is idle in the pool.
+    pub(crate) connect: MySqlConnectOptions,
+    /// The session setup the pool's connections run (`SET SESSION ...`), run on the anchor's
+    /// connection too: the row lock runs its fence bumps there.
+    pub(crate) setup: String,
     /// The bound of getting the connection.
     pub(crate) connect_timeout: Duration,
     /// The bound of the statement that takes the user lock.
@@ -284,23 +293,41 @@ impl Anchor {
         }
     }
 
-    /// Takes a user lock of a fresh random name on `given`, or else on a connection taken out
-    /// of the pool (detached: the pool may open another in its place).
+    /// Takes a user lock of a fresh random name on `given`, or else on a connection idle in
+    /// the pool (taken out of it: the pool may open another in its place), or else (none is
+    /// idle: a raise does not wait for the pool, which parked waiters may fill, nor take a
+    /// connection its callers wait for; or the idle one failed) on a new connection.
     async fn open(
         &self,
         given: Option<MySqlConnection>,
     ) -> Result<(Arc<str>, MySqlConnection), LockError> {
+        let settings = &self.settings;
+        let given = given.or_else(|| settings.pool.try_acquire().map(PoolConnection::detach));
+        if let Some(conn) = given
+            && let Ok(up) = self.take_lock(conn).await
+        {
+            return Ok(up);
+        }
+        let conn = connect_within(
+            &settings.connect,
+            settings.connect_timeout,
+            "taking the anchor",
+        )
+        .await?;
+        self.take_lock(conn).await
+    }
+
+    /// Runs the session setup on `conn` and takes a user lock of a fresh random name there.
+    async fn take_lock(
+        &self,
+        mut conn: MySqlConnection,
+    ) -> Result<(Arc<str>, MySqlConnection), LockError> {
         let what = "taking the anchor";
         let settings = &self.settings;
-        let mut conn = match given {
-            Some(conn) => conn,
-            None => within(
-                Instant::now() + settings.connect_timeout,
-                settings.pool.acquire(),
-            )
-            .await
-            .map_err(|e| LockError::from(Error::new(what, e)))?
-            .detach(),
+        let setup = if settings.setup.is_empty() {
+            String::new()
+        } else {
+            format!("{}; ", settings.setup)
         };
         // A lease token is 32 random hex digits: a name nobody else holds.
         let name: Arc<str> = format!("lock-mysql/park/{}", LeaseToken::random().as_str()).into();
@@ -310,7 +337,7 @@ impl Anchor {
             run(
                 &mut conn,
                 AssertSqlSafe(format!(
-                    "SET SESSION wait_timeout = {ANCHOR_IDLE_SECS}; \
+                    "{setup}SET SESSION wait_timeout = {ANCHOR_IDLE_SECS}; \
                      SELECT 'anchor', CAST(GET_LOCK('{name}', 0) AS UNSIGNED)"
                 )),
             ),

@@ -140,7 +140,8 @@ impl MySqlBackend {
             tracing::warn!(server = %server.version, %url, "fences are best effort: {why}");
         }
         let setup = server.session_setup();
-        let pool = pool_options(config, &setup)
+        let pool_setup = pool_setup(config, &setup);
+        let pool = pool_options(config, pool_setup.clone())
             .connect_with(options.clone())
             .await
             .map_err(|e| {
@@ -160,6 +161,14 @@ impl MySqlBackend {
         })?;
         schema::ensure(&mut first, &table, config.strategy, config.create_table).await?;
         let mariadb = server.mariadb;
+        let anchor = anchor::Settings {
+            pool: pool.clone(),
+            connect: options.clone(),
+            setup: pool_setup,
+            connect_timeout: config.connect_timeout,
+            statement_timeout: config.statement_timeout,
+            mariadb,
+        };
         let imp = match config.strategy {
             Strategy::Lease => Imp::Lease(LeaseStrategy::new(
                 pool.clone(),
@@ -169,12 +178,7 @@ impl MySqlBackend {
                     lock_wait: Duration::from_secs(config.lock_wait_secs()),
                     mariadb,
                 },
-                anchor::Settings {
-                    pool: pool.clone(),
-                    connect_timeout: config.connect_timeout,
-                    statement_timeout: config.statement_timeout,
-                    mariadb,
-                },
+                anchor,
             )),
             Strategy::RowLock => Imp::RowLock(RowLockStrategy::new(
                 pool.clone(),
@@ -185,8 +189,8 @@ impl MySqlBackend {
                     max_idle: config.idle_hold_connections,
                     session_setup: setup,
                     statement_timeout: config.statement_timeout,
-                    mariadb,
                 },
+                anchor,
             )),
         };
         match &imp {
@@ -222,7 +226,9 @@ impl MySqlBackend {
     }
 }
 
-fn pool_options(config: &MySqlConfig, server_setup: &str) -> MySqlPoolOptions {
+/// The session setup of the pool's connections (and of the anchor's, see [`anchor::Settings`]):
+/// `READ COMMITTED` (see [`pool_options`]), the lock-wait bound and the server's own setup.
+fn pool_setup(config: &MySqlConfig, server_setup: &str) -> String {
     let mut setup = format!(
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          SET SESSION innodb_lock_wait_timeout = {}",
@@ -232,6 +238,11 @@ fn pool_options(config: &MySqlConfig, server_setup: &str) -> MySqlPoolOptions {
         setup.push_str("; ");
         setup.push_str(server_setup);
     }
+    setup
+}
+
+/// The pool's options: its connections run `setup` (see [`pool_setup`]).
+fn pool_options(config: &MySqlConfig, setup: String) -> MySqlPoolOptions {
     MySqlPoolOptions::new()
         .max_connections(config.pool_size)
         .min_connections(0)

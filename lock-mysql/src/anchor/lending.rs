@@ -16,16 +16,16 @@
 //!   have gone away meanwhile), in the background: when the answer comes after the caller's
 //!   bound, the caller runs its statement elsewhere and the connection is lent again later;
 //!   a ping that fails, or gets no answer for [`kept::DRAIN_FOR`], ends the anchor;
-//! - a statement whose connection broke (a transport error) ends the anchor: its connection is
-//!   dropped, its user lock comes free on the server, and parked statements take it and report
-//!   it lost, as when an operator kills it (see [`crate::anchor`]); a new one is raised when
-//!   the next statement parks. An error the server answered (even one of
-//!   [`Class::Connection`]'s, such as a read-only server's) leaves the session as it was: the
-//!   connection is lent again;
+//! - a statement whose connection broke (a transport error, or the server's word that the
+//!   session ends: killed, shutting down) ends the anchor: its connection is dropped, its user
+//!   lock comes free on the server, and parked statements take it and report it lost, as when
+//!   an operator kills it (see [`crate::anchor`]); a new one is raised when the next statement
+//!   parks. Any other error the server answered (a read-only server's included) leaves the
+//!   session as it was: the connection is lent again;
 //! - a statement whose answer did not come by its bound, or that was dropped midway, leaves the
 //!   connection to a ping in the background, which waits for the statement to end (for at
-//!   most [`kept::DRAIN_FOR`]); it is lent again if the ping answers, and the anchor ends
-//!   otherwise.
+//!   most [`kept::DRAIN_FOR`]); it is lent again if the ping answers (a second ping when the
+//!   first answered the statement's error), and the anchor ends otherwise.
 
 use std::{sync::Arc, time::Instant};
 
@@ -34,7 +34,7 @@ use tokio::sync::oneshot;
 
 use super::Anchor;
 use crate::{
-    error::{Class, classify},
+    error::{Class, classify, server_code},
     kept,
     sql::{is_timed_out, within},
 };
@@ -119,20 +119,20 @@ impl Anchor {
         let anchor = self.clone();
         runtime.spawn(async move {
             let mut conn = conn;
-            match tokio::time::timeout(kept::DRAIN_FOR, conn.ping()).await {
-                Ok(Ok(())) => {
-                    let unsent = match to {
-                        Some(to) => to.send(conn).err(),
-                        None => Some(conn),
-                    };
-                    if let Some(conn) = unsent {
-                        anchor.give_back(&name, conn);
-                    }
+            if tokio::time::timeout(kept::DRAIN_FOR, answered(&mut conn))
+                .await
+                .is_ok_and(|answered| answered)
+            {
+                let unsent = match to {
+                    Some(to) => to.send(conn).err(),
+                    None => Some(conn),
+                };
+                if let Some(conn) = unsent {
+                    anchor.give_back(&name, conn);
                 }
-                _ => {
-                    anchor.lost(&name);
-                    drop(conn);
-                }
+            } else {
+                anchor.lost(&name);
+                drop(conn);
             }
         });
     }
@@ -174,9 +174,7 @@ impl Lent {
         match &result {
             // Drained when dropped below.
             Err(error) if is_timed_out(error) => {}
-            Err(error @ (sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)))
-                if classify(error) == Class::Connection =>
-            {
+            Err(error) if session_gone(error) => {
                 if let Some(conn) = self.conn.take() {
                     self.anchor.lost(&self.name);
                     // Dropped, not closed politely: it may be mid-answer.
@@ -199,4 +197,30 @@ impl Drop for Lent {
             self.anchor.drain(self.name.clone(), conn, None);
         }
     }
+}
+
+/// Pings `conn` until it answers, waiting for any statement left on it to end: `false` when
+/// the connection failed. A statement left on it that ended in an error makes the first ping
+/// answer that error (sqlx reads the statement's answer first); the session is back in step
+/// then, and the next ping answers for itself.
+async fn answered(conn: &mut MySqlConnection) -> bool {
+    // At most one statement is left on it: at most one answer before the ping's own.
+    for _ in 0..2 {
+        match conn.ping().await {
+            Ok(()) => return true,
+            Err(sqlx::Error::Database(_)) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Whether `error` says the anchor's session is gone or going: a transport error (not
+/// [`crate::sql::timed_out`]'s), or a server error of [`Class::Connection`] other than those
+/// a live session answers (a read-only server's 1290 and 1836; 1040, too many connections,
+/// comes only at login).
+fn session_gone(error: &sqlx::Error) -> bool {
+    classify(error) == Class::Connection
+        && !is_timed_out(error)
+        && !matches!(server_code(error), Some(1290 | 1836 | 1040))
 }

@@ -349,6 +349,8 @@ mod tests {
                 .unwrap();
             let anchor = anchor::Settings {
                 pool: pool.clone(),
+                connect: "mysql://nobody@127.0.0.1:1/none".parse().unwrap(),
+                setup: String::new(),
                 connect_timeout: Duration::from_secs(1),
                 statement_timeout: Duration::from_secs(1),
                 mariadb: true,

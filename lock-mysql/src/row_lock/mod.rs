@@ -141,8 +141,6 @@ pub(crate) struct Settings {
     pub(crate) session_setup: String,
     /// The bound of calls without a wait budget.
     pub(crate) statement_timeout: Duration,
-    /// The server is MariaDB (holds park on an [anchor](crate::anchor) there).
-    pub(crate) mariadb: bool,
 }
 
 impl RowLockStrategy {
@@ -152,21 +150,21 @@ impl RowLockStrategy {
         self.shared.anchor.raise_on(conn).await;
     }
 
-    pub(crate) fn new(pool: MySqlPool, table: TableName, settings: Settings) -> Self {
+    /// The strategy on `pool` and `table`, its anchor raised as `anchor` says.
+    pub(crate) fn new(
+        pool: MySqlPool,
+        table: TableName,
+        settings: Settings,
+        anchor: anchor::Settings,
+    ) -> Self {
         let Settings {
             connect,
             connect_timeout,
             max_idle,
             session_setup,
             statement_timeout,
-            mariadb,
         } = settings;
-        let anchor = Arc::new(Anchor::new(anchor::Settings {
-            pool: pool.clone(),
-            connect_timeout,
-            statement_timeout,
-            mariadb,
-        }));
+        let anchor = Arc::new(Anchor::new(anchor));
         Self {
             shared: Arc::new(Shared {
                 kept: Kept::new(pool.clone()),
@@ -372,13 +370,20 @@ mod tests {
             .idle_timeout(None)
             .connect_lazy_with(options.clone());
         let strategy = RowLockStrategy::new(
-            pool,
+            pool.clone(),
             TableName::new("t").unwrap(),
             Settings {
-                connect: options,
+                connect: options.clone(),
                 connect_timeout: Duration::from_secs(1),
                 max_idle: 0,
                 session_setup: String::new(),
+                statement_timeout: Duration::from_secs(1),
+            },
+            anchor::Settings {
+                pool: pool.clone(),
+                connect: options,
+                setup: String::new(),
+                connect_timeout: Duration::from_secs(1),
                 statement_timeout: Duration::from_secs(1),
                 mariadb: true,
             },

@@ -110,6 +110,9 @@ fn main() -> ExitCode {
     .case("row_lock/anchor_killed_while_idle", || {
         Box::pin(row_lock_park::anchor_killed_while_idle())
     })
+    .case("row_lock/anchor_outlives_a_late_bump", || {
+        Box::pin(row_lock_park::anchor_outlives_a_late_bump())
+    })
     .case("row_lock/fence_bumped_between_grant_and_bump", || {
         Box::pin(row_lock_fences::row_lock_fence_bumped_in_between())
     })

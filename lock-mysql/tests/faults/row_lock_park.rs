@@ -13,9 +13,9 @@ use lock_mysql::{MySqlConfig, Strategy};
 use sqlx::AssertSqlSafe;
 
 use super::{
-    client, spawn_acquire,
+    admin_conn, client, spawn_acquire,
     support::{
-        self, MySqlStore,
+        self, MySqlStore, hex,
         proxy::{Proxy, upstream},
     },
 };
@@ -128,6 +128,70 @@ pub(super) async fn anchor_killed_while_idle() -> Outcome {
     held.extend(ttl).await.map_err(err)?;
     ensure!(held.is_held(), "the hold ended after its extension");
     held.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// A fence bump on the anchor's connection whose answer does not come in time (its counter row
+/// locked by another transaction past the statement bound) fails the acquisition, and its
+/// connection is drained in the background, not closed: the anchor lives on, and once the row
+/// is free the next hold parks on the same anchor. (Closing it would free the anchor's user
+/// lock and send every parked hold of the client to `SLEEP`, the slow kills the anchor is
+/// there to avoid.) Twice: once the row is freed while the late bump still waits (it then
+/// commits), once the late bump ends in the server's lock-wait error (1205) first, which the
+/// drain's first ping reads.
+pub(super) async fn anchor_outlives_a_late_bump() -> Outcome {
+    let store = MySqlStore::new(Strategy::RowLock).await.map_err(Failure)?;
+    let mut config = store
+        .config()
+        .clone()
+        .statement_timeout(Duration::from_millis(500));
+    config.lock_wait_timeout = Duration::from_secs(1);
+    let holder = client(&config).await?;
+    let name = unique_name("anchor-late-bump")?;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .watchdog(false)
+        .wait(Duration::ZERO);
+    // Creates the counter row.
+    let held = holder.lock_with(&name, &options).await.map_err(err)?;
+    let id = holder_connection(&store, &name).await?;
+    let first = parked_anchor(store.admin(), id, None).await?;
+    held.release().await.map_err(err)?;
+    let fences = format!("`{}_fences`", store.config().table_name().as_str());
+    let mut admin = admin_conn().await?;
+    for ends_in_error in [false, true] {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "START TRANSACTION; SELECT fence FROM {fences} WHERE name = X'{}' FOR UPDATE",
+            hex(name.as_str())
+        )))
+        .execute(&mut admin)
+        .await
+        .map_err(err)?;
+        let late = holder.lock_with(&name, &options).await;
+        if ends_in_error {
+            // The late bump waits out its session's lock-wait bound (1 s) and fails there.
+            support::until_no_statement_mentioning(store.admin(), &fences, Duration::from_secs(5))
+                .await
+                .map_err(Failure)?;
+        }
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut admin)
+            .await
+            .map_err(err)?;
+        ensure!(
+            late.is_err(),
+            "an acquisition whose fence bump waited past its bound succeeded: {late:?}"
+        );
+        let held = holder.lock_with(&name, &options).await.map_err(err)?;
+        let id = holder_connection(&store, &name).await?;
+        let anchor = parked_anchor(store.admin(), id, None).await?;
+        ensure!(
+            anchor == first,
+            "after a late bump (ending in an error: {ends_in_error}) the hold parks on the \
+             anchor {anchor}, not on {first}"
+        );
+        held.release().await.map_err(err)?;
+    }
     Ok(())
 }
 

@@ -457,6 +457,22 @@ pub async fn until_waiting(admin: &MySqlPool, name: &LockName) -> Result<(), Str
     until_statements(admin, name, Duration::from_secs(2), &what, |n| n > 0).await
 }
 
+/// Waits (`limit` at most) until no statement whose text contains `text` runs on the server.
+pub async fn until_no_statement_mentioning(
+    admin: &MySqlPool,
+    text: &str,
+    limit: Duration,
+) -> Result<(), String> {
+    let what = format!("the statements mentioning {text} ending");
+    let mut count = 0;
+    poll_every(Duration::from_millis(5), limit, &what, async || {
+        count = statements_mentioning(admin, text).await.map_err(Failure)?;
+        Ok(count == 0)
+    })
+    .await
+    .map_err(|Failure(why)| format!("{why} ({count} still run)"))
+}
+
 /// Waits (1 s at most) until no statement on `name` runs on the server.
 pub async fn until_no_statement(admin: &MySqlPool, name: &LockName) -> Result<(), String> {
     let what = format!("the statements on `{name}` ending");

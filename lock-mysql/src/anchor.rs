@@ -68,6 +68,8 @@ use crate::{
 
 mod lending;
 
+pub(crate) use lending::session_gone;
+
 /// The session variable a parked `GET_LOCK` leaves its answer in (1: it took the anchor).
 pub(crate) const TOOK_VAR: &str = "@lock_park";
 

@@ -158,7 +158,7 @@ impl Lent {
     /// Runs `query` (a prepared query or raw SQL) on the anchor's connection, by `until`, and
     /// hands the connection back as the module docs say: lent again after an answer (an error
     /// the server answered included), drained after no answer in time, and the anchor ended
-    /// after a transport error.
+    /// after an error that says its session is gone ([`session_gone`]).
     ///
     /// # Errors
     /// The statement's, or [`crate::sql::timed_out`] at `until`.
@@ -219,7 +219,7 @@ async fn answered(conn: &mut MySqlConnection) -> bool {
 /// [`crate::sql::timed_out`]'s), or a server error of [`Class::Connection`] other than those
 /// a live session answers (a read-only server's 1290 and 1836; 1040, too many connections,
 /// comes only at login).
-fn session_gone(error: &sqlx::Error) -> bool {
+pub(crate) fn session_gone(error: &sqlx::Error) -> bool {
     classify(error) == Class::Connection
         && !is_timed_out(error)
         && !matches!(server_code(error), Some(1290 | 1836 | 1040))

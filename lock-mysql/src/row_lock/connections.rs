@@ -10,9 +10,10 @@ use sqlx::{
 
 use super::Shared;
 use crate::{
+    anchor,
     config::ceil_secs,
-    error::{Class, Error, classify, server_code},
-    sql::{connect_within, is_timed_out, run, tagged},
+    error::{Error, server_code},
+    sql::{connect_within, run, tagged},
 };
 
 /// Why a wait was stopped before the server answered.
@@ -134,8 +135,8 @@ impl Shared {
     /// anchor's connection when it is free (see [`crate::anchor`]: the client then needs no
     /// other connection beside its holds' and waits'), else on the connection kept beside the
     /// pool or a pooled one (see [`crate::kept`]). A statement whose anchor connection had
-    /// gone (it failed at once, without waiting its time out) runs again there; the anchor
-    /// ends with it and is raised again when a hold next parks.
+    /// gone ([`anchor::session_gone`]: the anchor ends with it, and is raised again when a
+    /// hold next parks) runs again there.
     ///
     /// # Errors
     /// The statement's, the pool's, or [`crate::sql::timed_out`] at `until`.
@@ -149,7 +150,7 @@ impl Shared {
     {
         if let Some(lent) = self.anchor.lend(until).await {
             match lent.execute_within(until, query()).await {
-                Err(error) if classify(&error) == Class::Connection && !is_timed_out(&error) => {}
+                Err(error) if anchor::session_gone(&error) => {}
                 done => return done,
             }
         }

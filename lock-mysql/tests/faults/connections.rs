@@ -141,6 +141,11 @@ pub(super) async fn row_lock_sessions_per_client() -> Outcome {
         sessions <= 3,
         "a row-lock client holding one lock and waiting for another has {sessions} sessions"
     );
+    // Its hold and its wait at least: a count that finds fewer counts something else.
+    ensure!(
+        sessions >= 2,
+        "{sessions} sessions counted for a client with a hold and a wait"
+    );
     other.release().await.map_err(err)?;
     let granted = waiter
         .await
@@ -151,6 +156,10 @@ pub(super) async fn row_lock_sessions_per_client() -> Outcome {
     ensure!(
         sessions <= 3,
         "a row-lock client holding one lock after a wait and a release has {sessions} sessions"
+    );
+    ensure!(
+        sessions >= 1,
+        "{sessions} sessions counted for a client with a hold"
     );
     let anchor = parked_anchor_of(&user).await?;
     ensure!(

@@ -125,27 +125,40 @@ impl Client {
     /// The client's connection (the first creates the row on it) and, with
     /// [`Fence::Bumped`], the one its bumps run on.
     async fn connect(&self) -> Result<(MySqlConnection, Option<MySqlConnection>), String> {
-        let mut conn = MySqlConnection::connect(&self.url)
+        let row = self
+            .first
+            .then_some((self.table.as_str(), self.name.as_slice()));
+        connections(&self.url, row, self.fence).await
+    }
+}
+
+/// A connection to `url` (creating `row`, a name in a table, on it when given) and, with
+/// [`Fence::Bumped`], a second one for the bumps.
+async fn connections(
+    url: &str,
+    row: Option<(&str, &[u8])>,
+    fence: Fence,
+) -> Result<(MySqlConnection, Option<MySqlConnection>), String> {
+    let mut conn = MySqlConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some((table, name)) = row {
+        let create = format!("INSERT IGNORE INTO `{table}` (name) VALUES (?)");
+        sqlx::query(AssertSqlSafe(create))
+            .bind(name)
+            .execute(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        if self.first {
-            let create = format!("INSERT IGNORE INTO `{}` (name) VALUES (?)", self.table);
-            sqlx::query(AssertSqlSafe(create))
-                .bind(&self.name)
-                .execute(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        let bumps = match self.fence {
-            Fence::None => None,
-            Fence::Bumped => Some(
-                MySqlConnection::connect(&self.url)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ),
-        };
-        Ok((conn, bumps))
     }
+    let bumps = match fence {
+        Fence::None => None,
+        Fence::Bumped => Some(
+            MySqlConnection::connect(url)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+    };
+    Ok((conn, bumps))
 }
 
 /// A bare row-lock cycle by hand, on connections of its own: `START TRANSACTION` and `SELECT
@@ -155,10 +168,9 @@ impl Client {
 /// bump, parks a statement that watches the hold's connection and stops it with `KILL QUERY`
 /// from another connection before the release, and runs in tasks of its own.
 pub(crate) struct BareCycle {
-    /// The connection the row is locked on, and the one the bump runs on.
-    conns: Mutex<(MySqlConnection, MySqlConnection)>,
-    /// Whether each cycle bumps the fence.
-    fence: Fence,
+    /// The connection the row is locked on, and with [`Fence::Bumped`] the one the bump runs
+    /// on.
+    conns: Mutex<(MySqlConnection, Option<MySqlConnection>)>,
     /// The batch that locks the row.
     lock: String,
     /// The fence bump.
@@ -168,7 +180,8 @@ pub(crate) struct BareCycle {
 }
 
 impl BareCycle {
-    /// Connects twice to `url` and creates a row of its own in the backend's table.
+    /// Connects to `url` (twice with [`Fence::Bumped`]) and creates a row of its own in the
+    /// backend's table.
     pub(crate) async fn new(
         url: &str,
         backend: &MySqlBackend,
@@ -176,23 +189,11 @@ impl BareCycle {
     ) -> Result<Self, String> {
         let table = backend.table().as_str();
         let name = format!("bench/bare/{:016x}", rand::random::<u64>());
-        let mut conn = MySqlConnection::connect(url)
-            .await
-            .map_err(|e| e.to_string())?;
-        let bumps = MySqlConnection::connect(url)
-            .await
-            .map_err(|e| e.to_string())?;
-        let create = format!("INSERT IGNORE INTO `{table}` (name) VALUES (?)");
-        sqlx::query(AssertSqlSafe(create))
-            .bind(name.as_bytes())
-            .execute(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (conn, bumps) = connections(url, Some((table, name.as_bytes())), fence).await?;
         // The name (ASCII letters, a slash and hex digits) is a literal in the text batch, so
         // the batch goes in one round trip.
         Ok(Self {
             conns: Mutex::new((conn, bumps)),
-            fence,
             lock: format!(
                 "START TRANSACTION; SELECT name FROM `{table}` WHERE name = '{name}' FOR UPDATE"
             ),
@@ -209,10 +210,10 @@ impl BareCycle {
             .execute(&mut *conn)
             .await
             .map_err(|e| e.to_string())?;
-        if self.fence == Fence::Bumped {
+        if let Some(bumps) = bumps.as_mut() {
             sqlx::query(AssertSqlSafe(self.bump.clone()))
                 .bind(&self.name)
-                .execute(&mut *bumps)
+                .execute(bumps)
                 .await
                 .map_err(|e| e.to_string())?;
         }

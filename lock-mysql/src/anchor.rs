@@ -42,12 +42,14 @@
 //!
 //! **Its connection** is, for a row-lock backend, the pool's connection its schema was checked
 //! on when it connected, taken out of the pool (detached: the pool may open another in its
-//! place); otherwise (a lease backend's, or a raise after a loss) a connection idle in the
-//! pool, taken out of it, or where none is idle a new one (a raise does not wait for the pool,
-//! which parked lease waiters may fill). It runs the pool's session setup. Holding its user
-//! lock is all it does, so the row lock runs its fence bumps and kills on it too (see
-//! [`lending`]): a row-lock client running one lock at a time needs no connection beside its
-//! holds' and waits' but this one.
+//! place); otherwise (a lease backend's, or a raise after a loss) the connection kept beside
+//! the pool when it is idle (see [`crate::kept`]), or a connection idle in the pool, taken out
+//! of it, or where none is idle a new one (a raise does not wait for the pool, which parked
+//! lease waiters may fill). It runs the pool's session setup. Holding its user lock is all it
+//! does, so the client's short statements run on it too ([`Anchor::execute_short`], see
+//! [`lending`]): a row-lock client's fence bumps and kills, a lease client's tries and lone
+//! releases. A row-lock client running one lock at a time so needs no connection beside its
+//! holds' and waits' but this one, and a waiting lease client none beside its pool's.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -62,13 +64,11 @@ use sqlx::{
 
 use crate::{
     error::Error,
-    kept,
+    kept::{self, Kept},
     sql::{connect_within, run, tagged, within},
 };
 
 mod lending;
-
-pub(crate) use lending::session_gone;
 
 /// The session variable a parked `GET_LOCK` leaves its answer in (1: it took the anchor).
 pub(crate) const TOOK_VAR: &str = "@lock_park";
@@ -91,6 +91,10 @@ const ANCHOR_IDLE_SECS: u64 = 31_536_000;
 pub(crate) struct Anchor {
     state: Mutex<State>,
     settings: Settings,
+    /// The client's connection kept beside the pool: short statements run there when the
+    /// anchor's is lent or down (see [`Anchor::execute_short`]), and a raise takes it when it
+    /// is idle (see [`Anchor::open`]).
+    kept: Arc<Kept>,
 }
 
 /// Where an anchor's connection is taken from.
@@ -135,11 +139,12 @@ struct Up {
 
 impl Anchor {
     /// An anchor not raised yet (it is raised by [`Anchor::raise_on`] when a row-lock backend
-    /// connects, or at the first [`Anchor::name`] due).
-    pub(crate) fn new(settings: Settings) -> Self {
+    /// connects, or at the first [`Anchor::name`] due), beside the client's `kept` connection.
+    pub(crate) fn new(settings: Settings, kept: Arc<Kept>) -> Self {
         Self {
             state: Mutex::default(),
             settings,
+            kept,
         }
     }
 
@@ -295,16 +300,20 @@ impl Anchor {
         }
     }
 
-    /// Takes a user lock of a fresh random name on `given`, or else on a connection idle in
-    /// the pool (taken out of it: the pool may open another in its place), or else (none is
-    /// idle: a raise does not wait for the pool, which parked waiters may fill, nor take a
+    /// Takes a user lock of a fresh random name on `given`, or else on the kept connection
+    /// when it is idle (it becomes the anchor's: the statements it ran are lent the anchor's
+    /// now, so the client keeps one connection for both), or else on a connection idle in the
+    /// pool (taken out of it: the pool may open another in its place), or else (none is idle:
+    /// a raise does not wait for the pool, which parked waiters may fill, nor take a
     /// connection its callers wait for; or the idle one failed) on a new connection.
     async fn open(
         &self,
         given: Option<MySqlConnection>,
     ) -> Result<(Arc<str>, MySqlConnection), LockError> {
         let settings = &self.settings;
-        let given = given.or_else(|| settings.pool.try_acquire().map(PoolConnection::detach));
+        let given = given
+            .or_else(|| self.kept.take_for_anchor())
+            .or_else(|| settings.pool.try_acquire().map(PoolConnection::detach));
         if let Some(conn) = given
             && let Ok(up) = self.take_lock(conn).await
         {

@@ -10,7 +10,9 @@
 //! ([`PoolConnection::detach`]), for the next such statement: a statement that ends cleanly
 //! leaves it here without a ping. A statement that finds it in use takes a pooled connection
 //! as before. So a client opens at most one connection more than its pool's size here (and,
-//! on MariaDB, one for its [anchor](crate::anchor), also taken out of the pool).
+//! on MariaDB, one for its [anchor](crate::anchor), also taken out of the pool; a raise takes
+//! the kept connection when it is idle, and no other is kept until a statement finds the
+//! anchor's lent and ends cleanly on a pooled one).
 //!
 //! What the pool does for its own connections is done here too:
 //! - a statement dropped midway leaves the kept connection to a ping in the background, which
@@ -127,6 +129,16 @@ impl Kept {
         let result = within(until, (&mut *conn).execute(query)).await;
         conn.finish(&result);
         result
+    }
+
+    /// The idle kept connection for the client's anchor (see [`crate::anchor`]), which keeps
+    /// it from now: no connection is kept here until a later statement that finds the anchor's
+    /// lent ends cleanly on a pooled one. `None` when none is idle (or it is past
+    /// [`MAX_LIFETIME`]).
+    pub(crate) fn take_for_anchor(&self) -> Option<MySqlConnection> {
+        let idle = self.take_idle()?;
+        lock(&self.slot).exists = false;
+        Some(idle.conn)
     }
 
     /// The idle kept connection, unless there is none or it is past [`MAX_LIFETIME`] (then

@@ -1,9 +1,11 @@
-//! The anchor's connection lent for short statements: a row-lock client runs its fence bumps
-//! and the kills of its parked statements there, so that it needs no connection beside its
-//! holds' but this one (see [`crate::row_lock`]).
+//! The anchor's connection lent for short statements ([`Anchor::execute_short`]): a row-lock
+//! client runs its fence bumps and the kills of its parked statements there, so that it needs
+//! no connection beside its holds' but this one (see [`crate::row_lock`]); a lease client its
+//! tries and lone releases, so that, once it has waited (which raised the anchor, on the
+//! connection kept beside the pool), it needs none beside its pool's.
 //!
-//! The connection keeps its user lock while it is lent: the statements it runs (an
-//! autocommitted upsert, a `KILL QUERY` of another session) leave its session as it was, and
+//! The connection keeps its user lock while it is lent: the statements it runs (autocommitted
+//! upserts and updates, a `KILL QUERY` of another session) leave its session as it was, and
 //! parked statements go on waiting on the anchor. It is lent to one statement at a time; a
 //! statement that finds it lent (or the anchor down) runs on the connection kept beside the
 //! pool, as every such statement did before.
@@ -154,6 +156,33 @@ impl Anchor {
     }
 }
 
+impl Anchor {
+    /// Runs a short statement (`query` makes it) by `until` on the anchor's connection when it
+    /// is lent ([`Anchor::lend`]), else on the connection kept beside the pool or a pooled one
+    /// (see [`crate::kept`]). A statement whose anchor connection had gone ([`session_gone`]:
+    /// the anchor ends with it, and is raised again when a statement next parks) runs again
+    /// there.
+    ///
+    /// # Errors
+    /// The statement's, the pool's, or [`crate::sql::timed_out`] at `until`.
+    pub(crate) async fn execute_short<'q, Q>(
+        self: &Arc<Self>,
+        until: Instant,
+        query: impl Fn() -> Q,
+    ) -> Result<MySqlQueryResult, sqlx::Error>
+    where
+        Q: Execute<'q, MySql> + 'q,
+    {
+        if let Some(lent) = self.lend(until).await {
+            match lent.execute_within(until, query()).await {
+                Err(error) if session_gone(&error) => {}
+                done => return done,
+            }
+        }
+        self.kept.execute_within(until, query()).await
+    }
+}
+
 impl Lent {
     /// Runs `query` (a prepared query or raw SQL) on the anchor's connection, by `until`, and
     /// hands the connection back as the module docs say: lent again after an answer (an error
@@ -219,7 +248,7 @@ async fn answered(conn: &mut MySqlConnection) -> bool {
 /// [`crate::sql::timed_out`]'s), or a server error of [`Class::Connection`] other than those
 /// a live session answers (a read-only server's 1290 and 1836; 1040, too many connections,
 /// comes only at login).
-pub(crate) fn session_gone(error: &sqlx::Error) -> bool {
+fn session_gone(error: &sqlx::Error) -> bool {
     classify(error) == Class::Connection
         && !is_timed_out(error)
         && !matches!(server_code(error), Some(1290 | 1836 | 1040))

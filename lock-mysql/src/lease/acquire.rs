@@ -319,31 +319,33 @@ impl LeaseStrategy {
         let name = request.name();
         let ttl = micros(request.ttl());
         let server_bound = limit < self.limits.lock_wait;
+        let k = token.as_str().as_bytes();
         retry_deadlocks(|| async {
-            let k = token.as_str().as_bytes();
-            let mut conn = self.kept.acquire(until).await?;
-            let result = if server_bound {
+            if server_bound {
                 let sql = self.bounded_acquire(
                     (first, nowait),
                     (name.as_str().as_bytes(), k),
                     ttl,
                     limit,
                 );
-                within(until, sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *conn)).await
+                self.anchor
+                    .execute_short(until, || sqlx::raw_sql(AssertSqlSafe(sql.clone())))
+                    .await
             } else {
                 let (statement, args) = self.sql.acquire(first, nowait);
-                let mut query = sqlx::query(AssertSqlSafe(statement.clone()));
-                for arg in args {
-                    query = match arg {
-                        Arg::Name => query.bind(name.as_str().as_bytes()),
-                        Arg::Token => query.bind(k),
-                        Arg::Ttl => query.bind(ttl),
-                    };
-                }
-                within(until, query.execute(&mut *conn)).await
-            };
-            conn.finish(&result);
-            result
+                let query = || {
+                    let mut query = sqlx::query(AssertSqlSafe(statement.clone()));
+                    for arg in args {
+                        query = match arg {
+                            Arg::Name => query.bind(name.as_str().as_bytes()),
+                            Arg::Token => query.bind(k),
+                            Arg::Ttl => query.bind(ttl),
+                        };
+                    }
+                    query
+                };
+                self.anchor.execute_short(until, query).await
+            }
         })
         .await
     }

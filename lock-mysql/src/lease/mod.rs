@@ -76,14 +76,13 @@ pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseStrategy {
     pool: MySqlPool,
-    /// The connection kept out of the pool for the uncontended acquire and release.
-    kept: Arc<Kept>,
     table: TableName,
     sql: Arc<Statements>,
     limits: Limits,
     /// Permits to park a waiter on a pooled connection (half the pool: none for a pool of one).
     parking: Arc<tokio::sync::Semaphore>,
-    /// The user lock parked waiters wait on (see [`crate::anchor`]).
+    /// The user lock parked waiters wait on (see [`crate::anchor`]); its connection, or the
+    /// one kept out of the pool beside it, runs the tries and lone releases.
     anchor: Arc<Anchor>,
     /// The leases taken after waiting, whose release hands over at once.
     waited: Arc<waited::Waited>,
@@ -225,12 +224,13 @@ impl LeaseStrategy {
         let parking = pool.options().get_max_connections() / 2;
         Self {
             parking: Arc::new(tokio::sync::Semaphore::new(parking as usize)),
-            kept: Arc::new(Kept::new(pool.clone())),
-            pool,
+            pool: pool.clone(),
             sql: Arc::new(Statements::new(&table)),
             table,
             limits,
-            anchor: Arc::new(Anchor::new(anchor)),
+            // The connection kept beside the pool runs tries and lone releases until the
+            // anchor is up (at the first park), which then takes it (see `crate::anchor`).
+            anchor: Arc::new(Anchor::new(anchor, Arc::new(Kept::new(pool)))),
             waited: Arc::default(),
         }
     }

@@ -26,12 +26,13 @@ impl LeaseStrategy {
         // Nobody queues (the usual case): one prepared statement.
         let alone = || {
             retry_deadlocks(|| {
-                let query = sqlx::query(AssertSqlSafe(self.sql.release_alone.clone()))
-                    .bind(name.as_str().as_bytes())
-                    .bind(lease.token().as_str().as_bytes())
-                    .bind(lease.fence().get())
-                    .bind(name.as_str().as_bytes());
-                self.kept.execute_within(until, query)
+                self.anchor.execute_short(until, || {
+                    sqlx::query(AssertSqlSafe(self.sql.release_alone.clone()))
+                        .bind(name.as_str().as_bytes())
+                        .bind(lease.token().as_str().as_bytes())
+                        .bind(lease.fence().get())
+                        .bind(name.as_str().as_bytes())
+                })
             })
         };
         // On an error the hand-off batch below decides; if it then finds the lease gone, the

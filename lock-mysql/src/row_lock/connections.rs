@@ -10,7 +10,6 @@ use sqlx::{
 
 use super::Shared;
 use crate::{
-    anchor,
     config::ceil_secs,
     error::{Error, server_code},
     sql::{connect_within, run, tagged},
@@ -132,11 +131,9 @@ impl Shared {
     }
 
     /// Runs a short statement (a fence bump, a kill: `query` makes it) by `until` on the
-    /// anchor's connection when it is free (see [`crate::anchor`]: the client then needs no
-    /// other connection beside its holds' and waits'), else on the connection kept beside the
-    /// pool or a pooled one (see [`crate::kept`]). A statement whose anchor connection had
-    /// gone ([`anchor::session_gone`]: the anchor ends with it, and is raised again when a
-    /// hold next parks) runs again there.
+    /// anchor's connection when it is free, else on the connection kept beside the pool
+    /// ([`crate::anchor::Anchor::execute_short`]): a client running one lock at a time then
+    /// needs no connection beside its holds' and waits' but the anchor's.
     ///
     /// # Errors
     /// The statement's, the pool's, or [`crate::sql::timed_out`] at `until`.
@@ -148,13 +145,7 @@ impl Shared {
     where
         Q: Execute<'q, MySql> + 'q,
     {
-        if let Some(lent) = self.anchor.lend(until).await {
-            match lent.execute_within(until, query()).await {
-                Err(error) if anchor::session_gone(&error) => {}
-                done => return done,
-            }
-        }
-        self.kept.execute_within(until, query()).await
+        self.anchor.execute_short(until, query).await
     }
 
     /// Rolls back and keeps the connection, or closes it if the rollback fails.

@@ -97,9 +97,6 @@ impl fmt::Debug for RowLockStrategy {
 
 struct Shared {
     pool: MySqlPool,
-    /// The connection kept out of the pool for the fence bump and the kill of a parked chunk
-    /// when the anchor's is busy or down (see `Shared::short`).
-    kept: Kept,
     connect: MySqlConnectOptions,
     connect_timeout: Duration,
     table: TableName,
@@ -164,10 +161,12 @@ impl RowLockStrategy {
             session_setup,
             statement_timeout,
         } = settings;
-        let anchor = Arc::new(Anchor::new(anchor));
+        // The connection kept out of the pool for the fence bump and the kill of a parked
+        // chunk when the anchor's is busy or down (see `Shared::short`).
+        let kept = Arc::new(Kept::new(pool.clone()));
+        let anchor = Arc::new(Anchor::new(anchor, kept));
         Self {
             shared: Arc::new(Shared {
-                kept: Kept::new(pool.clone()),
                 pool,
                 connect,
                 connect_timeout,

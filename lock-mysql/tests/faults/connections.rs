@@ -117,7 +117,7 @@ pub(super) async fn row_lock_sessions_per_client() -> Outcome {
         .watchdog(false);
     let other = b.lock_with(&waited_name, &options).await.map_err(err)?;
     let held = a.lock_with(&held_name, &options).await.map_err(err)?;
-    let first_anchor = parked_anchor_of(&user).await?;
+    let first_anchor = parked_anchor_of(&user, Duration::from_secs(2)).await?;
     let waiter = spawn_acquire(
         &a,
         &waited_name,
@@ -161,7 +161,7 @@ pub(super) async fn row_lock_sessions_per_client() -> Outcome {
         sessions >= 1,
         "{sessions} sessions counted for a client with a hold"
     );
-    let anchor = parked_anchor_of(&user).await?;
+    let anchor = parked_anchor_of(&user, Duration::from_secs(2)).await?;
     ensure!(
         anchor == first_anchor,
         "the client's holds parked on {first_anchor}, and after its bumps and kills on {anchor}"
@@ -170,10 +170,73 @@ pub(super) async fn row_lock_sessions_per_client() -> Outcome {
     Ok(())
 }
 
+/// Lease: a waiting client's sessions on the server are its pool's (a pool of 2 here, as in
+/// the benchmark's runs of separate clients: the park's connection and one for the queue's
+/// batches) and its anchor, which its parks wait on and which runs its tries and lone releases
+/// (the connection kept beside the pool became the anchor). So 3 while it waits, and still 3
+/// after it was granted, released and took and released another lock alone; its next park
+/// waits on the anchor its first did. The client logs in as a user of its own, so that its
+/// sessions can be counted.
+pub(super) async fn lease_sessions_per_client() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let (user, config) = own_user(store.config().clone())?;
+    let a = client(&config.pool_size(2)).await?;
+    let b = client(store.config()).await?;
+    let (waited_name, alone_name) = (
+        unique_name("lease-sessions-waited")?,
+        unique_name("lease-sessions-alone")?,
+    );
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .watchdog(false);
+    let waiting = options.clone().wait(Duration::from_secs(20));
+    let other = b.lock_with(&waited_name, &options).await.map_err(err)?;
+    // Its first try opens a connection before it parks (and raises its anchor then).
+    let waiter = spawn_acquire(&a, &waited_name, waiting.clone());
+    let first_anchor = parked_anchor_of(&user, Duration::from_secs(5)).await?;
+    let sessions = sessions_of(&user)?;
+    ensure!(
+        sessions <= 3,
+        "a lease client waiting for a lock has {sessions} sessions"
+    );
+    // Its park and its anchor at least: a count that finds fewer counts something else.
+    ensure!(
+        sessions >= 2,
+        "{sessions} sessions counted for a client with a parked wait"
+    );
+    other.release().await.map_err(err)?;
+    let granted = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    granted.release().await.map_err(err)?;
+    let alone = a.lock_with(&alone_name, &options).await.map_err(err)?;
+    alone.release().await.map_err(err)?;
+    let sessions = sessions_of(&user)?;
+    ensure!(
+        sessions <= 3,
+        "a lease client that waited, then took a lock alone, has {sessions} sessions"
+    );
+    let other = b.lock_with(&waited_name, &options).await.map_err(err)?;
+    let waiter = spawn_acquire(&a, &waited_name, waiting);
+    let anchor = parked_anchor_of(&user, Duration::from_secs(5)).await?;
+    ensure!(
+        anchor == first_anchor,
+        "the client's first park waited on {first_anchor}, after its tries and releases on {anchor}"
+    );
+    other.release().await.map_err(err)?;
+    let granted = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    granted.release().await.map_err(err)?;
+    Ok(())
+}
+
 /// The anchor a parked statement of `user` waits on (`GET_LOCK('lock-mysql/park/...')`, seen
-/// as `root`); waits for one up to 2 s.
-async fn parked_anchor_of(user: &TempUser) -> Result<String, Failure> {
-    const MARK: &str = "GET_LOCK('";
+/// as `root`); waits for one up to `within`.
+async fn parked_anchor_of(user: &TempUser, within: Duration) -> Result<String, Failure> {
+    const MARK: &str = "GET_LOCK('lock-mysql/park/";
     let parked = format!(
         "SELECT INFO FROM information_schema.PROCESSLIST WHERE USER = '{}' \
          AND INFO LIKE '%lock-mysql/park/%'",
@@ -182,14 +245,14 @@ async fn parked_anchor_of(user: &TempUser) -> Result<String, Failure> {
     let mut found = None;
     poll_every(
         Duration::from_millis(5),
-        Duration::from_secs(2),
+        within,
         "a parked statement",
         async || {
             let infos = root_sql(&parked).map_err(Failure)?;
             found = infos.lines().find_map(|info| {
                 let start = info.find(MARK)? + MARK.len();
                 let end = start + info[start..].find('\'')?;
-                Some(info[start..end].to_owned())
+                Some(format!("lock-mysql/park/{}", &info[start..end]))
             });
             Ok(found.is_some())
         },

@@ -77,6 +77,9 @@ fn main() -> ExitCode {
     .case("row_lock/sessions_per_client", || {
         Box::pin(connections::row_lock_sessions_per_client())
     })
+    .case("lease/sessions_per_client", || {
+        Box::pin(connections::lease_sessions_per_client())
+    })
     .case("lease/kill_holder_connection", || {
         Box::pin(connections::lease_kill_holder())
     })

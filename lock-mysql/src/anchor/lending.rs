@@ -159,9 +159,14 @@ impl Anchor {
 impl Anchor {
     /// Runs a short statement (`query` makes it) by `until` on the anchor's connection when it
     /// is lent ([`Anchor::lend`]), else on the connection kept beside the pool or a pooled one
-    /// (see [`crate::kept`]). A statement whose anchor connection had gone ([`session_gone`]:
-    /// the anchor ends with it, and is raised again when a statement next parks) runs again
-    /// there.
+    /// (see [`crate::kept`]). A statement that failed on the anchor's connection with a
+    /// connection error, not for want of time, runs again there: the anchor's session had gone
+    /// ([`session_gone`]: the anchor ends with it, and is raised again when a statement next
+    /// parks), or its server no longer takes writes (read-only, 1290 or 1836: after a
+    /// fail-over, a connection opened now may reach the new primary, while the anchor's,
+    /// which that answer does not end, stays on the old one until a park finds its user lock
+    /// free there). Only for statements that may run twice (a fence bump, a kill, a lease try:
+    /// see [`Anchor::execute_short_once`] for the others).
     ///
     /// # Errors
     /// The statement's, the pool's, or [`crate::sql::timed_out`] at `until`.
@@ -175,11 +180,29 @@ impl Anchor {
     {
         if let Some(lent) = self.lend(until).await {
             match lent.execute_within(until, query()).await {
-                Err(error) if session_gone(&error) => {}
+                Err(error) if classify(&error) == Class::Connection && !is_timed_out(&error) => {}
                 done => return done,
             }
         }
         self.kept.execute_within(until, query()).await
+    }
+
+    /// [`Anchor::execute_short`] without the second run: for a statement whose first run may
+    /// have taken effect though its answer was lost (a lone release: run again, it finds
+    /// nothing to release, and the caller would hear "not held" of a lock it held). The
+    /// error stands; the caller decides.
+    ///
+    /// # Errors
+    /// The statement's, the pool's, or [`crate::sql::timed_out`] at `until`.
+    pub(crate) async fn execute_short_once<'q>(
+        self: &Arc<Self>,
+        until: Instant,
+        query: impl Execute<'q, MySql> + 'q,
+    ) -> Result<MySqlQueryResult, sqlx::Error> {
+        match self.lend(until).await {
+            Some(lent) => lent.execute_within(until, query).await,
+            None => self.kept.execute_within(until, query).await,
+        }
     }
 }
 

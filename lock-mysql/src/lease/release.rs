@@ -26,13 +26,14 @@ impl LeaseStrategy {
         // Nobody queues (the usual case): one prepared statement.
         let alone = || {
             retry_deadlocks(|| {
-                self.anchor.execute_short(until, || {
-                    sqlx::query(AssertSqlSafe(self.sql.release_alone.clone()))
-                        .bind(name.as_str().as_bytes())
-                        .bind(lease.token().as_str().as_bytes())
-                        .bind(lease.fence().get())
-                        .bind(name.as_str().as_bytes())
-                })
+                let query = sqlx::query(AssertSqlSafe(self.sql.release_alone.clone()))
+                    .bind(name.as_str().as_bytes())
+                    .bind(lease.token().as_str().as_bytes())
+                    .bind(lease.fence().get())
+                    .bind(name.as_str().as_bytes());
+                // Once: run again after its answer was lost, it would find the lease it
+                // released gone (fault case `lease/a_lone_release_whose_answer_is_lost_says_so`).
+                self.anchor.execute_short_once(until, query)
             })
         };
         // On an error the hand-off batch below decides; if it then finds the lease gone, the

@@ -8,21 +8,104 @@ use conformance_tests::{
     Cases, Failure, Outcome, ensure,
     faults::{err, poll_every, unique_name},
 };
-use lock_core::LockOptions;
+use lock_core::{LockError, LockOptions};
 use lock_mysql::Strategy;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use super::{
     admin_conn, client, spawn_acquire,
-    support::{MySqlStore, hex},
+    support::{
+        self, MySqlStore, hex,
+        proxy::{Needle, Proxy, upstream},
+    },
 };
 
 /// The cases of this file.
 pub(super) fn cases(cases: Cases<Failure>) -> Cases<Failure> {
-    cases.case(
-        "lease/a_lone_release_wakes_a_waiter_parked_before_its_commit",
-        || Box::pin(lone_release_wakes_a_waiter_parked_before_its_commit()),
+    cases
+        .case(
+            "lease/a_lone_release_wakes_a_waiter_parked_before_its_commit",
+            || Box::pin(lone_release_wakes_a_waiter_parked_before_its_commit()),
+        )
+        .case("lease/a_lone_release_whose_answer_is_lost_says_so", || {
+            Box::pin(lone_release_whose_answer_is_lost())
+        })
+}
+
+/// A lone release that the server ran, but whose answer was lost with its connection, says so (an
+/// error), not that the lease was lost or not held: it was held, and is free now. The client waited
+/// once first, so that its anchor is up and the release runs on the anchor's connection; a proxy
+/// resets that connection just after passing the release on. Running the statement again elsewhere
+/// then found nothing to release, and the release said `Lost` (`NotHeld`).
+async fn lone_release_whose_answer_is_lost() -> Outcome {
+    let store = MySqlStore::new(Strategy::Lease).await.map_err(Failure)?;
+    let url = support::url().map_err(Failure)?;
+    let needle = Needle::default();
+    let proxy = Proxy::cutting_after(upstream(&url).map_err(Failure)?, &needle)
+        .await
+        .map_err(Failure)?;
+    let mut proxied = store.config().clone();
+    proxied.url = proxy.url(&store.config().url).map_err(Failure)?;
+    let (a, b) = (client(&proxied).await?, client(store.config()).await?);
+    let (waited_name, alone_name) = (
+        unique_name("lost-answer-waited")?,
+        unique_name("lost-answer-alone")?,
+    );
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .watchdog(false);
+    // A wait that parks raises the anchor.
+    let other = b.lock_with(&waited_name, &options).await.map_err(err)?;
+    let waiter = spawn_acquire(
+        &a,
+        &waited_name,
+        options.clone().wait(Duration::from_secs(20)),
+    );
+    until_parked_on_an_anchor(&store, &waited_name).await?;
+    other.release().await.map_err(err)?;
+    let granted = waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    granted.release().await.map_err(err)?;
+    let held = a.lock_with(&alone_name, &options).await.map_err(err)?;
+    needle.arm(held.lease().token().as_str().as_bytes());
+    let released = held.release().await;
+    ensure!(!needle.armed(), "the release never reached the proxy");
+    ensure!(
+        !matches!(released, Ok(()) | Err(LockError::Lost { .. })),
+        "a release whose answer was lost said {released:?}"
+    );
+    // It was released: another client takes it at once.
+    let next = b
+        .lock_with(&alone_name, &options.clone().wait(Duration::ZERO))
+        .await
+        .map_err(|e| Failure(format!("the lock after the lost answer: {e}")))?;
+    next.release().await.map_err(err)?;
+    Ok(())
+}
+
+/// Until a lease waiter of `name` parks on an anchor (`GET_LOCK('lock-mysql/park/..')`), up to
+/// 5 s (its first park may be in `SLEEP`, while the anchor is raised).
+async fn until_parked_on_an_anchor(store: &MySqlStore, name: &lock_core::LockName) -> Outcome {
+    let sql = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE ID <> CONNECTION_ID() AND INFO LIKE '%lock-mysql/park/%' AND INFO LIKE '%{}%'",
+        hex(name.as_str())
+    );
+    poll_every(
+        Duration::from_millis(5),
+        Duration::from_secs(5),
+        "a park on the anchor",
+        async || {
+            let parked: i64 = sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+                .fetch_one(store.admin())
+                .await
+                .map_err(err)?;
+            Ok(parked > 0)
+        },
     )
+    .await
 }
 
 /// How soon after the release answered the waiter must hold the lock: well under a park

@@ -125,6 +125,15 @@ impl Proxy {
         Self::new(Relay::with_hook(upstream, hook).await)
     }
 
+    /// Starts a proxy to `upstream` that cuts the connection carrying the next command whose
+    /// bytes hold what `needle` was armed with, once it has passed that command on: the server
+    /// runs it, and its answer never reaches the client (the connection is reset).
+    pub async fn cutting_after(upstream: SocketAddr, needle: &Needle) -> Result<Self, String> {
+        let needle = needle.clone();
+        let hook = move || NeedleCutter(needle.clone());
+        Self::new(Relay::with_hook(upstream, hook).await)
+    }
+
     /// [`Proxy::cutting_parks`] for a lease waiter's park: a batch that carries the park's
     /// mark (the text a release's `KILL QUERY` looks for) has its answer cut after its first
     /// OK, if that OK says more results follow.
@@ -213,5 +222,45 @@ impl Hook for ParkCutter {
             }
         }
         Flow::Forward
+    }
+}
+
+/// What a [`Proxy::cutting_after`] looks for: nothing until armed, and again nothing once it
+/// cut a connection.
+#[derive(Debug, Clone, Default)]
+pub struct Needle(Arc<Mutex<Option<Vec<u8>>>>);
+
+impl Needle {
+    /// Cuts the next connection whose client sends `bytes`.
+    pub fn arm(&self, bytes: &[u8]) {
+        if let Ok(mut needle) = self.0.lock() {
+            *needle = Some(bytes.to_vec());
+        }
+    }
+
+    /// Whether it is still armed (no connection carried it since).
+    pub fn armed(&self) -> bool {
+        self.0.lock().is_ok_and(|needle| needle.is_some())
+    }
+}
+
+/// The hook of one connection of a [`Proxy::cutting_after`].
+struct NeedleCutter(Needle);
+
+impl Hook for NeedleCutter {
+    fn client_sent(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Flow {
+        out.extend_from_slice(bytes);
+        let Ok(mut needle) = (self.0).0.lock() else {
+            return Flow::Forward;
+        };
+        let found = needle
+            .as_deref()
+            .is_some_and(|wanted| bytes.windows(wanted.len()).any(|w| w == wanted));
+        if found {
+            *needle = None;
+            Flow::Cut
+        } else {
+            Flow::Forward
+        }
     }
 }

@@ -64,12 +64,13 @@ fn main() -> ExitCode {
 
 /// The pool of each separate client: for the lease, two connections, the least with which a
 /// waiter parks (half the pool parks, so renewals always find a connection); with the
-/// client's anchor its parks wait on and the connection kept beside the pool, four sessions
-/// (the peer's clients hold two); for the row lock one, beside the connection of its hold or
-/// wait (its target: at most one connection per waiting client): the pool's first connection
-/// becomes the client's anchor, which its holds park on and which runs its bumps and kills,
-/// so a row-lock client holds two sessions. 1,000 lease clients so
-/// take 4,000 connections: the servers of `cargo xtask services up` take 5,000.
+/// client's anchor its parks wait on, which took the connection kept beside the pool and runs
+/// its tries and lone releases, three sessions (four when a statement finds the anchor's
+/// busy; the peer's clients hold two); for the row lock one, beside the connection of its hold
+/// or wait (its target: at most one connection per waiting client): the pool's first
+/// connection becomes the client's anchor, which its holds park on and which runs its bumps
+/// and kills, so a row-lock client holds two sessions. 1,000 lease clients so take 3,000 to
+/// 4,000 connections: the servers of `cargo xtask services up` take 5,000.
 fn fleet_pool(strategy: Strategy) -> u32 {
     match strategy {
         Strategy::RowLock => 1,

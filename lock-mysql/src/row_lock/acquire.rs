@@ -506,7 +506,7 @@ impl Shared {
         let until = Instant::now() + self.statement_timeout;
         let bump = || {
             retry_deadlocks(|| {
-                self.short(until, || {
+                self.anchor.execute_short(until, || {
                     sqlx::query(AssertSqlSafe(self.bump.clone())).bind(name.as_str().as_bytes())
                 })
             })

@@ -4,9 +4,7 @@
 use std::time::{Duration, Instant};
 
 use lock_core::LockError;
-use sqlx::{
-    AssertSqlSafe, Connection, Execute, MySql, MySqlConnection, Row, mysql::MySqlQueryResult,
-};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
 
 use super::Shared;
 use crate::{
@@ -123,29 +121,11 @@ impl Shared {
     /// parked chunk), trying until `until`. False when that could not be done.
     pub(super) async fn kill_query(&self, id: u64, until: Instant) -> bool {
         let kill = || sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}")));
-        match self.short(until, kill).await {
+        match self.anchor.execute_short(until, kill).await {
             Ok(_) => true,
             // 1094: unknown thread id: the connection is gone, and its wait with it.
             Err(error) => server_code(&error) == Some(1094),
         }
-    }
-
-    /// Runs a short statement (a fence bump, a kill: `query` makes it) by `until` on the
-    /// anchor's connection when it is free, else on the connection kept beside the pool
-    /// ([`crate::anchor::Anchor::execute_short`]): a client running one lock at a time then
-    /// needs no connection beside its holds' and waits' but the anchor's.
-    ///
-    /// # Errors
-    /// The statement's, the pool's, or [`crate::sql::timed_out`] at `until`.
-    pub(super) async fn short<'q, Q>(
-        &self,
-        until: Instant,
-        query: impl Fn() -> Q,
-    ) -> Result<MySqlQueryResult, sqlx::Error>
-    where
-        Q: Execute<'q, MySql> + 'q,
-    {
-        self.anchor.execute_short(until, query).await
     }
 
     /// Rolls back and keeps the connection, or closes it if the rollback fails.

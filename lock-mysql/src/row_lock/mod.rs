@@ -6,18 +6,18 @@
 //!   enforced to the millisecond although `innodb_lock_wait_timeout` counts whole seconds: the
 //!   session timeout is set to the budget rounded up, the query is raced against the budget,
 //!   and on expiry the waiting statement is stopped with `KILL QUERY` from the anchor's
-//!   connection on MariaDB (see `Shared::short`; elsewhere, or when it is busy or down, from
-//!   the one kept beside the pool or a pooled one); the dedicated connection is then closed,
-//!   never reused mid-statement. A wait stopped so answers [`LockError::Timeout`] at expiry,
-//!   before the kill: the kill, the drain and the close go on in the background, so a server
-//!   slow to kill (a thousand waits ending together) or not answering does not hold that
-//!   answer up (see `acquire::Answer`).
+//!   connection on MariaDB (see `Anchor::execute_short`; elsewhere, or when it is busy or
+//!   down, from the one kept beside the pool or a pooled one); the dedicated connection is then
+//!   closed, never reused mid-statement. A wait stopped so answers [`LockError::Timeout`] at
+//!   expiry, before the kill: the kill, the drain and the close go on in the background, so a
+//!   server slow to kill (a thousand waits ending together) or not answering does not hold
+//!   that answer up (see `acquire::Answer`).
 //!   A zero budget is `FOR UPDATE NOWAIT`. Of one client's acquisitions of a name only one waits in
 //!   InnoDB at a time; the others queue in the client ([`LocalQueue`]).
 //! - **Fences** live in a separate `<table>_fences` row bumped by an autocommitted statement on
-//!   the anchor's connection on MariaDB (see `Shared::short`; elsewhere, or when it is busy or
-//!   down, the one kept beside the pool or a pooled one) *after* the row lock is granted, so
-//!   they follow the order of grants and survive the rollback that ends every hold.
+//!   the anchor's connection on MariaDB (see `Anchor::execute_short`; elsewhere, or when it
+//!   is busy or down, the one kept beside the pool or a pooled one) *after* the row lock is
+//!   granted, so they follow the order of grants and survive the rollback that ends every hold.
 //! - **Who holds it**: once it has the row lock, the holder inserts its token, fence and
 //!   connection id as a row of `<table>_holds` inside its transaction and never commits.
 //!   Readers at `READ UNCOMMITTED` see it while the hold lasts; the rollback that ends it
@@ -162,7 +162,7 @@ impl RowLockStrategy {
             statement_timeout,
         } = settings;
         // The connection kept out of the pool for the fence bump and the kill of a parked
-        // chunk when the anchor's is busy or down (see `Shared::short`).
+        // chunk when the anchor's is busy or down (see `Anchor::execute_short`).
         let kept = Arc::new(Kept::new(pool.clone()));
         let anchor = Arc::new(Anchor::new(anchor, kept));
         Self {

@@ -11,7 +11,7 @@ use lock_core::{LockClient, LockError, LockGuard, LockName, LockOptions, LossRea
 use lock_mysql::{MySqlBackend, MySqlConfig, Strategy};
 
 use super::{
-    client, handed_on, kill_connection, spawn_acquire,
+    acquired, client, handed_on, kill_connection, spawn_acquire,
     support::{
         self, MySqlStore,
         admin::{TempUser, root_sql},
@@ -38,10 +38,7 @@ pub(super) async fn row_lock_kill_holder() -> Outcome {
         .ok_or_else(|| Failure("the holder recorded no connection id".into()))?;
     kill_connection(id).await?;
     let killed = Instant::now();
-    let next = waiter
-        .await
-        .map_err(err)?
-        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    let next = acquired(waiter).await?;
     let handed = killed.elapsed();
     ensure!(
         handed <= Duration::from_millis(500),
@@ -147,10 +144,7 @@ pub(super) async fn row_lock_sessions_per_client() -> Outcome {
         "{sessions} sessions counted for a client with a hold and a wait"
     );
     other.release().await.map_err(err)?;
-    let granted = waiter
-        .await
-        .map_err(err)?
-        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    let granted = acquired(waiter).await?;
     held.release().await.map_err(err)?;
     let sessions = sessions_of(&user)?;
     ensure!(
@@ -205,10 +199,7 @@ pub(super) async fn lease_sessions_per_client() -> Outcome {
         "{sessions} sessions counted for a client with a parked wait"
     );
     other.release().await.map_err(err)?;
-    let granted = waiter
-        .await
-        .map_err(err)?
-        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    let granted = acquired(waiter).await?;
     granted.release().await.map_err(err)?;
     let alone = a.lock_with(&alone_name, &options).await.map_err(err)?;
     alone.release().await.map_err(err)?;
@@ -225,10 +216,7 @@ pub(super) async fn lease_sessions_per_client() -> Outcome {
         "the client's first park waited on {first_anchor}, after its tries and releases on {anchor}"
     );
     other.release().await.map_err(err)?;
-    let granted = waiter
-        .await
-        .map_err(err)?
-        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    let granted = acquired(waiter).await?;
     granted.release().await.map_err(err)?;
     Ok(())
 }

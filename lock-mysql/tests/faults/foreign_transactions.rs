@@ -12,7 +12,7 @@ use lock_mysql::{MySqlBackend, Strategy};
 use sqlx::AssertSqlSafe;
 
 use super::{
-    admin_conn, client, handed_on, spawn_acquire,
+    acquired, admin_conn, client, handed_on, spawn_acquire,
     support::{MySqlStore, hex},
     until_waiting,
 };
@@ -56,10 +56,7 @@ pub(super) async fn lease_lock_wait_timeout() -> Outcome {
         .execute(&mut admin)
         .await
         .map_err(err)?;
-    let next = waiter
-        .await
-        .map_err(err)?
-        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    let next = acquired(waiter).await?;
     ensure!(
         start.elapsed() >= ttl,
         "the waiter got the lock before the TTL"

@@ -13,7 +13,7 @@ use lock_mysql::Strategy;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use super::{
-    admin_conn, client, spawn_acquire,
+    acquired, admin_conn, client, spawn_acquire,
     support::{
         self, MySqlStore, hex,
         proxy::{Needle, Proxy, upstream},
@@ -63,10 +63,7 @@ async fn lone_release_whose_answer_is_lost() -> Outcome {
     );
     until_parked_on_an_anchor(&store, &waited_name).await?;
     other.release().await.map_err(err)?;
-    let granted = waiter
-        .await
-        .map_err(err)?
-        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    let granted = acquired(waiter).await?;
     granted.release().await.map_err(err)?;
     let held = a.lock_with(&alone_name, &options).await.map_err(err)?;
     needle.arm(held.lease().token().as_str().as_bytes());
@@ -85,24 +82,20 @@ async fn lone_release_whose_answer_is_lost() -> Outcome {
     Ok(())
 }
 
-/// Until a lease waiter of `name` parks on an anchor (`GET_LOCK('lock-mysql/park/..')`), up to
-/// 5 s (its first park may be in `SLEEP`, while the anchor is raised).
+/// Until a lease waiter of `name` parks on an anchor (its park names the lock, then waits in
+/// `GET_LOCK('lock-mysql/park/..')`), up to 5 s (its first park may be in `SLEEP`, while the
+/// anchor is raised).
 async fn until_parked_on_an_anchor(store: &MySqlStore, name: &lock_core::LockName) -> Outcome {
-    let sql = format!(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-         WHERE ID <> CONNECTION_ID() AND INFO LIKE '%lock-mysql/park/%' AND INFO LIKE '%{}%'",
-        hex(name.as_str())
-    );
+    let parked = format!("{}%GET_LOCK('lock-mysql/park/", hex(name.as_str()));
     poll_every(
         Duration::from_millis(5),
         Duration::from_secs(5),
         "a park on the anchor",
         async || {
-            let parked: i64 = sqlx::query_scalar(AssertSqlSafe(sql.clone()))
-                .fetch_one(store.admin())
+            Ok(support::statements_mentioning(store.admin(), &parked)
                 .await
-                .map_err(err)?;
-            Ok(parked > 0)
+                .map_err(Failure)?
+                > 0)
         },
     )
     .await

@@ -151,6 +151,16 @@ fn spawn_acquire(
     tokio::spawn(async move { client.lock_with(&name, &options).await })
 }
 
+/// The lock a [`spawn_acquire`] got, or why it got none.
+async fn acquired(
+    waiter: tokio::task::JoinHandle<Result<LockGuard, LockError>>,
+) -> Result<LockGuard, Failure> {
+    waiter
+        .await
+        .map_err(err)?
+        .map_err(|e| Failure(format!("the waiter failed: {e}")))
+}
+
 /// A child role's lease client and lock: the lock named by the variable `name_var`, on the
 /// lease table named by `table_var` (a child of this binary, see `holder_process::child`).
 async fn child_client(name_var: &str, table_var: &str) -> Result<(LockClient, LockName), String> {

@@ -13,7 +13,7 @@ use lock_mysql::{MySqlConfig, Strategy};
 use sqlx::AssertSqlSafe;
 
 use super::{
-    admin_conn, client, spawn_acquire,
+    acquired, admin_conn, client, spawn_acquire,
     support::{
         self, MySqlStore, hex,
         proxy::{Proxy, upstream},
@@ -93,10 +93,7 @@ pub(super) async fn anchor_killed() -> Outcome {
         .execute(store.admin())
         .await
         .map_err(err)?;
-    let next = next
-        .await
-        .map_err(|e| Failure(e.to_string()))?
-        .map_err(|e| Failure(format!("the waiter failed: {e}")))?;
+    let next = acquired(next).await?;
     ensure!(
         !held.is_held(),
         "after the anchor was replaced, the old holder's is_held() was still true when the \

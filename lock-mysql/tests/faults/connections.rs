@@ -89,6 +89,21 @@ fn sessions_of(user: &TempUser) -> Result<u64, Failure> {
         .map_err(|e| Failure(format!("{sessions:?} sessions: {e}")))
 }
 
+/// Checks that `user` has at least `fewest` and at most `most` sessions open on the server:
+/// `who`, a client, needs `fewest` (a count that finds fewer counts something else).
+fn sessions_between(user: &TempUser, (fewest, most): (u64, u64), who: &str) -> Outcome {
+    let sessions = sessions_of(user)?;
+    ensure!(
+        sessions <= most,
+        "{who} has {sessions} sessions (at most {most} expected)"
+    );
+    ensure!(
+        sessions >= fewest,
+        "{sessions} sessions counted for {who}, who needs {fewest}"
+    );
+    Ok(())
+}
+
 /// Row lock: a client's sessions on the server are one per hold or wait it has (or idle, kept
 /// for its next hold), and one more: its anchor, which its holds park on and which runs its
 /// fence bumps and the kills of its parked statements. A client holding one lock and waiting
@@ -133,28 +148,14 @@ pub(super) async fn row_lock_sessions_per_client() -> Outcome {
         async || Ok(root_sql(&waiting).map_err(Failure)? != "0"),
     )
     .await?;
-    let sessions = sessions_of(&user)?;
-    ensure!(
-        sessions <= 3,
-        "a row-lock client holding one lock and waiting for another has {sessions} sessions"
-    );
-    // Its hold and its wait at least: a count that finds fewer counts something else.
-    ensure!(
-        sessions >= 2,
-        "{sessions} sessions counted for a client with a hold and a wait"
-    );
+    // Its hold and its wait at least.
+    let who = "a row-lock client holding one lock and waiting for another";
+    sessions_between(&user, (2, 3), who)?;
     other.release().await.map_err(err)?;
     let granted = acquired(waiter).await?;
     held.release().await.map_err(err)?;
-    let sessions = sessions_of(&user)?;
-    ensure!(
-        sessions <= 3,
-        "a row-lock client holding one lock after a wait and a release has {sessions} sessions"
-    );
-    ensure!(
-        sessions >= 1,
-        "{sessions} sessions counted for a client with a hold"
-    );
+    let who = "a row-lock client holding one lock after a wait and a release";
+    sessions_between(&user, (1, 3), who)?;
     let anchor = parked_anchor_of(&user, Duration::from_secs(2)).await?;
     ensure!(
         anchor == first_anchor,
@@ -188,26 +189,16 @@ pub(super) async fn lease_sessions_per_client() -> Outcome {
     // Its first try opens a connection before it parks (and raises its anchor then).
     let waiter = spawn_acquire(&a, &waited_name, waiting.clone());
     let first_anchor = parked_anchor_of(&user, Duration::from_secs(5)).await?;
-    let sessions = sessions_of(&user)?;
-    ensure!(
-        sessions <= 3,
-        "a lease client waiting for a lock has {sessions} sessions"
-    );
-    // Its park and its anchor at least: a count that finds fewer counts something else.
-    ensure!(
-        sessions >= 2,
-        "{sessions} sessions counted for a client with a parked wait"
-    );
+    // Its park and its anchor at least.
+    sessions_between(&user, (2, 3), "a lease client waiting for a lock")?;
     other.release().await.map_err(err)?;
     let granted = acquired(waiter).await?;
     granted.release().await.map_err(err)?;
     let alone = a.lock_with(&alone_name, &options).await.map_err(err)?;
     alone.release().await.map_err(err)?;
-    let sessions = sessions_of(&user)?;
-    ensure!(
-        sessions <= 3,
-        "a lease client that waited, then took a lock alone, has {sessions} sessions"
-    );
+    // Its anchor at least.
+    let who = "a lease client that waited, then took a lock alone";
+    sessions_between(&user, (1, 3), who)?;
     let other = b.lock_with(&waited_name, &options).await.map_err(err)?;
     let waiter = spawn_acquire(&a, &waited_name, waiting);
     let anchor = parked_anchor_of(&user, Duration::from_secs(5)).await?;

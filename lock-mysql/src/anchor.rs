@@ -301,11 +301,11 @@ impl Anchor {
     }
 
     /// Takes a user lock of a fresh random name on `given`, or else on the kept connection
-    /// when it is idle (it becomes the anchor's: the statements it ran are lent the anchor's
-    /// now, so the client keeps one connection for both), or else on a connection idle in the
-    /// pool (taken out of it: the pool may open another in its place), or else (none is idle:
-    /// a raise does not wait for the pool, which parked waiters may fill, nor take a
-    /// connection its callers wait for; or the idle one failed) on a new connection.
+    /// when it is idle (it becomes the anchor's, and the statements it ran go to the anchor
+    /// from then on, so the client keeps one connection for both), or else on a connection
+    /// idle in the pool (taken out of it: the pool may open another in its place), or else
+    /// (none is idle: a raise does not wait for the pool, which parked waiters may fill, nor
+    /// take a connection its callers wait for; or the idle one failed) on a new connection.
     async fn open(
         &self,
         given: Option<MySqlConnection>,

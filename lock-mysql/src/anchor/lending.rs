@@ -7,9 +7,9 @@
 //! The connection keeps its user lock while it is lent: the statements it runs (autocommitted
 //! upserts and updates, a `KILL QUERY` of another session) leave its session as it was (but
 //! for `LAST_INSERT_ID()`, which nothing else reads there), and parked statements go on
-//! waiting on the anchor. It is lent to one statement at a time; a
-//! statement that finds it lent (or the anchor down) runs on the connection kept beside the
-//! pool, as every such statement did before.
+//! waiting on the anchor. It is lent to one statement at a time; a statement that finds it
+//! lent (or the anchor down) runs on the connection kept beside the pool, as every such
+//! statement did before.
 //!
 //! It is treated much as [`crate::kept`] treats the kept connection, except that a late answer
 //! does not end it (ending it frees its user lock: every parked statement of the client would
